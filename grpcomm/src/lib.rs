@@ -1,1 +1,246 @@
-//! placeholder
+//! grpcomm: the DVM's collectives as pure state machines.
+//!
+//! Owns: xcast (reliable, totally ordered broadcast with ACK rollup), fence (barrier and
+//! modex over a participant set, with a sequence number per set), scatter (per-destination
+//! payloads down the tree) and the movement table that decides how each operation travels.
+//!
+//! Never: reads a clock, opens a socket, spawns a task or imports tokio. Inputs come in
+//! through [`Grpcomm`]'s methods (`handle`, `xcast`, `fence`, `scatter`,
+//! `topology_changed`, `peer_unreachable`, `tick`); effects go out through
+//! [`Grpcomm::drain`]. The same code runs inside `dvmd` (driven by one actor task) and inside
+//! `sim` (thousands of instances in one process).
+//!
+//! Invariants:
+//! - `Effect::Send { to }` names the final destination; the carrier routes it hop by hop with
+//!   the same [`Topology`]. Tree messages always name a direct neighbour.
+//! - Per-operation state is O(radix): per-child slots, never arrays sized by the DVM.
+//! - Time is an opaque `u64` (nanoseconds) handed in by the caller.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use dvm_proto::grpcomm::{grpcomm_msg::Body, GrpcommMsg};
+pub use dvm_rml::topology::{Rank, RepairDelta, Topology};
+
+mod compress;
+pub mod fence;
+pub mod movement;
+pub mod scatter;
+pub mod xcast;
+
+pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
+pub use movement::{Movement, MovementTable};
+pub use xcast::XcastId;
+
+/// Application tags carried by xcast and scatter.
+pub mod tags {
+    /// Contact table; changes the child set: processed before forwarding.
+    pub const WIREUP: u32 = 1;
+    /// A daemon died; changes the tree: processed before forwarding.
+    pub const DAEMON_DIED: u32 = 2;
+    /// Job launch maps.
+    pub const LAUNCH: u32 = 3;
+    /// Job launch residuals (scatter).
+    pub const LAUNCH_RESIDUALS: u32 = 4;
+    /// Job control (kill, signal).
+    pub const JOB_CONTROL: u32 = 5;
+    /// Orderly shutdown of the DVM.
+    pub const TERMINATE: u32 = 6;
+    /// First tag free for tests and tools.
+    pub const USER: u32 = 100;
+}
+
+/// Configuration every daemon of a DVM must hold identically.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// xcast payloads at or above this many bytes are deflated once at the origin.
+    pub compress_threshold: usize,
+    /// Tags processed before forwarding (they change the tree or the child set).
+    pub process_first: BTreeSet<u32>,
+    /// How each operation travels.
+    pub movements: MovementTable,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            compress_threshold: 16 * 1024,
+            process_first: [tags::WIREUP, tags::DAEMON_DIED].into_iter().collect(),
+            movements: MovementTable::default(),
+        }
+    }
+}
+
+/// An output of the state machines, to be carried out by the driver.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Send `msg` to daemon `to` (routed by the carrier along `route_to`).
+    Send { to: Rank, msg: GrpcommMsg },
+    /// An xcast delivered on this daemon, exactly once and in op-id order. For tags in
+    /// `Config::process_first` the driver must call [`Grpcomm::xcast_processed`] once it has
+    /// applied the payload; later ops wait until then.
+    Deliver { op_id: u64, origin: Rank, tag: u32, payload: Bytes },
+    /// An xcast started here is held by every live daemon.
+    XcastComplete { id: XcastId, op_id: u64 },
+    /// A fence this daemon takes part in finished (identical bytes or the same error on every
+    /// participant).
+    FenceComplete { id: FenceId, result: Result<Bytes, FenceError> },
+    /// This daemon's slice of a scatter.
+    ScatterDeliver { origin: Rank, scatter_id: u64, tag: u32, data: Bytes },
+    /// Call [`Grpcomm::tick`] at or after this time.
+    ArmTimer { at: u64 },
+    /// A message from the network could not be used; it was dropped.
+    Dropped { from: Rank, reason: String },
+}
+
+/// The shared context handed to each sub-machine for one input.
+pub(crate) struct Ctx<'a> {
+    pub topo: &'a Topology,
+    pub cfg: &'a Config,
+    pub out: &'a mut Vec<Effect>,
+    pub now: u64,
+}
+
+impl Ctx<'_> {
+    pub fn send(&mut self, to: Rank, body: Body) {
+        self.out.push(Effect::Send { to, msg: GrpcommMsg { body: Some(body) } });
+    }
+}
+
+/// All collective state of one daemon.
+#[derive(Debug)]
+pub struct Grpcomm {
+    topo: Topology,
+    cfg: Config,
+    xcast: xcast::XcastState,
+    fence: fence::FenceState,
+    scatter: scatter::ScatterState,
+    out: Vec<Effect>,
+    now: u64,
+}
+
+impl Grpcomm {
+    pub fn new(topo: Topology, cfg: Config) -> Self {
+        Grpcomm {
+            xcast: xcast::XcastState::new(topo.me()),
+            fence: fence::FenceState::new(),
+            scatter: scatter::ScatterState::new(),
+            topo,
+            cfg,
+            out: Vec::new(),
+            now: 0,
+        }
+    }
+
+    /// A daemon joining a DVM whose ops before `first_op` it will never see: it adopts them as
+    /// complete.
+    pub fn new_late_joiner(topo: Topology, cfg: Config, first_op: u64) -> Self {
+        let mut g = Self::new(topo, cfg);
+        g.xcast.adopt_complete_below(first_op);
+        g
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn split(&mut self) -> (Ctx<'_>, &mut xcast::XcastState, &mut fence::FenceState, &mut scatter::ScatterState) {
+        (
+            Ctx { topo: &self.topo, cfg: &self.cfg, out: &mut self.out, now: self.now },
+            &mut self.xcast,
+            &mut self.fence,
+            &mut self.scatter,
+        )
+    }
+
+    /// A grpcomm message arrived from daemon `from` (the neighbour that sent this hop).
+    pub fn handle(&mut self, from: Rank, msg: GrpcommMsg) {
+        let (mut ctx, x, f, s) = self.split();
+        match msg.body {
+            Some(Body::Relay(m)) => x.on_relay(&mut ctx, from, m),
+            Some(Body::Forward(m)) => x.on_forward(&mut ctx, from, m),
+            Some(Body::Ack(m)) => x.on_ack(&mut ctx, from, m),
+            Some(Body::Done(m)) => x.on_done(&mut ctx, from, m),
+            Some(Body::Contrib(m)) => f.on_contrib(&mut ctx, from, m),
+            Some(Body::Release(m)) => f.on_release(&mut ctx, from, m),
+            Some(Body::Scatter(m)) => s.on_scatter(&mut ctx, from, m),
+            None => ctx.out.push(Effect::Dropped { from, reason: "empty grpcomm message".into() }),
+        }
+    }
+
+    /// Start an xcast of `payload` to every live daemon.
+    pub fn xcast(&mut self, tag: u32, payload: Bytes) -> XcastId {
+        let (mut ctx, x, _, _) = self.split();
+        x.start(&mut ctx, tag, payload)
+    }
+
+    /// The driver applied a process-first op (see [`Effect::Deliver`]).
+    pub fn xcast_processed(&mut self, op_id: u64) {
+        let (mut ctx, x, _, _) = self.split();
+        x.processed(&mut ctx, op_id)
+    }
+
+    /// Start (or join) a fence. `now` is the current time; the timeout, if any, is relative.
+    pub fn fence(&mut self, req: FenceRequest, now: u64) -> FenceId {
+        self.now = self.now.max(now);
+        let (mut ctx, _, f, _) = self.split();
+        f.start(&mut ctx, req)
+    }
+
+    /// Hand each destination daemon its slice; returns the scatter id.
+    pub fn scatter(&mut self, tag: u32, slices: Vec<(Rank, Bytes)>) -> u64 {
+        let (mut ctx, _, _, s) = self.split();
+        s.start(&mut ctx, tag, slices)
+    }
+
+    /// The failed set grew (complete set, identical on every daemon, applied in the same
+    /// order everywhere).
+    pub fn topology_changed(&mut self, failed: &BTreeSet<Rank>) -> Result<RepairDelta, dvm_rml::TopologyError> {
+        let delta = self.topo.repair(failed)?;
+        if delta.is_empty() {
+            return Ok(delta);
+        }
+        let (mut ctx, x, f, _) = self.split();
+        x.topology_changed(&mut ctx, &delta);
+        f.topology_changed(&mut ctx, &delta);
+        Ok(delta)
+    }
+
+    /// A send to `peer` failed (connection refused or lost) before any repair.
+    pub fn peer_unreachable(&mut self, peer: Rank) {
+        let (mut ctx, x, f, _) = self.split();
+        x.peer_unreachable(&mut ctx, peer);
+        f.peer_unreachable(&mut ctx, peer);
+    }
+
+    /// Time passed; fire expired timeouts.
+    pub fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        let (mut ctx, _, f, _) = self.split();
+        f.tick(&mut ctx);
+    }
+
+    /// Take every pending effect, in the order produced.
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Effect> {
+        self.out.drain(..)
+    }
+
+    /// Bytes of per-operation state held now (for the simulator's peak-state figure).
+    pub fn state_bytes(&self) -> usize {
+        self.xcast.state_bytes() + self.fence.state_bytes() + self.scatter.state_bytes()
+    }
+
+    /// No operation in flight: no pending xcast, no tracker, no buffered message.
+    pub fn is_quiescent(&self) -> bool {
+        self.xcast.is_quiescent() && self.fence.is_quiescent() && self.scatter.is_quiescent()
+    }
+
+    /// Next xcast op id this daemon will deliver (every op below it was delivered or adopted).
+    pub fn xcast_next_op(&self) -> u64 {
+        self.xcast.next_deliver()
+    }
+}

@@ -1,0 +1,73 @@
+//! Scatter: per-destination payloads in one operation. At every hop the slices are split by
+//! next hop (`route_to`), so a child receives exactly the slices of its own subtree and every
+//! destination receives exactly its slice. Stateless between hops.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use dvm_proto::grpcomm::{grpcomm_msg::Body, Scatter, ScatterSlice};
+use dvm_rml::topology::{Rank, Route};
+
+use crate::{Ctx, Effect};
+
+#[derive(Debug, Default)]
+pub(crate) struct ScatterState {
+    next_id: u64,
+}
+
+impl ScatterState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn start(&mut self, ctx: &mut Ctx<'_>, tag: u32, slices: Vec<(Rank, Bytes)>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = Scatter {
+            origin: ctx.topo.me(),
+            scatter_id: id,
+            tag,
+            slices: slices.into_iter().map(|(dst, data)| ScatterSlice { dst, data }).collect(),
+        };
+        Self::split(ctx, ctx.topo.me(), msg);
+        id
+    }
+
+    pub fn on_scatter(&mut self, ctx: &mut Ctx<'_>, from: Rank, msg: Scatter) {
+        Self::split(ctx, from, msg);
+    }
+
+    fn split(ctx: &mut Ctx<'_>, from: Rank, msg: Scatter) {
+        let mut by_hop: BTreeMap<Rank, Vec<ScatterSlice>> = BTreeMap::new();
+        for slice in msg.slices {
+            match ctx.topo.route_to(slice.dst) {
+                Route::Local => ctx.out.push(Effect::ScatterDeliver {
+                    origin: msg.origin,
+                    scatter_id: msg.scatter_id,
+                    tag: msg.tag,
+                    data: slice.data,
+                }),
+                Route::Up(next) | Route::Down(next) => by_hop.entry(next).or_default().push(slice),
+                Route::Unreachable => ctx.out.push(Effect::Dropped {
+                    from,
+                    reason: format!(
+                        "scatter {}:{} slice for daemon {} has no route (failed or out of range)",
+                        msg.origin, msg.scatter_id, slice.dst
+                    ),
+                }),
+            }
+        }
+        for (next, slices) in by_hop {
+            let m = Scatter { origin: msg.origin, scatter_id: msg.scatter_id, tag: msg.tag, slices };
+            ctx.send(next, Body::Scatter(m));
+        }
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        0
+    }
+
+    pub fn is_quiescent(&self) -> bool {
+        true
+    }
+}
