@@ -1,11 +1,33 @@
-//! xcast: reliable broadcast, op ids assigned at rank 0, ACK rollup.
-//! (Skeleton: being written.)
+//! xcast: reliable, totally ordered broadcast over the routing tree.
+//!
+//! - Any daemon starts one; a non-root origin relays it to the root, which assigns the next op
+//!   id. Every daemon processes ops exactly once and in op-id order (ops arriving ahead of a
+//!   gap are buffered).
+//! - The whole payload goes to every child. Forward-first for ordinary tags; process-first for
+//!   tags that change the tree (the driver confirms with `processed`, then we forward).
+//! - ACK rollup: each daemon tells its parent "my subtree holds every op below `held`"
+//!   (cumulative; `ack_id` numbers the acks a daemon sends). A parent re-polls a child with
+//!   `is_request`. The root's subtree is the whole DVM: when it holds op k, the op is complete
+//!   and the origin is told (`XcastDone`).
+//! - A daemon retains an op until its own subtree holds it, so that after a repair it can
+//!   re-forward to children that changed; unchanged children are re-polled. A promoted daemon
+//!   does not replay its own copies: its new parent replays in order, and every op it receives
+//!   (new or duplicate) goes on to each child whose last ack says it lacks it.
+//! - A child that cannot be reached is left out of the rollup instead of stalling it.
+//!
+//! State is O(radix) per op: the op itself plus one ack level per child.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use dvm_proto::grpcomm::{XcastAck, XcastDone, XcastForward, XcastRelay};
+use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastAck, XcastDone, XcastForward, XcastRelay};
 use dvm_rml::topology::{Rank, RepairDelta};
+use tracing::{debug, trace};
 
-use crate::Ctx;
+use crate::{compress, Ctx, Effect};
+
+/// Largest payload a compressed xcast may inflate to.
+const MAX_INFLATED: usize = 1 << 30;
 
 /// Identifies an xcast started on a daemon: (origin rank, origin-local id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -14,33 +36,561 @@ pub struct XcastId {
     pub local: u64,
 }
 
+#[derive(Debug, Clone)]
+struct PendingStart {
+    tag: u32,
+    compressed: bool,
+    payload: Bytes,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Child {
+    /// Every op below this is held by the child's subtree (its last ack); None until a child
+    /// that came in a repair has answered.
+    held: Option<u64>,
+    /// Last ack id seen from this child.
+    last_ack_id: u64,
+    /// A send to it failed: left out of the rollup until the next repair.
+    unreachable: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct XcastState {
     me: Rank,
+    // origin side
+    next_local: u64,
+    pending_starts: BTreeMap<u64, PendingStart>,
+    // root side
+    next_op: u64,
+    relay_next: BTreeMap<Rank, u64>,
+    relay_gaps: BTreeMap<(Rank, u64), XcastRelay>,
+    // every daemon
+    next_deliver: u64,
+    buffered: BTreeMap<u64, XcastForward>,
+    awaiting_processed: Option<XcastForward>,
+    retained: BTreeMap<u64, XcastForward>,
+    children: BTreeMap<Rank, Child>,
+    children_known: bool,
+    /// Last `held` sent to the parent; None: the parent must hear from us again.
+    acked_up: Option<u64>,
+    ack_id: u64,
 }
 
 impl XcastState {
     pub fn new(me: Rank) -> Self {
-        XcastState { me }
+        XcastState {
+            me,
+            next_local: 0,
+            pending_starts: BTreeMap::new(),
+            next_op: 0,
+            relay_next: BTreeMap::new(),
+            relay_gaps: BTreeMap::new(),
+            next_deliver: 0,
+            buffered: BTreeMap::new(),
+            awaiting_processed: None,
+            retained: BTreeMap::new(),
+            children: BTreeMap::new(),
+            children_known: false,
+            acked_up: None,
+            ack_id: 0,
+        }
     }
-    pub fn adopt_complete_below(&mut self, _first_op: u64) {}
-    pub fn start(&mut self, _ctx: &mut Ctx<'_>, _tag: u32, _payload: Bytes) -> XcastId {
-        XcastId { origin: self.me, local: 0 }
+
+    pub fn adopt_complete_below(&mut self, first_op: u64) {
+        self.next_deliver = self.next_deliver.max(first_op);
+        self.next_op = self.next_op.max(first_op);
+        self.acked_up = None;
     }
-    pub fn processed(&mut self, _ctx: &mut Ctx<'_>, _op_id: u64) {}
-    pub fn on_relay(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: XcastRelay) {}
-    pub fn on_forward(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: XcastForward) {}
-    pub fn on_ack(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: XcastAck) {}
-    pub fn on_done(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: XcastDone) {}
-    pub fn topology_changed(&mut self, _ctx: &mut Ctx<'_>, _delta: &RepairDelta) {}
-    pub fn peer_unreachable(&mut self, _ctx: &mut Ctx<'_>, _peer: Rank) {}
-    pub fn state_bytes(&self) -> usize {
-        0
-    }
-    pub fn is_quiescent(&self) -> bool {
-        true
-    }
+
     pub fn next_deliver(&self) -> u64 {
-        0
+        self.next_deliver
+    }
+
+    fn sync_children(&mut self, ctx: &Ctx<'_>) {
+        if !self.children_known {
+            self.children = ctx
+                .topo
+                .children()
+                .iter()
+                .map(|&c| {
+                    (
+                        c,
+                        Child {
+                            held: Some(0),
+                            ..Child::default()
+                        },
+                    )
+                })
+                .collect();
+            self.children_known = true;
+        }
+    }
+
+    pub fn start(&mut self, ctx: &mut Ctx<'_>, tag: u32, payload: Bytes) -> XcastId {
+        self.sync_children(ctx);
+        let local = self.next_local;
+        self.next_local += 1;
+        let (payload, compressed) = compress::maybe_compress(payload, ctx.cfg.compress_threshold);
+        let id = XcastId {
+            origin: self.me,
+            local,
+        };
+        if ctx.topo.is_root() {
+            self.assign(ctx, self.me, local, tag, compressed, payload);
+        } else {
+            let p = PendingStart {
+                tag,
+                compressed,
+                payload,
+            };
+            self.send_relay(ctx, local, &p);
+            self.pending_starts.insert(local, p);
+        }
+        id
+    }
+
+    fn send_relay(&self, ctx: &mut Ctx<'_>, local: u64, p: &PendingStart) {
+        let Some(root) = ctx.topo.repaired().root() else {
+            return;
+        };
+        let relay = XcastRelay {
+            origin: self.me,
+            origin_id: local,
+            tag: p.tag,
+            compressed: p.compressed,
+            payload: p.payload.clone(),
+        };
+        ctx.send(root, Body::Relay(relay));
+    }
+
+    /// Root: give the next op id and process it.
+    fn assign(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        origin: Rank,
+        origin_id: u64,
+        tag: u32,
+        compressed: bool,
+        payload: Bytes,
+    ) {
+        let op_id = self.next_op;
+        self.next_op += 1;
+        debug!(op_id, origin, origin_id, tag, "xcast op assigned");
+        let fwd = XcastForward {
+            op_id,
+            origin,
+            origin_id,
+            tag,
+            compressed,
+            payload,
+        };
+        self.receive_op(ctx, fwd);
+    }
+
+    pub fn on_relay(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastRelay) {
+        self.sync_children(ctx);
+        if !ctx.topo.is_root() {
+            ctx.out.push(Effect::Dropped {
+                from,
+                reason: format!(
+                    "xcast relay from daemon {} reached non-root daemon {}",
+                    m.origin, self.me
+                ),
+            });
+            return;
+        }
+        let expected = self.relay_next.get(&m.origin).copied().unwrap_or(0);
+        if m.origin_id < expected {
+            // Duplicate (re-sent after a repair): answer again if already complete.
+            let in_flight = self
+                .retained
+                .values()
+                .chain(self.buffered.values())
+                .chain(self.awaiting_processed.iter())
+                .any(|f| f.origin == m.origin && f.origin_id == m.origin_id);
+            if !in_flight {
+                ctx.send(
+                    m.origin,
+                    Body::Done(XcastDone {
+                        origin_id: m.origin_id,
+                        op_id: u64::MAX,
+                    }),
+                );
+            }
+            return;
+        }
+        if m.origin_id > expected {
+            self.relay_gaps.insert((m.origin, m.origin_id), m);
+            return;
+        }
+        let origin = m.origin;
+        let mut next = m;
+        loop {
+            self.relay_next.insert(origin, next.origin_id + 1);
+            self.assign(
+                ctx,
+                next.origin,
+                next.origin_id,
+                next.tag,
+                next.compressed,
+                next.payload,
+            );
+            match self.relay_gaps.remove(&(origin, next.origin_id + 1)) {
+                Some(r) => next = r,
+                None => break,
+            }
+        }
+    }
+
+    pub fn on_forward(&mut self, ctx: &mut Ctx<'_>, _from: Rank, m: XcastForward) {
+        self.sync_children(ctx);
+        self.receive_op(ctx, m);
+    }
+
+    fn receive_op(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
+        if m.op_id < self.next_deliver
+            || self
+                .awaiting_processed
+                .as_ref()
+                .is_some_and(|a| a.op_id == m.op_id)
+        {
+            // Duplicate (a replay after a repair): pass it to children that lack it.
+            self.forward_to_lacking(ctx, &m);
+            self.update_rollup(ctx);
+            return;
+        }
+        if m.op_id > self.next_deliver || self.awaiting_processed.is_some() {
+            trace!(
+                op_id = m.op_id,
+                next = self.next_deliver,
+                "xcast op buffered"
+            );
+            self.buffered.entry(m.op_id).or_insert(m);
+            return;
+        }
+        self.process(ctx, m);
+        self.drain_buffered(ctx);
+        self.update_rollup(ctx);
+    }
+
+    fn drain_buffered(&mut self, ctx: &mut Ctx<'_>) {
+        while self.awaiting_processed.is_none() {
+            let Some(m) = self.buffered.remove(&self.next_deliver) else {
+                break;
+            };
+            self.process(ctx, m);
+        }
+        // Anything below next_deliver left in the buffer is a duplicate.
+        let stale: Vec<u64> = self
+            .buffered
+            .range(..self.next_deliver)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            self.buffered.remove(&k);
+        }
+    }
+
+    /// Process op `m` (which is exactly `next_deliver`).
+    fn process(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
+        self.next_deliver = m.op_id + 1;
+        if ctx.cfg.process_first.contains(&m.tag) {
+            self.deliver(ctx, &m);
+            self.awaiting_processed = Some(m);
+        } else {
+            self.forward_to_children(ctx, &m);
+            self.deliver(ctx, &m);
+            self.retain(ctx, m);
+        }
+    }
+
+    pub fn processed(&mut self, ctx: &mut Ctx<'_>, op_id: u64) {
+        self.sync_children(ctx);
+        match self.awaiting_processed.take() {
+            Some(m) if m.op_id == op_id => {
+                self.forward_to_children(ctx, &m);
+                self.retain(ctx, m);
+                self.drain_buffered(ctx);
+                self.update_rollup(ctx);
+            }
+            other => self.awaiting_processed = other,
+        }
+    }
+
+    fn deliver(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
+        let payload = if m.compressed {
+            match compress::decompress(&m.payload, MAX_INFLATED) {
+                Ok(p) => p,
+                Err(reason) => {
+                    ctx.out.push(Effect::Dropped {
+                        from: m.origin,
+                        reason: format!("xcast op {} from daemon {}: {reason}", m.op_id, m.origin),
+                    });
+                    return;
+                }
+            }
+        } else {
+            m.payload.clone()
+        };
+        ctx.out.push(Effect::Deliver {
+            op_id: m.op_id,
+            origin: m.origin,
+            tag: m.tag,
+            payload,
+        });
+    }
+
+    /// Keep an op until this daemon's subtree holds it (to re-forward after a repair). The
+    /// root keeps every op until complete: it owes the origin a Done.
+    fn retain(&mut self, ctx: &Ctx<'_>, m: XcastForward) {
+        if !self.children.is_empty() || ctx.topo.is_root() {
+            self.retained.insert(m.op_id, m);
+        }
+    }
+
+    fn forward_to_children(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
+        for (&c, st) in &self.children {
+            if !st.unreachable {
+                ctx.send(c, Body::Forward(m.clone()));
+            }
+        }
+    }
+
+    fn forward_to_lacking(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
+        for (&c, st) in &self.children {
+            if !st.unreachable && st.held.is_none_or(|h| h <= m.op_id) {
+                ctx.send(c, Body::Forward(m.clone()));
+            }
+        }
+    }
+
+    /// Every op below the returned id is held by this daemon's whole (reachable) subtree.
+    fn subtree_held(&self) -> Option<u64> {
+        let own = if self.awaiting_processed.is_some() {
+            self.next_deliver - 1
+        } else {
+            self.next_deliver
+        };
+        self.children
+            .values()
+            .filter(|c| !c.unreachable)
+            .try_fold(own, |acc, c| c.held.map(|h| acc.min(h)))
+    }
+
+    fn update_rollup(&mut self, ctx: &mut Ctx<'_>) {
+        // Unknown until every (reachable) child has answered since the last repair.
+        let Some(held) = self.subtree_held() else {
+            return;
+        };
+        // Drop retained ops the whole subtree holds; on the root that is completion.
+        let done: Vec<u64> = self.retained.range(..held).map(|(k, _)| *k).collect();
+        for k in done {
+            let m = self.retained.remove(&k).expect("key listed above");
+            if ctx.topo.is_root() {
+                self.complete(ctx, &m);
+            }
+        }
+        if let Some(parent) = ctx.topo.parent() {
+            if self.acked_up.is_none_or(|a| held > a) {
+                self.send_ack(ctx, parent, held);
+            }
+        }
+    }
+
+    fn send_ack(&mut self, ctx: &mut Ctx<'_>, parent: Rank, held: u64) {
+        self.acked_up = Some(held);
+        self.ack_id += 1;
+        ctx.send(
+            parent,
+            Body::Ack(XcastAck {
+                held,
+                ack_id: self.ack_id,
+                is_request: false,
+            }),
+        );
+    }
+
+    fn complete(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
+        debug!(op_id = m.op_id, origin = m.origin, "xcast op complete");
+        if m.origin == self.me {
+            self.pending_starts.remove(&m.origin_id);
+            ctx.out.push(Effect::XcastComplete {
+                id: XcastId {
+                    origin: self.me,
+                    local: m.origin_id,
+                },
+                op_id: m.op_id,
+            });
+        } else if ctx.topo.is_alive(m.origin) {
+            ctx.send(
+                m.origin,
+                Body::Done(XcastDone {
+                    origin_id: m.origin_id,
+                    op_id: m.op_id,
+                }),
+            );
+        }
+    }
+
+    pub fn on_ack(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastAck) {
+        self.sync_children(ctx);
+        if m.is_request && ctx.topo.parent() == Some(from) {
+            // The parent re-polls: answer with what the subtree holds as soon as it is known.
+            self.acked_up = None;
+            self.update_rollup(ctx);
+            return;
+        }
+        let Some(child) = self.children.get_mut(&from) else {
+            trace!(
+                from,
+                "xcast ack from a daemon that is not a child (stale after repair)"
+            );
+            return;
+        };
+        if m.is_request {
+            // A child asks for a replay from `held` (it or its subtree has a gap).
+            let replay: Vec<XcastForward> = self
+                .retained
+                .range(m.held..)
+                .map(|(_, f)| f.clone())
+                .collect();
+            for f in replay {
+                ctx.send(from, Body::Forward(f));
+            }
+            self.fill_gap(ctx, m.held);
+            return;
+        }
+        if m.ack_id <= child.last_ack_id {
+            return;
+        }
+        child.last_ack_id = m.ack_id;
+        let held = child.held.map_or(m.held, |h| h.max(m.held));
+        child.held = Some(held);
+        self.fill_gap(ctx, held);
+        self.update_rollup(ctx);
+    }
+
+    /// A child lacks op `held`. If we delivered it but no longer keep it (a child that came
+    /// to us in a repair), ask our parent to replay from there.
+    fn fill_gap(&mut self, ctx: &mut Ctx<'_>, held: u64) {
+        let have = self.retained.contains_key(&held)
+            || self
+                .awaiting_processed
+                .as_ref()
+                .is_some_and(|a| a.op_id == held);
+        if held < self.next_deliver && !have {
+            match ctx.topo.parent() {
+                Some(parent) => {
+                    debug!(held, parent, "xcast replay requested from parent");
+                    ctx.send(
+                        parent,
+                        Body::Ack(XcastAck {
+                            held,
+                            ack_id: 0,
+                            is_request: true,
+                        }),
+                    );
+                }
+                None => ctx.out.push(Effect::Dropped {
+                    from: self.me,
+                    reason: format!(
+                        "xcast op {held} requested by a child is no longer held by the root"
+                    ),
+                }),
+            }
+        }
+    }
+
+    pub fn on_done(&mut self, ctx: &mut Ctx<'_>, _from: Rank, m: XcastDone) {
+        if self.pending_starts.remove(&m.origin_id).is_some() {
+            ctx.out.push(Effect::XcastComplete {
+                id: XcastId {
+                    origin: self.me,
+                    local: m.origin_id,
+                },
+                op_id: m.op_id,
+            });
+        }
+    }
+
+    pub fn topology_changed(&mut self, ctx: &mut Ctx<'_>, delta: &RepairDelta) {
+        self.sync_children(ctx);
+        let old = std::mem::take(&mut self.children);
+        for &c in ctx.topo.children() {
+            let st = match old.get(&c) {
+                Some(prev) if delta.children_kept.contains(&c) => Child {
+                    unreachable: false,
+                    ..prev.clone()
+                },
+                _ => Child::default(),
+            };
+            self.children.insert(c, st);
+        }
+        // Changed children: full re-forward of what we keep (what we no longer keep, a
+        // changed child asks for and we fetch from our parent). Every child: re-poll.
+        for &c in ctx.topo.children() {
+            if delta.children_added.contains(&c) {
+                for m in self.retained.values() {
+                    ctx.send(c, Body::Forward(m.clone()));
+                }
+            }
+            let poll = XcastAck {
+                held: 0,
+                ack_id: 0,
+                is_request: true,
+            };
+            ctx.send(c, Body::Ack(poll));
+        }
+        // Root only: ops assigned to origins that died and are still gapped are dropped.
+        let failed = ctx.topo.failed().clone();
+        self.relay_gaps.retain(|(o, _), _| !failed.contains(o));
+        if !ctx.topo.is_root() {
+            // Our relays may have died with a relaying daemon: send them again (root dedups).
+            for (&local, p) in &self.pending_starts {
+                self.send_relay(ctx, local, p);
+            }
+        }
+        if delta.parent_changed.is_some() {
+            // The new parent knows nothing of us yet.
+            self.acked_up = None;
+        }
+        self.update_rollup(ctx);
+    }
+
+    pub fn peer_unreachable(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
+        self.sync_children(ctx);
+        if let Some(c) = self.children.get_mut(&peer) {
+            if !c.unreachable {
+                debug!(peer, "xcast child unreachable: left out of the rollup");
+                c.unreachable = true;
+                self.update_rollup(ctx);
+            }
+        }
+    }
+
+    pub fn state_bytes(&self) -> usize {
+        let op = |m: &XcastForward| m.payload.len() + 48;
+        self.retained.values().map(op).sum::<usize>()
+            + self.buffered.values().map(op).sum::<usize>()
+            + self.awaiting_processed.iter().map(op).sum::<usize>()
+            + self
+                .pending_starts
+                .values()
+                .map(|p| p.payload.len() + 24)
+                .sum::<usize>()
+            + self
+                .relay_gaps
+                .values()
+                .map(|r| r.payload.len() + 32)
+                .sum::<usize>()
+            + self.children.len() * std::mem::size_of::<Child>()
+    }
+
+    pub fn is_quiescent(&self) -> bool {
+        self.pending_starts.is_empty()
+            && self.retained.is_empty()
+            && self.buffered.is_empty()
+            && self.awaiting_processed.is_none()
+            && self.relay_gaps.is_empty()
     }
 }
