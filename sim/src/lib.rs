@@ -1,1 +1,150 @@
-//! placeholder
+//! dvm-sim: a deterministic discrete-event simulator that runs N instances of the real
+//! `grpcomm::Grpcomm` state machines over `rml::topology` in one process.
+//!
+//! Owns: virtual time (u64 ns); the carrier model (α + bytes·β per hop, the sender's egress and
+//! the receiver's ingress serialized, a per-message receive CPU cost, seeded jitter that keeps
+//! every link FIFO); hop-by-hop routing with each hop's own `Topology::route_to`; crashes,
+//! detection delay and repairs staggered per daemon (same failed sets, same order everywhere);
+//! generated schedules, invariant checks against independent oracles, replay of a failing
+//! seed, and the α-β projections.
+//!
+//! Never: a socket, a thread per daemon, a wall clock or a `HashMap` whose order could steer a
+//! run; never a protocol decision of its own (it only carries effects out, and acknowledges
+//! process-first deliveries right after recording them); never crashes rank 0 (the HNP).
+//!
+//! Invariants: `(scenario, seed)` fixes the whole trace; a failing schedule prints the
+//! one-line `replay` command that reruns it exactly. Traps: a daemon's `state_bytes()` is
+//! sampled after each input, not continuously; peer_unreachable is fed only while the sender
+//! still believes the peer alive.
+
+pub mod check;
+pub mod engine;
+pub mod net;
+pub mod project;
+pub mod scenario;
+pub mod trace;
+
+use std::cell::RefCell;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
+
+pub use net::NetModel;
+pub use scenario::{Profile, Scenario};
+pub use trace::Trace;
+
+/// The result of one run.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Absent when grpcomm (or the engine) panicked.
+    pub trace: Option<Trace>,
+    pub violations: Vec<String>,
+}
+
+thread_local! {
+    static QUIET: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Panics inside a guarded run are captured into the violation list instead of printed.
+fn install_quiet_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let captured = QUIET.with(|q| {
+                let mut q = q.borrow_mut();
+                match q.as_mut() {
+                    Some(slot) => {
+                        *slot = info.to_string();
+                        true
+                    }
+                    None => false,
+                }
+            });
+            if !captured {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Run one scenario and check every invariant. A panic is reported as a violation.
+pub fn run(sc: &Scenario) -> Outcome {
+    install_quiet_hook();
+    QUIET.with(|q| *q.borrow_mut() = Some(String::new()));
+    let res = panic::catch_unwind(AssertUnwindSafe(|| engine::Engine::new(sc).run()));
+    let msg = QUIET.with(|q| q.borrow_mut().take()).unwrap_or_default();
+    match res {
+        Ok(trace) => {
+            let violations = check::check(sc, &trace);
+            Outcome {
+                trace: Some(trace),
+                violations,
+            }
+        }
+        Err(_) => Outcome {
+            trace: None,
+            violations: vec![format!("panic: {msg}")],
+        },
+    }
+}
+
+/// The command that reruns one generated schedule and prints its violations.
+pub fn replay_command(seed: u64, n: u32, radix: u32, profile: Profile) -> String {
+    format!("cargo run -p dvm-sim --release -- replay --seed {seed} --n {n} --radix {radix} --profile {profile}")
+}
+
+/// A generated schedule that violated an invariant.
+#[derive(Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub n: u32,
+    pub radix: u32,
+    pub profile: Profile,
+    pub violations: Vec<String>,
+}
+
+impl Failure {
+    pub fn replay(&self) -> String {
+        replay_command(self.seed, self.n, self.radix, self.profile)
+    }
+}
+
+/// Summary of a campaign.
+#[derive(Debug, Default)]
+pub struct CampaignReport {
+    pub runs: u64,
+    pub crashes: u64,
+    pub xcasts: u64,
+    pub fences: u64,
+    pub failures: Vec<Failure>,
+}
+
+/// Run the generated schedules `seeds` at `(n, radix, profile)`.
+pub fn campaign(
+    seeds: std::ops::Range<u64>,
+    n: u32,
+    radix: u32,
+    profile: Profile,
+) -> CampaignReport {
+    let mut rep = CampaignReport::default();
+    for seed in seeds {
+        let sc = Scenario::generate(seed, n, radix, profile);
+        let out = run(&sc);
+        rep.runs += 1;
+        if let Some(t) = &out.trace {
+            rep.crashes += t.crashes.len() as u64;
+            rep.xcasts += t.xcast_starts.len() as u64;
+            rep.fences += t.fence_calls.len() as u64;
+        }
+        if !out.violations.is_empty() {
+            rep.failures.push(Failure {
+                seed,
+                n,
+                radix,
+                profile,
+                violations: out.violations,
+            });
+        }
+    }
+    rep
+}

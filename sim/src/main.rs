@@ -1,1 +1,214 @@
-fn main() {}
+//! dvm-sim: replay a generated schedule, run a campaign, or print α-β projections as CSV.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use dvm_sim::project::{project, Op, Row};
+use dvm_sim::{campaign, run, NetModel, Profile, Scenario};
+
+#[derive(Parser)]
+#[command(
+    name = "dvm-sim",
+    about = "Deterministic simulator of the DVM's collectives"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Rerun one generated schedule exactly and print its violations (exit 1 if any).
+    Replay {
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        n: u32,
+        #[arg(long)]
+        radix: u32,
+        #[arg(long, default_value = "crash")]
+        profile: Profile,
+        /// Also print the schedule and the trace summary.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Run seeds `first..first+count` and print one replay line per failing seed.
+    Campaign {
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        #[arg(long, default_value_t = 100)]
+        count: u64,
+        #[arg(long)]
+        n: u32,
+        #[arg(long)]
+        radix: u32,
+        #[arg(long, default_value = "crash")]
+        profile: Profile,
+    },
+    /// Print the projection table as CSV (or markdown).
+    Project {
+        #[arg(long, value_delimiter = ',', default_value = "64,1024,4096,16384")]
+        n: Vec<u32>,
+        #[arg(long, value_delimiter = ',', default_value = "2,8,64")]
+        radix: Vec<u32>,
+        /// xcast payload sizes M in bytes.
+        #[arg(long, value_delimiter = ',', default_value = "1024,1048576")]
+        xcast_bytes: Vec<usize>,
+        /// modex contribution per daemon D in bytes.
+        #[arg(long, value_delimiter = ',', default_value = "64")]
+        modex_bytes: Vec<usize>,
+        /// α in microseconds.
+        #[arg(long, default_value_t = 50.0)]
+        alpha_us: f64,
+        /// Link bandwidth in GB/s (β = 1/bandwidth).
+        #[arg(long, default_value_t = 1.0)]
+        bandwidth_gbs: f64,
+        /// Receive handling per message at every daemon, in nanoseconds.
+        #[arg(long, default_value_t = 100)]
+        cpu_ns: u64,
+        /// Do not serialize the receiver's inbound link.
+        #[arg(long)]
+        no_ingress: bool,
+        /// Print a markdown table instead of CSV.
+        #[arg(long)]
+        markdown: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Replay {
+            seed,
+            n,
+            radix,
+            profile,
+            verbose,
+        } => {
+            let sc = Scenario::generate(seed, n, radix, profile);
+            if verbose {
+                println!("{sc:#?}");
+            }
+            let out = run(&sc);
+            if let Some(t) = &out.trace {
+                println!(
+                    "seed {seed} n {n} radix {radix} profile {profile}: {} crashes {:?}, {} xcasts, {} fence calls, {} messages, ended t={} ns (bound {} ns)",
+                    t.crashes.len(),
+                    t.crashes,
+                    t.xcast_starts.len(),
+                    t.fence_calls.len(),
+                    t.stats.messages,
+                    t.end_ns,
+                    sc.bound_ns
+                );
+                if verbose {
+                    println!(
+                        "stats: {:?}\nepochs: {:?}\ndropped: {:?}",
+                        t.stats, t.epochs, t.dropped
+                    );
+                }
+            }
+            for v in &out.violations {
+                println!("VIOLATION: {v}");
+            }
+            if !out.violations.is_empty() {
+                bail!("{} violation(s)", out.violations.len());
+            }
+            println!("ok: every invariant holds");
+        }
+        Cmd::Campaign {
+            first,
+            count,
+            n,
+            radix,
+            profile,
+        } => {
+            let rep = campaign(first..first + count, n, radix, profile);
+            for f in &rep.failures {
+                println!("FAIL {}  # {}", f.replay(), f.violations[0]);
+            }
+            println!(
+                "{} runs, {} crashes, {} xcasts, {} fence calls: {} failing",
+                rep.runs,
+                rep.crashes,
+                rep.xcasts,
+                rep.fences,
+                rep.failures.len()
+            );
+            if !rep.failures.is_empty() {
+                bail!("{} failing seed(s)", rep.failures.len());
+            }
+        }
+        Cmd::Project {
+            n,
+            radix,
+            xcast_bytes,
+            modex_bytes,
+            alpha_us,
+            bandwidth_gbs,
+            cpu_ns,
+            no_ingress,
+            markdown,
+        } => {
+            if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
+                bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
+            }
+            let net = NetModel {
+                alpha_ns: (alpha_us * 1e3).round() as u64,
+                beta_ps_per_byte: (1e3 / bandwidth_gbs).round() as u64,
+                cpu_ns,
+                jitter_ns: 0,
+                ingress_serialized: !no_ingress,
+            };
+            let mut ops: Vec<Op> = xcast_bytes.iter().map(|&m| Op::Xcast(m)).collect();
+            ops.push(Op::Barrier);
+            ops.extend(modex_bytes.iter().map(|&d| Op::Modex(d)));
+            if markdown {
+                println!("| op | n | radix | bytes | sim µs | model µs | sim/model | messages | peak state B |");
+                println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+            } else {
+                println!("{}", Row::CSV_HEADER);
+            }
+            let mut bad = Vec::new();
+            for &n in &n {
+                for &r in &radix {
+                    for &op in &ops {
+                        let row = project(op, n, r, &net);
+                        if markdown {
+                            println!(
+                                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} |",
+                                op.name(),
+                                n,
+                                r,
+                                op.bytes(),
+                                row.sim_ns as f64 / 1e3,
+                                row.model_ns / 1e3,
+                                row.ratio(),
+                                row.messages,
+                                row.peak_state_bytes
+                            );
+                        } else {
+                            println!("{}", row.csv());
+                        }
+                        if !row.violations.is_empty() {
+                            bad.push(format!(
+                                "{} n={n} radix={r}: {}",
+                                op.name(),
+                                row.violations.join("; ")
+                            ));
+                        }
+                    }
+                }
+            }
+            for b in &bad {
+                eprintln!("VIOLATION: {b}");
+            }
+            if !bad.is_empty() {
+                return Err(anyhow::anyhow!(
+                    "{} projection run(s) violated invariants",
+                    bad.len()
+                ))
+                .context("projection");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,617 @@
+//! The discrete-event engine: N `Grpcomm` instances, a virtual clock, the carrier that routes
+//! `Effect::Send` hop by hop with each hop's own `Topology::route_to`, crashes, staggered
+//! repairs and timers. One seeded RNG, one event heap ordered by `(time, insertion)`: the
+//! same scenario always produces the same trace.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use bytes::Bytes;
+use dvm_grpcomm::{Effect, FenceId, FenceRequest, FenceSignature, Grpcomm, Rank, Topology};
+use dvm_proto::grpcomm::GrpcommMsg;
+use dvm_rml::Route;
+use prost::Message;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::scenario::{FenceChain, Scenario};
+use crate::trace::{Delivery, FenceCall, ScatterGot, ScatterStart, Trace, XcastStart};
+
+#[derive(Debug)]
+enum Kind {
+    /// A message reached `to`'s NIC (this hop); `dst` is its final destination.
+    Arrive {
+        from: Rank,
+        to: Rank,
+        dst: Rank,
+        msg: GrpcommMsg,
+        hops: u32,
+        sent_at: u64,
+    },
+    /// `to` has processed the receive and hands the message on (or up to grpcomm).
+    Handle {
+        from: Rank,
+        to: Rank,
+        dst: Rank,
+        msg: GrpcommMsg,
+        hops: u32,
+    },
+    Tick {
+        daemon: Rank,
+        at: u64,
+    },
+    Crash {
+        daemon: Rank,
+        detect_after: u64,
+    },
+    Detect {
+        daemon: Rank,
+    },
+    Repair {
+        daemon: Rank,
+        epoch: usize,
+    },
+    Unreachable {
+        daemon: Rank,
+        peer: Rank,
+    },
+    Xcast {
+        plan: usize,
+    },
+    Scatter {
+        plan: usize,
+    },
+    FenceStep {
+        daemon: Rank,
+        chain: usize,
+        step: usize,
+    },
+}
+
+struct Ev {
+    at: u64,
+    seq: u64,
+    kind: Kind,
+}
+
+impl PartialEq for Ev {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    // Reversed: BinaryHeap is a max-heap, the earliest event must come out first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+struct Node {
+    g: Grpcomm,
+    alive: bool,
+    crashed_at: Option<u64>,
+    egress_free: u64,
+    ingress_free: u64,
+    cpu_free: u64,
+    armed: BTreeSet<u64>,
+    last_repair_at: u64,
+}
+
+/// Hard limits that turn a livelock into a named violation instead of a hung test.
+const MAX_EVENTS: u64 = 20_000_000;
+
+pub struct Engine<'s> {
+    sc: &'s Scenario,
+    now: u64,
+    seq: u64,
+    heap: BinaryHeap<Ev>,
+    /// Events in the heap other than timer ticks.
+    busy: u64,
+    nodes: Vec<Node>,
+    rng: StdRng,
+    /// Arrival time of the last message on each (from, to) link: keeps every link FIFO.
+    link_last: BTreeMap<(Rank, Rank), u64>,
+    failed: BTreeSet<Rank>,
+    sig_chain: BTreeMap<FenceSignature, usize>,
+    /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
+    pending_fence: BTreeMap<(Rank, usize), usize>,
+    hop_limit: u32,
+    pub trace: Trace,
+}
+
+impl<'s> Engine<'s> {
+    pub fn new(sc: &'s Scenario) -> Self {
+        let nodes: Vec<Node> = (0..sc.n)
+            .map(|r| Node {
+                g: Grpcomm::new(
+                    Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"),
+                    sc.cfg.clone(),
+                ),
+                alive: true,
+                crashed_at: None,
+                egress_free: 0,
+                ingress_free: 0,
+                cpu_free: 0,
+                armed: BTreeSet::new(),
+                last_repair_at: 0,
+            })
+            .collect();
+        let trace = Trace {
+            deliveries: vec![Vec::new(); sc.n as usize],
+            initial_next_op: nodes.iter().map(|n| n.g.xcast_next_op()).collect(),
+            ..Trace::default()
+        };
+        let sig_chain = sc
+            .chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.sig.clone(), i))
+            .collect();
+        let mut e = Engine {
+            sc,
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            busy: 0,
+            nodes,
+            rng: StdRng::seed_from_u64(sc.seed),
+            link_last: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            sig_chain,
+            pending_fence: BTreeMap::new(),
+            hop_limit: 4 * (sc.height() + 2) + 8,
+            trace,
+        };
+        for (ci, c) in sc.chains.iter().enumerate() {
+            for (&daemon, &at) in c.members.iter().zip(&c.first_start) {
+                e.push(
+                    at,
+                    Kind::FenceStep {
+                        daemon,
+                        chain: ci,
+                        step: 0,
+                    },
+                );
+            }
+        }
+        for (i, x) in sc.xcasts.iter().enumerate() {
+            e.push(x.at, Kind::Xcast { plan: i });
+        }
+        for (i, s) in sc.scatters.iter().enumerate() {
+            e.push(s.at, Kind::Scatter { plan: i });
+        }
+        for c in &sc.crashes {
+            assert!(
+                c.rank != 0,
+                "rank 0 (the HNP) cannot crash in a schedule: its loss ends the DVM"
+            );
+            e.push(
+                c.at,
+                Kind::Crash {
+                    daemon: c.rank,
+                    detect_after: c.detect_after,
+                },
+            );
+        }
+        e
+    }
+
+    fn push(&mut self, at: u64, kind: Kind) {
+        if !matches!(kind, Kind::Tick { .. }) {
+            self.busy += 1;
+        }
+        self.seq += 1;
+        self.heap.push(Ev {
+            at: at.max(self.now),
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// Run until nothing but idle timers is left and every live daemon is quiescent, or
+    /// until a hard limit (far past the scenario's bound) is hit.
+    pub fn run(mut self) -> Trace {
+        let hard_stop = self.sc.bound_ns.saturating_mul(4);
+        while let Some(ev) = self.heap.pop() {
+            if !matches!(ev.kind, Kind::Tick { .. }) {
+                self.busy -= 1;
+            }
+            self.now = ev.at;
+            self.trace.stats.events += 1;
+            if self.now > hard_stop {
+                self.trace.engine_errors.push(format!(
+                    "still running at t={} ns, 4x past the bound of {} ns (livelock?)",
+                    self.now, self.sc.bound_ns
+                ));
+                break;
+            }
+            if self.trace.stats.events > MAX_EVENTS {
+                self.trace.engine_errors.push(format!(
+                    "more than {MAX_EVENTS} events at t={} ns (message storm?)",
+                    self.now
+                ));
+                break;
+            }
+            self.step(ev.kind);
+            if self.busy == 0 && self.nodes.iter().all(|n| !n.alive || n.g.is_quiescent()) {
+                break;
+            }
+        }
+        self.trace.end_ns = self.now;
+        self.trace.final_alive = self.nodes.iter().map(|n| n.alive).collect();
+        self.trace.final_quiescent = self.nodes.iter().map(|n| n.g.is_quiescent()).collect();
+        self.trace.final_next_op = self.nodes.iter().map(|n| n.g.xcast_next_op()).collect();
+        self.trace
+    }
+
+    fn step(&mut self, kind: Kind) {
+        match kind {
+            Kind::Arrive {
+                from,
+                to,
+                dst,
+                msg,
+                hops,
+                sent_at,
+            } => {
+                if self.nodes[from as usize]
+                    .crashed_at
+                    .is_some_and(|c| c <= sent_at)
+                {
+                    return; // still queued on the sender's NIC when it died: never left
+                }
+                if !self.nodes[to as usize].alive {
+                    self.refuse(from, to);
+                    return;
+                }
+                let n = &mut self.nodes[to as usize];
+                let at = n.cpu_free.max(self.now) + self.sc.net.cpu_ns;
+                n.cpu_free = at;
+                self.push(
+                    at,
+                    Kind::Handle {
+                        from,
+                        to,
+                        dst,
+                        msg,
+                        hops,
+                    },
+                );
+            }
+            Kind::Handle {
+                from,
+                to,
+                dst,
+                msg,
+                hops,
+            } => {
+                if !self.nodes[to as usize].alive {
+                    return; // in the dead daemon's receive buffer
+                }
+                if dst == to {
+                    self.nodes[to as usize].g.handle(from, msg);
+                    self.pump(to);
+                } else {
+                    self.forward(to, dst, msg, hops);
+                }
+            }
+            Kind::Tick { daemon, at } => {
+                let n = &mut self.nodes[daemon as usize];
+                n.armed.remove(&at);
+                if n.alive {
+                    n.g.tick(self.now);
+                    self.pump(daemon);
+                }
+            }
+            Kind::Crash {
+                daemon,
+                detect_after,
+            } => {
+                let n = &mut self.nodes[daemon as usize];
+                if n.alive {
+                    n.alive = false;
+                    n.crashed_at = Some(self.now);
+                    self.trace.crashes.push((daemon, self.now));
+                    self.push(self.now + detect_after, Kind::Detect { daemon });
+                }
+            }
+            Kind::Detect { daemon } => {
+                self.failed.insert(daemon);
+                let epoch = self.trace.epochs.len();
+                self.trace.epochs.push((self.now, self.failed.clone()));
+                for r in 0..self.sc.n {
+                    if !self.nodes[r as usize].alive {
+                        continue;
+                    }
+                    let stagger = self.rng.gen_range(0..=self.sc.repair_stagger_ns);
+                    let n = &mut self.nodes[r as usize];
+                    let at = (self.now + stagger).max(n.last_repair_at);
+                    n.last_repair_at = at;
+                    self.push(at, Kind::Repair { daemon: r, epoch });
+                }
+            }
+            Kind::Repair { daemon, epoch } => {
+                if !self.nodes[daemon as usize].alive {
+                    return;
+                }
+                let failed = self.trace.epochs[epoch].1.clone();
+                if let Err(e) = self.nodes[daemon as usize].g.topology_changed(&failed) {
+                    self.trace.engine_errors.push(format!(
+                        "daemon {daemon}: topology_changed({failed:?}) failed: {e}"
+                    ));
+                }
+                self.trace.repairs_applied.insert((daemon, epoch), self.now);
+                self.pump(daemon);
+            }
+            Kind::Unreachable { daemon, peer } => {
+                let n = &mut self.nodes[daemon as usize];
+                // A carrier that already applied the repair knows the peer is gone.
+                if n.alive && n.g.topology().is_alive(peer) {
+                    n.g.peer_unreachable(peer);
+                    self.pump(daemon);
+                }
+            }
+            Kind::Xcast { plan } => {
+                let p = &self.sc.xcasts[plan];
+                let daemon = p.origin;
+                if !self.nodes[daemon as usize].alive {
+                    return;
+                }
+                let id = self.nodes[daemon as usize]
+                    .g
+                    .xcast(p.tag, p.payload.clone());
+                self.trace.xcast_starts.push(XcastStart {
+                    daemon,
+                    id,
+                    tag: p.tag,
+                    payload: p.payload.clone(),
+                    at: self.now,
+                });
+                self.pump(daemon);
+            }
+            Kind::Scatter { plan } => {
+                let p = &self.sc.scatters[plan];
+                let daemon = p.origin;
+                if !self.nodes[daemon as usize].alive {
+                    return;
+                }
+                let scatter_id = self.nodes[daemon as usize]
+                    .g
+                    .scatter(p.tag, p.slices.clone());
+                self.trace.scatter_starts.push(ScatterStart {
+                    daemon,
+                    scatter_id,
+                    tag: p.tag,
+                    slices: p.slices.clone(),
+                    at: self.now,
+                });
+                self.pump(daemon);
+            }
+            Kind::FenceStep {
+                daemon,
+                chain,
+                step,
+            } => self.fence_step(daemon, chain, step),
+        }
+    }
+
+    fn fence_step(&mut self, daemon: Rank, chain: usize, step: usize) {
+        if !self.nodes[daemon as usize].alive {
+            return;
+        }
+        let c: &FenceChain = &self.sc.chains[chain];
+        let s = &c.steps[step];
+        let data = c.contribution(chain, step, daemon);
+        let req = FenceRequest {
+            sig: c.sig.clone(),
+            collect: s.collect,
+            data: data.clone(),
+            timeout: s.timeout,
+        };
+        let id = self.nodes[daemon as usize].g.fence(req, self.now);
+        self.pending_fence
+            .insert((daemon, chain), self.trace.fence_calls.len());
+        self.trace.fence_calls.push(FenceCall {
+            daemon,
+            chain,
+            step,
+            id,
+            collect: s.collect,
+            data,
+            at: self.now,
+            done: None,
+        });
+        self.pump(daemon);
+    }
+
+    /// Carry out every effect `daemon` produced, including those produced while doing so.
+    fn pump(&mut self, daemon: Rank) {
+        loop {
+            let effects: Vec<Effect> = self.nodes[daemon as usize].g.drain().collect();
+            if effects.is_empty() {
+                break;
+            }
+            for e in effects {
+                self.apply(daemon, e);
+            }
+        }
+        let sb = self.nodes[daemon as usize].g.state_bytes();
+        let peak = &mut self.trace.stats.peak_state_bytes;
+        *peak = (*peak).max(sb);
+    }
+
+    fn apply(&mut self, daemon: Rank, e: Effect) {
+        match e {
+            Effect::Send { to, msg } => self.forward(daemon, to, msg, 0),
+            Effect::Deliver {
+                op_id,
+                origin,
+                tag,
+                payload,
+            } => {
+                self.trace.deliveries[daemon as usize].push(Delivery {
+                    op_id,
+                    origin,
+                    tag,
+                    payload,
+                    at: self.now,
+                });
+                if self.sc.cfg.process_first.contains(&tag) {
+                    self.nodes[daemon as usize].g.xcast_processed(op_id);
+                }
+            }
+            Effect::XcastComplete { id, op_id } => self
+                .trace
+                .xcast_completes
+                .push((daemon, id, op_id, self.now)),
+            Effect::FenceComplete { id, result } => self.fence_done(daemon, id, result),
+            Effect::ScatterDeliver {
+                origin,
+                scatter_id,
+                tag,
+                data,
+            } => self.trace.scatter_got.push(ScatterGot {
+                daemon,
+                origin,
+                scatter_id,
+                tag,
+                data,
+                at: self.now,
+            }),
+            Effect::ArmTimer { at } => {
+                if self.nodes[daemon as usize].armed.insert(at) {
+                    self.push(at, Kind::Tick { daemon, at });
+                }
+            }
+            Effect::Dropped { from, reason } => self.trace.dropped.push((daemon, from, reason)),
+        }
+    }
+
+    fn fence_done(
+        &mut self,
+        daemon: Rank,
+        id: FenceId,
+        result: Result<Bytes, dvm_grpcomm::FenceError>,
+    ) {
+        let Some(&chain) = self.sig_chain.get(&id.sig) else {
+            self.trace.engine_errors.push(format!(
+                "daemon {daemon}: FenceComplete for unknown signature {id:?}"
+            ));
+            return;
+        };
+        let Some(idx) = self.pending_fence.remove(&(daemon, chain)) else {
+            self.trace.engine_errors.push(format!(
+                "daemon {daemon}: FenceComplete for seq {} of chain {chain} with no fence pending (duplicate completion?)",
+                id.seq
+            ));
+            return;
+        };
+        let call = &mut self.trace.fence_calls[idx];
+        if call.id != id {
+            self.trace.engine_errors.push(format!(
+                "daemon {daemon}: FenceComplete for seq {} of chain {chain} while seq {} (step {}) is pending",
+                id.seq, call.id.seq, call.step
+            ));
+            self.pending_fence.insert((daemon, chain), idx);
+            return;
+        }
+        call.done = Some((self.now, result));
+        let next = call.step + 1;
+        if next < self.sc.chains[chain].steps.len() {
+            let think = self.rng.gen_range(0..=self.sc.think_ns);
+            self.push(
+                self.now + think,
+                Kind::FenceStep {
+                    daemon,
+                    chain,
+                    step: next,
+                },
+            );
+        }
+    }
+
+    /// Move `msg` one hop from `at` toward `dst`, or hand it to grpcomm if `at` is `dst`.
+    fn forward(&mut self, at: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
+        match self.nodes[at as usize].g.topology().route_to(dst) {
+            Route::Local => self.push(
+                self.now,
+                Kind::Handle {
+                    from: at,
+                    to: at,
+                    dst,
+                    msg,
+                    hops,
+                },
+            ),
+            Route::Unreachable => self.trace.stats.unroutable += 1,
+            Route::Up(next) | Route::Down(next) => {
+                if hops >= self.hop_limit {
+                    self.trace.stats.looped += 1;
+                    return;
+                }
+                self.transmit(at, next, dst, msg, hops + 1);
+            }
+        }
+    }
+
+    fn transmit(&mut self, from: Rank, to: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
+        if !self.nodes[to as usize].alive {
+            self.refuse(from, to);
+            return;
+        }
+        let net = &self.sc.net;
+        let bytes = msg.encoded_len();
+        let wire = net.wire_ns(bytes);
+        let jitter = if net.jitter_ns > 0 {
+            self.rng.gen_range(0..=net.jitter_ns)
+        } else {
+            0
+        };
+        let sender = &mut self.nodes[from as usize];
+        let start = sender.egress_free.max(self.now);
+        sender.egress_free = start + wire;
+        let mut arrive = start + wire + net.alpha_ns + jitter;
+        if net.ingress_serialized {
+            let recv = &mut self.nodes[to as usize];
+            arrive = arrive.max(recv.ingress_free + wire);
+            recv.ingress_free = arrive;
+        }
+        let last = self.link_last.entry((from, to)).or_insert(0);
+        arrive = arrive.max(*last);
+        *last = arrive;
+        self.trace.stats.messages += 1;
+        self.trace.stats.bytes += bytes as u64;
+        self.push(
+            arrive,
+            Kind::Arrive {
+                from,
+                to,
+                dst,
+                msg,
+                hops,
+                sent_at: start,
+            },
+        );
+    }
+
+    /// A send toward a crashed daemon: dropped, and the sender hears of it like a refused or
+    /// reset connection.
+    fn refuse(&mut self, from: Rank, to: Rank) {
+        self.trace.stats.refused += 1;
+        if self.nodes[from as usize].alive {
+            self.push(
+                self.now + self.sc.net.alpha_ns,
+                Kind::Unreachable {
+                    daemon: from,
+                    peer: to,
+                },
+            );
+        }
+    }
+}

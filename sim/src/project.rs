@@ -1,0 +1,167 @@
+//! Projections: one collective at a time on a fault-free DVM of N daemons, measured in
+//! virtual time and compared with the α-β tree model
+//! (broadcast `d·α + d·r·M·β`, allgather `2·d·α + (1 + d·r)·D·β` with `D` the gathered total,
+//! barrier = allgather with `D = 0`; `d` tree depth, `r` radix).
+
+use bytes::Bytes;
+use dvm_grpcomm::{tags, FenceSignature, Participants, Rank};
+
+use crate::net::NetModel;
+use crate::scenario::{FenceChain, FenceStep, Scenario, XcastPlan};
+
+/// A collective to project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Rank 0 broadcasts this many bytes.
+    Xcast(usize),
+    /// Every daemon joins a barrier.
+    Barrier,
+    /// Every daemon contributes this many bytes to a modex.
+    Modex(usize),
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Xcast(_) => "xcast",
+            Op::Barrier => "barrier",
+            Op::Modex(_) => "modex",
+        }
+    }
+    pub fn bytes(self) -> usize {
+        match self {
+            Op::Xcast(b) | Op::Modex(b) => b,
+            Op::Barrier => 0,
+        }
+    }
+}
+
+/// One row of the projection table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub op: Op,
+    pub n: u32,
+    pub radix: u32,
+    pub depth: u32,
+    /// Last daemon holds the broadcast / last participant's fence completed.
+    pub sim_ns: u64,
+    pub model_ns: f64,
+    pub messages: u64,
+    pub peak_state_bytes: usize,
+    /// The origin's XcastComplete (ACK rollup included); equals `sim_ns` for fences.
+    pub complete_ns: u64,
+    pub violations: Vec<String>,
+}
+
+impl Row {
+    pub fn ratio(&self) -> f64 {
+        self.sim_ns as f64 / self.model_ns
+    }
+    pub const CSV_HEADER: &'static str =
+        "op,n,radix,bytes,sim_time_us,model_time_us,ratio,messages,peak_state_bytes,depth,complete_us";
+    pub fn csv(&self) -> String {
+        format!(
+            "{},{},{},{},{:.1},{:.1},{:.3},{},{},{},{:.1}",
+            self.op.name(),
+            self.n,
+            self.radix,
+            self.op.bytes(),
+            self.sim_ns as f64 / 1e3,
+            self.model_ns / 1e3,
+            self.ratio(),
+            self.messages,
+            self.peak_state_bytes,
+            self.depth,
+            self.complete_ns as f64 / 1e3
+        )
+    }
+}
+
+/// The α-β tree model in nanoseconds.
+pub fn model_ns(op: Op, n: u32, radix: u32, depth: u32, net: &NetModel) -> f64 {
+    let (d, r) = (depth as f64, radix as f64);
+    let a = net.alpha_ns as f64;
+    let beta = net.beta_ps_per_byte as f64 / 1e3;
+    match op {
+        Op::Xcast(m) => d * a + d * r * m as f64 * beta,
+        Op::Barrier => 2.0 * d * a,
+        Op::Modex(per_rank) => 2.0 * d * a + (1.0 + d * r) * (per_rank as f64 * n as f64) * beta,
+    }
+}
+
+/// Simulate `op` once on `n` daemons at `radix`.
+pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
+    let mut sc = Scenario::empty(n, radix, 1, net.clone());
+    // Compression would make the payload size depend on its content; the model counts bytes.
+    sc.cfg.compress_threshold = usize::MAX;
+    let depth = sc.height();
+    match op {
+        Op::Xcast(m) => {
+            let payload: Vec<u8> = (0..m).map(|i| (i * 131 % 251) as u8).collect();
+            sc.xcasts.push(XcastPlan {
+                at: 0,
+                origin: 0,
+                tag: tags::USER,
+                payload: Bytes::from(payload),
+            });
+        }
+        Op::Barrier | Op::Modex(_) => {
+            let collect = matches!(op, Op::Modex(_));
+            sc.chains.push(FenceChain {
+                sig: FenceSignature::new(Bytes::from_static(b"proj:*"), Participants::All),
+                members: (0..n).collect(),
+                steps: vec![FenceStep {
+                    collect,
+                    timeout: None,
+                }],
+                first_start: vec![0; n as usize],
+                contrib_len: Some(op.bytes()),
+            });
+        }
+    }
+    let out = crate::run(&sc);
+    let (mut sim_ns, mut complete_ns, mut messages, mut peak) = (0, 0, 0, 0);
+    if let Some(t) = &out.trace {
+        messages = t.stats.messages;
+        peak = t.stats.peak_state_bytes;
+        match op {
+            Op::Xcast(_) => {
+                sim_ns = t
+                    .deliveries
+                    .iter()
+                    .filter_map(|d| d.last().map(|x| x.at))
+                    .max()
+                    .unwrap_or(0);
+                complete_ns = t.xcast_completes.iter().map(|c| c.3).max().unwrap_or(0);
+            }
+            Op::Barrier | Op::Modex(_) => {
+                sim_ns = t
+                    .fence_calls
+                    .iter()
+                    .filter_map(|c| c.done.as_ref().map(|d| d.0))
+                    .max()
+                    .unwrap_or(0);
+                complete_ns = sim_ns;
+            }
+        }
+    }
+    Row {
+        op,
+        n,
+        radix,
+        depth,
+        sim_ns,
+        model_ns: model_ns(op, n, radix, depth, net),
+        messages,
+        peak_state_bytes: peak,
+        complete_ns,
+        violations: out.violations,
+    }
+}
+
+/// Depth of the failure-free tree.
+pub fn depth(n: u32, radix: u32) -> u32 {
+    dvm_grpcomm::Topology::new(0 as Rank, radix, n)
+        .expect("valid geometry")
+        .height()
+}
