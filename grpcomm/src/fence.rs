@@ -1,19 +1,76 @@
-//! Fence: barrier and modex over a participant set.
-//! (Skeleton: public types are fixed; the state machine is being written.)
+//! Fence: barrier and modex over a participant set, rolled up the routing tree.
+//!
+//! Owns: the per-signature sequence counters, one [`tracker::FenceTracker`] per fence in flight
+//! (signature, seq), the stash of contributions from a newer topology epoch, and a short
+//! memory of recent results per signature (to answer re-sent contributions after a repair).
+//!
+//! How a fence travels: every daemon whose subtree holds a participant keeps a tracker with a
+//! slot per such child plus its own slot when it participates. A full tracker sends ONE merged
+//! contribution to its parent; the topology root produces the result and releases it down to
+//! every child whose subtree holds a participant. Errors (timeout, movement mismatch, bad
+//! input) go up as an error contribution and come down as an error release, so every
+//! participant reports the same outcome. A lost participant fails the fence on each survivor
+//! from the failed set alone, with no message.
+//!
+//! Invariants:
+//! - The k-th local start over a signature is fence k; counters never go back.
+//! - A tracker is removed before its result is emitted or forwarded.
+//! - A filled slot is never filled again in the same topology epoch (duplicates are dropped);
+//!   a repair resets child slots and every pending daemon re-sends, tagged with the new epoch.
+//! - Per-fence bookkeeping is O(radix); no array is sized by the DVM.
+//!
+//! Traps: the movement is judged only once every slot is in (majority by participant count, so
+//! the odd daemon is named); releases carry no epoch and are accepted whenever they arrive.
+
+mod tracker;
+mod wire;
+
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use dvm_proto::grpcomm::{FenceContrib, FenceRelease};
-use dvm_rml::topology::{Rank, RepairDelta};
+use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceContrib, FenceRelease};
+use dvm_proto::Message;
+use dvm_rml::topology::{Rank, RepairDelta, Route};
+use tracing::debug;
 
-use crate::Ctx;
+use crate::{Ctx, Effect, Movement};
+use tracker::{child_slots, lost, Agreement, FenceTracker, OwnSlot, SubtreeContrib};
+
+/// Results kept per signature after retirement, to answer contributions re-sent after a repair.
+const RECENT_PER_SIGNATURE: usize = 4;
 
 /// The daemons taking part in a fence.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Participants {
-    /// Every daemon of the DVM (as of the fence's start; failed daemons are lost ones).
+    /// Every daemon of the DVM. Once any daemon has failed, every fence over `All` fails with
+    /// `LostConnection` (pending or started later); use an explicit list over the survivors.
     All,
     /// These daemons (sorted, unique).
     Daemons(Vec<Rank>),
+}
+
+impl Participants {
+    pub fn contains(&self, r: Rank) -> bool {
+        match self {
+            Participants::All => true,
+            Participants::Daemons(d) => d.binary_search(&r).is_ok(),
+        }
+    }
+
+    /// Canonical (sorted, unique), non-empty and inside a DVM of `size` daemons.
+    pub fn check(&self, size: u32) -> Result<(), String> {
+        let Participants::Daemons(d) = self else { return Ok(()) };
+        if d.is_empty() {
+            return Err("fence participant list is empty".into());
+        }
+        if let Some(w) = d.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(format!("fence participants not sorted and unique ({} then {})", w[0], w[1]));
+        }
+        match d.last() {
+            Some(&last) if last >= size => Err(format!("fence participant daemon {last} is outside the DVM of {size}")),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Canonical participant set: an opaque key (nspace + ranks, or nspace + wildcard) plus the
@@ -73,29 +130,453 @@ pub enum FenceError {
     Protocol(String),
 }
 
+type FenceResult = Result<Bytes, FenceError>;
+
+/// Everything this daemon holds about one signature.
 #[derive(Debug, Default)]
-pub(crate) struct FenceState {}
+struct SigRecord {
+    /// Local starts so far: the next local start is fence `started`.
+    started: u64,
+    trackers: BTreeMap<u64, FenceTracker>,
+    /// Error releases of fences this daemon participates in but has not started yet.
+    early_errors: BTreeMap<u64, FenceError>,
+    /// Most recent retired results (bounded).
+    recent: VecDeque<(u64, FenceResult)>,
+}
+
+impl SigRecord {
+    fn is_retired(&self, seq: u64, participant: bool) -> bool {
+        self.recent.iter().any(|(s, _)| *s == seq)
+            || self.early_errors.contains_key(&seq)
+            || (participant && seq < self.started && !self.trackers.contains_key(&seq))
+    }
+
+    fn remember(&mut self, seq: u64, result: FenceResult) {
+        if self.recent.len() == RECENT_PER_SIGNATURE {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((seq, result));
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FenceState {
+    sigs: BTreeMap<FenceSignature, SigRecord>,
+    /// Contributions from a newer topology epoch than ours, replayed when we catch up.
+    stash: Vec<(Rank, FenceContrib)>,
+}
+
+fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
+    debug!(rank = ctx.topo.me(), key = ?sig.key, seq, ok = result.is_ok(), "fence complete");
+    ctx.out.push(Effect::FenceComplete { id: FenceId { sig: sig.clone(), seq }, result });
+}
+
+fn dropped(ctx: &mut Ctx<'_>, from: Rank, reason: String) {
+    debug!(rank = ctx.topo.me(), from, %reason, "fence message dropped");
+    ctx.out.push(Effect::Dropped { from, reason });
+}
+
+/// Remove the tracker, remember the result, forward it to every child holding a participant
+/// (but not back to `from`), then emit it if this daemon started the fence.
+fn retire(
+    ctx: &mut Ctx<'_>,
+    sig: &FenceSignature,
+    seq: u64,
+    rec: &mut SigRecord,
+    result: FenceResult,
+    from: Option<Rank>,
+) {
+    let started = rec.trackers.remove(&seq).is_some_and(|t| t.started());
+    rec.remember(seq, result.clone());
+    if let Err(e) = &result {
+        if !started && sig.participants.contains(ctx.topo.me()) && seq >= rec.started {
+            rec.early_errors.insert(seq, e.clone());
+        }
+    }
+    let msg = wire::release_msg(sig, seq, &result);
+    for c in child_slots(ctx.topo, &sig.participants) {
+        if Some(c) != from {
+            ctx.send(c, Body::Release(msg.clone()));
+        }
+    }
+    if started {
+        emit(ctx, sig, seq, result);
+    }
+}
+
+/// Fail the fence in this subtree: the root releases the error; anyone else sends it up.
+fn fail(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord, err: FenceError) {
+    let Some(t) = rec.trackers.get_mut(&seq) else { return };
+    if t.failed.is_some() {
+        return;
+    }
+    debug!(rank = ctx.topo.me(), key = ?sig.key, seq, %err, "fence failed here");
+    if ctx.topo.is_root() {
+        retire(ctx, sig, seq, rec, Err(err), None);
+        return;
+    }
+    if matches!(err, FenceError::Timeout { daemon, .. } if daemon == ctx.topo.me()) {
+        // Give the root one more timeout to answer, then give up locally.
+        let at = ctx.now.saturating_add(t.timeout_ns.max(1));
+        t.deadline = Some(at);
+        ctx.out.push(Effect::ArmTimer { at });
+    }
+    t.failed = Some(err);
+    send_error_up(ctx, sig, seq, t);
+}
+
+fn send_error_up(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, t: &FenceTracker) {
+    let (Some(err), Some(parent)) = (&t.failed, ctx.topo.parent()) else { return };
+    let (status, error) = wire::error_to_wire(err);
+    let movement = match t.own {
+        OwnSlot::Filled { movement, .. } => movement,
+        _ => 0,
+    };
+    let m = FenceContrib {
+        sig: Some(wire::sig_to_wire(sig)),
+        seq,
+        movement,
+        topo_epoch: ctx.topo.epoch(),
+        count: 0,
+        entries: Vec::new(),
+        status,
+        error,
+    };
+    ctx.send(parent, Body::Contrib(m));
+}
+
+/// If every slot is in: the root completes the fence, anyone else sends the merge up once.
+fn progress(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
+    let me = ctx.topo.me();
+    let Some(t) = rec.trackers.get_mut(&seq) else { return };
+    if t.failed.is_some() || t.sent_up || !t.ready() {
+        return;
+    }
+    let movement = match t.agreement(me) {
+        Agreement::Agreed(m) => m,
+        Agreement::Mismatch { expected, got, daemon } => {
+            let err = FenceError::MovementMismatch {
+                expected: Movement::name_of(expected),
+                got: Movement::name_of(got),
+                daemon,
+            };
+            return fail(ctx, sig, seq, rec, err);
+        }
+    };
+    let gather = movement == Movement::TreeGatherRelease.id();
+    let merged = match t.merge(me, gather) {
+        Ok(m) => m,
+        Err(e) => return fail(ctx, sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {e}"))),
+    };
+    if ctx.topo.is_root() {
+        let result = root_result(ctx, sig, seq, movement, merged);
+        retire(ctx, sig, seq, rec, result, None);
+        return;
+    }
+    t.sent_up = true;
+    let m = FenceContrib {
+        sig: Some(wire::sig_to_wire(sig)),
+        seq,
+        movement,
+        topo_epoch: ctx.topo.epoch(),
+        count: merged.count,
+        entries: merged.entries,
+        status: 0,
+        error: String::new(),
+    };
+    if let Some(parent) = ctx.topo.parent() {
+        ctx.send(parent, Body::Contrib(m));
+    }
+}
+
+fn root_result(ctx: &Ctx<'_>, sig: &FenceSignature, seq: u64, movement: u32, merged: SubtreeContrib) -> FenceResult {
+    let expected = tracker::participant_count(ctx.topo, &sig.participants);
+    if u64::from(merged.count) != expected {
+        return Err(FenceError::Protocol(format!(
+            "root daemon {} counted {} participants in fence {seq}, expected {expected}",
+            ctx.topo.me(),
+            merged.count
+        )));
+    }
+    match Movement::from_id(movement) {
+        Some(Movement::TreeBarrier) => Ok(Bytes::new()),
+        Some(Movement::TreeGatherRelease) => Ok(tracker::concat(&merged.entries)),
+        _ => Err(FenceError::Protocol(format!(
+            "every participant chose {}, which cannot carry a fence",
+            Movement::name_of(movement)
+        ))),
+    }
+}
+
+/// A gather contribution must hold one entry per counted participant of the sender's subtree.
+fn check_entries(ctx: &Ctx<'_>, sig: &FenceSignature, from: Rank, m: &FenceContrib) -> Result<(), String> {
+    if m.count == 0 {
+        return Err(format!("child {from} contributed zero participants"));
+    }
+    if m.movement != Movement::TreeGatherRelease.id() {
+        return Ok(());
+    }
+    if m.entries.len() != m.count as usize {
+        return Err(format!("child {from} counted {} participants but sent {} entries", m.count, m.entries.len()));
+    }
+    let mut prev = None;
+    for e in &m.entries {
+        if prev.is_some_and(|p| p >= e.daemon) {
+            return Err(format!("child {from} sent entries out of daemon order at {}", e.daemon));
+        }
+        prev = Some(e.daemon);
+        if !sig.participants.contains(e.daemon) || ctx.topo.route_to(e.daemon) != Route::Down(from) {
+            return Err(format!(
+                "child {from} sent an entry for daemon {}, not a participant of its subtree",
+                e.daemon
+            ));
+        }
+    }
+    Ok(())
+}
 
 impl FenceState {
     pub fn new() -> Self {
         Self::default()
     }
-    pub fn start(&mut self, _ctx: &mut Ctx<'_>, _req: FenceRequest) -> FenceId {
-        todo!()
+
+    pub fn start(&mut self, ctx: &mut Ctx<'_>, req: FenceRequest) -> FenceId {
+        let sig = FenceSignature::new(req.sig.key, req.sig.participants);
+        let me = ctx.topo.me();
+        let current = self.sigs.get(&sig).map_or(0, |r| r.started);
+        let refused = match sig.participants.check(ctx.topo.size()) {
+            Err(reason) => Some(FenceError::Protocol(format!("daemon {me}: {reason}"))),
+            Ok(()) if !sig.participants.contains(me) => Some(FenceError::NotParticipant { daemon: me }),
+            Ok(()) => None,
+        };
+        if let Some(err) = refused {
+            emit(ctx, &sig, current, Err(err));
+            return FenceId { sig, seq: current };
+        }
+        let rec = self.sigs.entry(sig.clone()).or_default();
+        let seq = rec.started;
+        rec.started += 1;
+        let id = FenceId { sig: sig.clone(), seq };
+        if let Some(err) = rec.early_errors.remove(&seq) {
+            emit(ctx, &sig, seq, Err(err));
+            return id;
+        }
+        let lost = lost(ctx.topo, &sig.participants);
+        if !lost.is_empty() {
+            emit(ctx, &sig, seq, Err(FenceError::LostConnection { lost }));
+            return id;
+        }
+        let movement = ctx.cfg.movements.for_fence(req.collect).id();
+        let data = if movement == Movement::TreeGatherRelease.id() { req.data } else { Bytes::new() };
+        let t = rec
+            .trackers
+            .entry(seq)
+            .or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
+        t.own = OwnSlot::Filled { movement, data };
+        if let Some(timeout) = req.timeout {
+            let at = ctx.now.saturating_add(timeout);
+            t.deadline = Some(at);
+            t.timeout_ns = timeout;
+            ctx.out.push(Effect::ArmTimer { at });
+        }
+        debug!(rank = me, key = ?sig.key, seq, movement = Movement::name_of(movement), "fence started");
+        progress(ctx, &sig, seq, rec);
+        id
     }
-    pub fn on_contrib(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: FenceContrib) {
-        todo!()
+
+    pub fn on_contrib(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceContrib) {
+        let sig = match wire::sig_from_wire(m.sig.as_ref(), ctx.topo.size()) {
+            Ok(s) => s,
+            Err(reason) => return dropped(ctx, from, format!("fence contribution (seq {}): {reason}", m.seq)),
+        };
+        let (me, epoch, seq) = (ctx.topo.me(), ctx.topo.epoch(), m.seq);
+        if m.topo_epoch < epoch {
+            debug!(rank = me, from, seq, their = m.topo_epoch, epoch, "stale-epoch fence contribution dropped");
+            return;
+        }
+        if m.topo_epoch > epoch {
+            self.stash.push((from, m));
+            return;
+        }
+        if !lost(ctx.topo, &sig.participants).is_empty() {
+            debug!(rank = me, from, seq, "contribution to a fence that lost a participant dropped");
+            return;
+        }
+        let participant = sig.participants.contains(me);
+        let tracked = self.sigs.get(&sig).is_some_and(|r| r.trackers.contains_key(&seq));
+        if !tracked {
+            if let Some(rec) = self.sigs.get(&sig).filter(|r| r.is_retired(seq, participant)) {
+                // A re-sent contribution (after a repair) to a fence already done here.
+                if let Some((_, result)) = rec.recent.iter().find(|(s, _)| *s == seq) {
+                    ctx.send(from, Body::Release(wire::release_msg(&sig, seq, result)));
+                }
+                debug!(rank = me, from, seq, "contribution to a retired fence");
+                return;
+            }
+            let slots = child_slots(ctx.topo, &sig.participants);
+            if !slots.contains(&from) {
+                let reason = format!(
+                    "fence {:?}#{seq}: daemon {from} is not a child whose subtree holds a participant",
+                    sig.key
+                );
+                return dropped(ctx, from, reason);
+            }
+            let rec = self.sigs.entry(sig.clone()).or_default();
+            rec.trackers.insert(seq, FenceTracker::new(participant, slots));
+        }
+        let Some(rec) = self.sigs.get_mut(&sig) else { return };
+        let Some(t) = rec.trackers.get_mut(&seq) else { return };
+        if t.slot_mut(from).is_none() {
+            let reason = format!("fence {:?}#{seq}: daemon {from} holds no slot here", sig.key);
+            return dropped(ctx, from, reason);
+        }
+        if m.status != 0 {
+            let err = wire::error_from_wire(m.status, &m.error);
+            return fail(ctx, &sig, seq, rec, err);
+        }
+        if t.failed.is_some() {
+            debug!(rank = me, from, seq, "contribution to a fence that already failed here");
+            return;
+        }
+        if let Err(reason) = check_entries(ctx, &sig, from, &m) {
+            return fail(ctx, &sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {reason}")));
+        }
+        let Some(slot) = t.slot_mut(from) else { return };
+        if slot.filled {
+            debug!(rank = me, from, seq, "duplicate fence contribution dropped");
+            return;
+        }
+        slot.filled = true;
+        slot.movement = m.movement;
+        slot.contrib = Some(SubtreeContrib { count: m.count, entries: m.entries });
+        progress(ctx, &sig, seq, rec);
     }
-    pub fn on_release(&mut self, _ctx: &mut Ctx<'_>, _from: Rank, _m: FenceRelease) {
-        todo!()
+
+    pub fn on_release(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceRelease) {
+        let sig = match wire::sig_from_wire(m.sig.as_ref(), ctx.topo.size()) {
+            Ok(s) => s,
+            Err(reason) => return dropped(ctx, from, format!("fence release (seq {}): {reason}", m.seq)),
+        };
+        let (me, seq) = (ctx.topo.me(), m.seq);
+        if !lost(ctx.topo, &sig.participants).is_empty() {
+            debug!(rank = me, from, seq, "release of a fence that lost a participant dropped");
+            return;
+        }
+        let participant = sig.participants.contains(me);
+        let result = if m.status != 0 { Err(wire::error_from_wire(m.status, &m.error)) } else { Ok(m.data) };
+        let rec = self.sigs.entry(sig.clone()).or_default();
+        if !rec.trackers.contains_key(&seq) {
+            if rec.is_retired(seq, participant) {
+                debug!(rank = me, from, seq, "duplicate fence release");
+                return;
+            }
+            if participant && result.is_ok() {
+                let reason =
+                    format!("fence {:?}#{seq}: success release for a fence daemon {me} has not started", sig.key);
+                return dropped(ctx, from, reason);
+            }
+        }
+        retire(ctx, &sig, seq, rec, result, Some(from));
     }
-    pub fn topology_changed(&mut self, _ctx: &mut Ctx<'_>, _delta: &RepairDelta) {}
+
+    /// The topology in `ctx` is already repaired. Fences that lost a participant fail here;
+    /// the others reset their child slots and re-send; recent results go to new neighbours.
+    pub fn topology_changed(&mut self, ctx: &mut Ctx<'_>, delta: &RepairDelta) {
+        for (sig, rec) in self.sigs.iter_mut() {
+            let lost = lost(ctx.topo, &sig.participants);
+            let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
+            for seq in seqs {
+                if !lost.is_empty() {
+                    if rec.trackers.remove(&seq).is_some_and(|t| t.started()) {
+                        emit(ctx, sig, seq, Err(FenceError::LostConnection { lost: lost.clone() }));
+                    }
+                    continue;
+                }
+                let slots = child_slots(ctx.topo, &sig.participants);
+                let Some(t) = rec.trackers.get_mut(&seq) else { continue };
+                if !t.participant() && slots.is_empty() {
+                    rec.trackers.remove(&seq);
+                    continue;
+                }
+                t.reset_children(slots);
+                if t.failed.is_some() {
+                    if ctx.topo.is_root() {
+                        let err = t.failed.take().expect("checked above");
+                        retire(ctx, sig, seq, rec, Err(err), None);
+                    } else {
+                        send_error_up(ctx, sig, seq, t);
+                    }
+                } else {
+                    progress(ctx, sig, seq, rec);
+                }
+            }
+            if !lost.is_empty() {
+                continue;
+            }
+            let new_parent = delta.parent_changed.and_then(|(_, p)| p);
+            let slots = child_slots(ctx.topo, &sig.participants);
+            let added: Vec<Rank> = delta.children_added.iter().copied().filter(|c| slots.contains(c)).collect();
+            for (seq, result) in &rec.recent {
+                let msg = wire::release_msg(sig, *seq, result);
+                for to in new_parent.iter().chain(&added) {
+                    ctx.send(*to, Body::Release(msg.clone()));
+                }
+            }
+        }
+        let epoch = ctx.topo.epoch();
+        for (from, m) in std::mem::take(&mut self.stash) {
+            if m.topo_epoch > epoch {
+                self.stash.push((from, m));
+            } else {
+                self.on_contrib(ctx, from, m);
+            }
+        }
+    }
+
+    /// Repair handles lost peers; a failed send alone changes nothing for a fence.
     pub fn peer_unreachable(&mut self, _ctx: &mut Ctx<'_>, _peer: Rank) {}
-    pub fn tick(&mut self, _ctx: &mut Ctx<'_>) {}
-    pub fn state_bytes(&self) -> usize {
-        0
+
+    pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
+        let me = ctx.topo.me();
+        for (sig, rec) in self.sigs.iter_mut() {
+            let expired: Vec<u64> = rec
+                .trackers
+                .iter()
+                .filter(|(_, t)| t.deadline.is_some_and(|d| d <= ctx.now))
+                .map(|(&s, _)| s)
+                .collect();
+            for seq in expired {
+                let Some(t) = rec.trackers.get_mut(&seq) else { continue };
+                t.deadline = None;
+                match t.failed.clone() {
+                    // The root never answered our error: give up here, with that error.
+                    Some(err) => retire(ctx, sig, seq, rec, Err(err), None),
+                    None => {
+                        let err = FenceError::Timeout { timeout_ns: t.timeout_ns, daemon: me };
+                        fail(ctx, sig, seq, rec, err);
+                    }
+                }
+            }
+        }
     }
+
+    pub fn state_bytes(&self) -> usize {
+        let trackers: usize = self
+            .sigs
+            .values()
+            .map(|r| {
+                r.trackers.values().map(FenceTracker::state_bytes).sum::<usize>()
+                    + r.early_errors.len() * std::mem::size_of::<(u64, FenceError)>()
+            })
+            .sum();
+        let stash: usize = self.stash.iter().map(|(_, m)| m.encoded_len()).sum();
+        trackers + stash
+    }
+
     pub fn is_quiescent(&self) -> bool {
-        true
+        self.stash.is_empty() && self.sigs.values().all(|r| r.trackers.is_empty())
     }
 }
+
+#[cfg(test)]
+mod tests;
