@@ -1,0 +1,171 @@
+//! The life of one authenticated connection: a read loop and a write loop polled together
+//! in one task, so neither can starve the other and both end together.
+//!
+//! Traps: the read-idle bound restarts on every received *byte*, not every frame, so a large
+//! frame arriving slowly is not mistaken for silence. Writers send the encoded prefix and then
+//! the shared payload through a buffered writer: small frames are batched into few syscalls,
+//! large payloads go to the socket without a copy.
+
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::codec::Decoder;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::frame::{Frame, FrameCodec, FrameError};
+use crate::topology::Rank;
+use crate::transport::{LinkError, Shared, TransportEvent};
+
+const WRITE_BUFFER: usize = 64 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
+
+/// How a connection ended.
+pub(crate) enum ConnEnd {
+    /// This daemon closed it (disconnect, shutdown, owner gone): not reported.
+    Closed,
+    /// It broke; reported as `PeerLost`.
+    Lost(LinkError),
+}
+
+/// Run the connection until it ends. `queue` is the outbound link's frames for a connection
+/// this daemon opened, `None` for an accepted one (which only carries heartbeats back).
+pub(crate) async fn run(
+    shared: &Shared,
+    stream: TcpStream,
+    peer: Rank,
+    addr: SocketAddr,
+    queue: Option<mpsc::UnboundedReceiver<Frame>>,
+    token: CancellationToken,
+) -> ConnEnd {
+    let (r, w) = stream.into_split();
+    tokio::select! {
+        _ = token.cancelled() => ConnEnd::Closed,
+        end = read_loop(shared, r, peer, addr) => end,
+        end = write_loop(shared, w, peer, queue) => end,
+    }
+}
+
+async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: SocketAddr) -> ConnEnd {
+    let me = shared.cfg.rank;
+    let idle = shared.cfg.read_idle();
+    let mut codec = FrameCodec::new(shared.cfg.max_frame);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        loop {
+            match codec.decode(&mut buf) {
+                Ok(Some(frame)) if frame.is_heartbeat() => {}
+                Ok(Some(frame)) => {
+                    let ev = TransportEvent::Frame {
+                        from_peer: peer,
+                        frame,
+                    };
+                    if shared.events.send(ev).await.is_err() {
+                        return ConnEnd::Closed;
+                    }
+                }
+                Ok(None) => break,
+                Err(FrameError::TooLarge { size, max }) => {
+                    warn!(rank = me, peer, %addr, size, max, "refusing frame above the max message size; closing connection");
+                    return ConnEnd::Lost(LinkError::FrameTooLarge { size, max });
+                }
+                Err(e) => {
+                    warn!(rank = me, peer, %addr, error = %e, "malformed frame; closing connection");
+                    return ConnEnd::Lost(LinkError::Malformed(e.to_string()));
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        let read = r.read_buf(&mut buf);
+        let n = match idle {
+            Some(bound) => match tokio::time::timeout(bound, read).await {
+                Ok(n) => n,
+                Err(_) => {
+                    warn!(rank = me, peer, %addr, ?bound, "peer silent past the heartbeat bound; closing connection");
+                    return ConnEnd::Lost(LinkError::ReadIdle(bound));
+                }
+            },
+            None => read.await,
+        };
+        match n {
+            Ok(0) => {
+                debug!(rank = me, peer, %addr, pending = buf.len(), "RML connection closed by peer");
+                return ConnEnd::Lost(LinkError::Eof);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                debug!(rank = me, peer, %addr, error = %e, "RML read failed");
+                return ConnEnd::Lost(LinkError::Io(e.to_string()));
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    shared: &Shared,
+    w: OwnedWriteHalf,
+    peer: Rank,
+    mut queue: Option<mpsc::UnboundedReceiver<Frame>>,
+) -> ConnEnd {
+    let cfg = &shared.cfg;
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
+    let heartbeat = (!cfg.heartbeat.is_zero()).then_some(cfg.heartbeat);
+    let mut next_beat = Instant::now() + cfg.heartbeat;
+    loop {
+        let res = tokio::select! {
+            frame = next_frame(&mut queue) => match frame {
+                // The link was removed (disconnect): close quietly.
+                None => return ConnEnd::Closed,
+                Some(frame) => write_batch(&mut w, frame, queue.as_mut()).await,
+            },
+            _ = tokio::time::sleep_until(next_beat), if heartbeat.is_some() => {
+                let beat = Frame::heartbeat(cfg.rank, peer, cfg.epoch);
+                write_batch(&mut w, beat, None).await
+            }
+        };
+        if let Err(e) = res {
+            debug!(rank = cfg.rank, peer, error = %e, "RML write failed");
+            return ConnEnd::Lost(LinkError::Io(e.to_string()));
+        }
+        if let Some(h) = heartbeat {
+            next_beat = Instant::now() + h;
+        }
+    }
+}
+
+async fn next_frame(queue: &mut Option<mpsc::UnboundedReceiver<Frame>>) -> Option<Frame> {
+    match queue {
+        Some(q) => q.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Write `first` and whatever else is already queued, then flush once.
+async fn write_batch<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    first: Frame,
+    queue: Option<&mut mpsc::UnboundedReceiver<Frame>>,
+) -> std::io::Result<()> {
+    write_frame(w, &first).await?;
+    if let Some(q) = queue {
+        while let Ok(frame) = q.try_recv() {
+            write_frame(w, &frame).await?;
+        }
+    }
+    w.flush().await
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    frame: &Frame,
+) -> std::io::Result<()> {
+    w.write_all(&frame.encode_prefix()).await?;
+    w.write_all(&frame.payload).await
+}
