@@ -102,10 +102,7 @@ impl DvmSecret {
     pub fn from_hex(text: &str) -> Result<Self, SecretError> {
         let t = text.trim().as_bytes();
         if t.len() != 2 * SECRET_LEN {
-            return Err(SecretError::WrongLength {
-                expected: 2 * SECRET_LEN,
-                got: t.len(),
-            });
+            return Err(SecretError::WrongLength { expected: 2 * SECRET_LEN, got: t.len() });
         }
         let nibble = |pos: usize| -> Result<u8, SecretError> {
             match t[pos] {
@@ -127,20 +124,11 @@ impl DvmSecret {
     pub fn write_file(&self, path: &Path) -> Result<(), SecretError> {
         use std::io::Write;
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let err = |source| SecretError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(err)?;
+        let err = |source| SecretError::Io { path: path.to_owned(), source };
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(err)?;
         // `mode` applies only when the file is created; force it for a pre-existing file.
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(err)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(err)?;
         writeln!(f, "{}", self.to_hex()).map_err(err)?;
         f.sync_all().map_err(err)
     }
@@ -149,16 +137,10 @@ impl DvmSecret {
     /// read is refused: the secret would no longer be secret.
     pub fn read_file(path: &Path) -> Result<Self, SecretError> {
         use std::os::unix::fs::PermissionsExt;
-        let err = |source| SecretError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let err = |source| SecretError::Io { path: path.to_owned(), source };
         let mode = std::fs::metadata(path).map_err(err)?.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
-            return Err(SecretError::InsecurePermissions {
-                path: path.to_owned(),
-                mode,
-            });
+            return Err(SecretError::InsecurePermissions { path: path.to_owned(), mode });
         }
         let text = std::fs::read_to_string(path).map_err(err)?;
         DvmSecret::from_hex(&text)
@@ -227,10 +209,7 @@ pub enum AuthError {
 impl AuthError {
     /// True when retrying the same peer cannot help (it does not hold our secret).
     pub fn is_refusal(&self) -> bool {
-        matches!(
-            self,
-            AuthError::BadProof { .. } | AuthError::ReflectedNonce | AuthError::BadNonce(_)
-        )
+        matches!(self, AuthError::BadProof { .. } | AuthError::ReflectedNonce | AuthError::BadNonce(_))
     }
 }
 
@@ -244,22 +223,11 @@ pub fn proof_mac(
     rank: Rank,
     epoch: u64,
 ) -> [u8; 32] {
-    keyed(secret, role, own_nonce, peer_nonce, rank, epoch)
-        .finalize()
-        .into_bytes()
-        .into()
+    keyed(secret, role, own_nonce, peer_nonce, rank, epoch).finalize().into_bytes().into()
 }
 
-fn keyed(
-    secret: &DvmSecret,
-    role: Role,
-    own_nonce: &[u8],
-    peer_nonce: &[u8],
-    rank: Rank,
-    epoch: u64,
-) -> HmacSha256 {
-    let mut mac =
-        HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+fn keyed(secret: &DvmSecret, role: Role, own_nonce: &[u8], peer_nonce: &[u8], rank: Rank, epoch: u64) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(DOMAIN);
     mac.update(&[role.byte()]);
     mac.update(own_nonce);
@@ -290,11 +258,7 @@ where
 }
 
 /// Handshake for a tool client (rank [`TOOL_RANK`], epoch 0) connecting to a daemon.
-pub async fn tool_handshake<S>(
-    stream: &mut S,
-    secret: &DvmSecret,
-    timeout: Duration,
-) -> Result<PeerIdentity, AuthError>
+pub async fn tool_handshake<S>(stream: &mut S, secret: &DvmSecret, timeout: Duration) -> Result<PeerIdentity, AuthError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -313,11 +277,7 @@ where
 {
     let mut nonce = [0u8; NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
-    let hello = AuthHello {
-        nonce: nonce.to_vec().into(),
-        rank,
-        epoch,
-    };
+    let hello = AuthHello { nonce: nonce.to_vec().into(), rank, epoch };
     write_msg(stream, &hello).await?;
 
     let peer: AuthHello = read_msg(stream).await?;
@@ -329,29 +289,13 @@ where
     }
 
     let mac = proof_mac(secret, role, &nonce, &peer.nonce, rank, epoch);
-    write_msg(
-        stream,
-        &AuthProof {
-            mac: mac.to_vec().into(),
-        },
-    )
-    .await?;
+    write_msg(stream, &AuthProof { mac: mac.to_vec().into() }).await?;
 
     let proof: AuthProof = read_msg(stream).await?;
-    keyed(
-        secret,
-        role.peer(),
-        &peer.nonce,
-        &nonce,
-        peer.rank,
-        peer.epoch,
-    )
-    .verify_slice(&proof.mac)
-    .map_err(|_| AuthError::BadProof { claimed: peer.rank })?;
-    Ok(PeerIdentity {
-        rank: peer.rank,
-        epoch: peer.epoch,
-    })
+    keyed(secret, role.peer(), &peer.nonce, &nonce, peer.rank, peer.epoch)
+        .verify_slice(&proof.mac)
+        .map_err(|_| AuthError::BadProof { claimed: peer.rank })?;
+    Ok(PeerIdentity { rank: peer.rank, epoch: peer.epoch })
 }
 
 async fn write_msg<S, M>(stream: &mut S, msg: &M) -> Result<(), AuthError>
@@ -374,10 +318,7 @@ where
 {
     let size = stream.read_u32().await? as usize;
     if size > MAX_HANDSHAKE_MSG {
-        return Err(AuthError::MessageTooLarge {
-            size,
-            max: MAX_HANDSHAKE_MSG,
-        });
+        return Err(AuthError::MessageTooLarge { size, max: MAX_HANDSHAKE_MSG });
     }
     let mut buf = vec![0u8; size];
     stream.read_exact(&mut buf).await?;
@@ -391,20 +332,11 @@ mod tests {
     #[test]
     fn hex_round_trip_and_errors() {
         let s = DvmSecret::generate();
-        assert_eq!(
-            DvmSecret::from_hex(&format!("  {}\n", s.to_hex().to_uppercase())).unwrap(),
-            s
-        );
-        assert!(matches!(
-            DvmSecret::from_hex("ab"),
-            Err(SecretError::WrongLength { got: 2, .. })
-        ));
+        assert_eq!(DvmSecret::from_hex(&format!("  {}\n", s.to_hex().to_uppercase())).unwrap(), s);
+        assert!(matches!(DvmSecret::from_hex("ab"), Err(SecretError::WrongLength { got: 2, .. })));
         let mut bad = s.to_hex();
         bad.replace_range(5..6, "g");
-        assert!(matches!(
-            DvmSecret::from_hex(&bad),
-            Err(SecretError::BadHex { pos: 5 })
-        ));
+        assert!(matches!(DvmSecret::from_hex(&bad), Err(SecretError::BadHex { pos: 5 })));
     }
 
     #[test]
@@ -416,10 +348,7 @@ mod tests {
         assert_ne!(base, proof_mac(&s, Role::Initiator, &b, &a, 4, 1));
         assert_ne!(base, proof_mac(&s, Role::Initiator, &a, &b, 5, 1));
         assert_ne!(base, proof_mac(&s, Role::Initiator, &a, &b, 4, 2));
-        assert_ne!(
-            base,
-            proof_mac(&DvmSecret::generate(), Role::Initiator, &a, &b, 4, 1)
-        );
+        assert_ne!(base, proof_mac(&DvmSecret::generate(), Role::Initiator, &a, &b, 4, 1));
         assert_eq!(base, proof_mac(&s, Role::Initiator, &a, &b, 4, 1));
     }
 
@@ -437,10 +366,7 @@ mod tests {
         assert_eq!(mode, 0o600);
         assert_eq!(DvmSecret::read_file(&path).unwrap(), s);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-        assert!(matches!(
-            DvmSecret::read_file(&path),
-            Err(SecretError::InsecurePermissions { .. })
-        ));
+        assert!(matches!(DvmSecret::read_file(&path), Err(SecretError::InsecurePermissions { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -450,8 +376,7 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(4096);
         let t = Duration::from_secs(10);
         let s2 = secret.clone();
-        let other =
-            tokio::spawn(async move { handshake(&mut b, &s2, Role::Responder, 0, 9, t).await });
+        let other = tokio::spawn(async move { handshake(&mut b, &s2, Role::Responder, 0, 9, t).await });
         let got = tool_handshake(&mut a, &secret, t).await.unwrap();
         assert_eq!(got, PeerIdentity { rank: 0, epoch: 9 });
         let theirs = other.await.unwrap().unwrap();
@@ -459,13 +384,9 @@ mod tests {
 
         let (mut a, mut b) = tokio::io::duplex(4096);
         let wrong = DvmSecret::generate();
-        let other =
-            tokio::spawn(async move { handshake(&mut b, &wrong, Role::Responder, 0, 9, t).await });
+        let other = tokio::spawn(async move { handshake(&mut b, &wrong, Role::Responder, 0, 9, t).await });
         let mine = handshake(&mut a, &secret, Role::Initiator, 3, 1, t).await;
         assert!(matches!(mine, Err(AuthError::BadProof { claimed: 0 })));
-        assert!(matches!(
-            other.await.unwrap(),
-            Err(AuthError::BadProof { claimed: 3 })
-        ));
+        assert!(matches!(other.await.unwrap(), Err(AuthError::BadProof { claimed: 3 })));
     }
 }

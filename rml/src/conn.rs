@@ -61,10 +61,7 @@ async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: Sock
             match codec.decode(&mut buf) {
                 Ok(Some(frame)) if frame.is_heartbeat() => {}
                 Ok(Some(frame)) => {
-                    let ev = TransportEvent::Frame {
-                        from_peer: peer,
-                        frame,
-                    };
+                    let ev = TransportEvent::Frame { from_peer: peer, frame };
                     if shared.events.send(ev).await.is_err() {
                         return ConnEnd::Closed;
                     }
@@ -162,10 +159,7 @@ async fn write_batch<W: AsyncWrite + Unpin>(
     w.flush().await
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    frame: &Frame,
-) -> std::io::Result<()> {
+async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
     w.write_all(&frame.encode_prefix()).await?;
     w.write_all(&frame.payload).await
 }

@@ -33,17 +33,8 @@ impl Frame {
 
     /// The transport's keep-alive frame from `origin` to `dst` (empty payload).
     pub fn heartbeat(origin: u32, dst: u32, epoch: u64) -> Self {
-        let header = FrameHeader {
-            origin,
-            dst,
-            tag: Tag::Heartbeat as u32,
-            epoch,
-            seq: 0,
-        };
-        Frame {
-            header,
-            payload: Bytes::new(),
-        }
+        let header = FrameHeader { origin, dst, tag: Tag::Heartbeat as u32, epoch, seq: 0 };
+        Frame { header, payload: Bytes::new() }
     }
 
     pub fn is_heartbeat(&self) -> bool {
@@ -52,9 +43,7 @@ impl Frame {
 
     /// Value of the length prefix: bytes after it (varint header length, header, payload).
     pub fn body_len(&self) -> usize {
-        self.header.encoded_len()
-            + prost::length_delimiter_len(self.header.encoded_len())
-            + self.payload.len()
+        self.header.encoded_len() + prost::length_delimiter_len(self.header.encoded_len()) + self.payload.len()
     }
 
     /// The length prefix and the length-delimited header, i.e. every byte of the frame except
@@ -65,9 +54,7 @@ impl Frame {
         let mut out = BytesMut::with_capacity(LEN_PREFIX + 10 + hlen);
         // body_len() <= u32::MAX is checked by every caller that enforces a max frame size.
         out.put_u32(self.body_len() as u32);
-        self.header
-            .encode_length_delimited(&mut out)
-            .expect("BytesMut grows on demand");
+        self.header.encode_length_delimited(&mut out).expect("BytesMut grows on demand");
         out
     }
 }
@@ -92,9 +79,7 @@ pub struct FrameCodec {
 impl FrameCodec {
     /// `max_frame` bounds the length prefix (everything after it); at most `u32::MAX`.
     pub fn new(max_frame: usize) -> Self {
-        FrameCodec {
-            max_frame: max_frame.min(u32::MAX as usize),
-        }
+        FrameCodec { max_frame: max_frame.min(u32::MAX as usize) }
     }
 
     pub fn max_frame(&self) -> usize {
@@ -105,10 +90,7 @@ impl FrameCodec {
     pub fn check_size(&self, frame: &Frame) -> Result<(), FrameError> {
         let size = frame.body_len();
         if size > self.max_frame {
-            return Err(FrameError::TooLarge {
-                size: size as u64,
-                max: self.max_frame,
-            });
+            return Err(FrameError::TooLarge { size: size as u64, max: self.max_frame });
         }
         Ok(())
     }
@@ -130,10 +112,7 @@ impl Decoder for FrameCodec {
         }
         let body = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
         if body > self.max_frame {
-            return Err(FrameError::TooLarge {
-                size: body as u64,
-                max: self.max_frame,
-            });
+            return Err(FrameError::TooLarge { size: body as u64, max: self.max_frame });
         }
         let total = LEN_PREFIX + body;
         if src.len() < total {
@@ -150,12 +129,9 @@ impl Decoder for FrameCodec {
                 body.len()
             )));
         }
-        let header = FrameHeader::decode(body.split_to(hlen))
-            .map_err(|e| FrameError::Malformed(format!("header: {e}")))?;
-        Ok(Some(Frame {
-            header,
-            payload: body.freeze(),
-        }))
+        let header =
+            FrameHeader::decode(body.split_to(hlen)).map_err(|e| FrameError::Malformed(format!("header: {e}")))?;
+        Ok(Some(Frame { header, payload: body.freeze() }))
     }
 }
 
@@ -176,13 +152,7 @@ mod tests {
     use super::*;
 
     fn frame(seq: u64, payload: &'static [u8]) -> Frame {
-        let header = FrameHeader {
-            origin: 3,
-            dst: 9,
-            tag: Tag::Grpcomm as u32,
-            epoch: 7,
-            seq,
-        };
+        let header = FrameHeader { origin: 3, dst: 9, tag: Tag::Grpcomm as u32, epoch: 7, seq };
         Frame::new(header, Bytes::from_static(payload))
     }
 
@@ -212,9 +182,6 @@ mod tests {
         buf.put_u32(2);
         buf.put_u8(50); // header claims 50 bytes, frame holds 1
         buf.put_u8(0);
-        assert!(matches!(
-            FrameCodec::default().decode(&mut buf),
-            Err(FrameError::Malformed(_))
-        ));
+        assert!(matches!(FrameCodec::default().decode(&mut buf), Err(FrameError::Malformed(_))));
     }
 }

@@ -95,21 +95,12 @@ impl TransportConfig {
     }
 
     fn validate(&self) -> Result<(), TransportError> {
-        let bad = |reason: String| {
-            Err(TransportError::Config {
-                rank: self.rank,
-                reason,
-            })
-        };
+        let bad = |reason: String| Err(TransportError::Config { rank: self.rank, reason });
         if self.rank == auth::TOOL_RANK {
             return bad(format!("rank {} is reserved for tools", auth::TOOL_RANK));
         }
         if self.max_frame < 64 || self.max_frame > u32::MAX as usize {
-            return bad(format!(
-                "max_frame {} is outside 64..={}",
-                self.max_frame,
-                u32::MAX
-            ));
+            return bad(format!("max_frame {} is outside 64..={}", self.max_frame, u32::MAX));
         }
         if self.connect_attempts == 0 {
             return bad("connect_attempts must be at least 1".into());
@@ -158,11 +149,7 @@ pub enum LinkError {
     #[error("{addr} answered as rank {got}, not the rank dialed")]
     WrongPeer { addr: SocketAddr, got: Rank },
     #[error("gave up on {addr} after {attempts} attempts, last: {last}")]
-    GaveUp {
-        addr: SocketAddr,
-        attempts: u32,
-        last: String,
-    },
+    GaveUp { addr: SocketAddr, attempts: u32, last: String },
 }
 
 /// Errors returned to the caller of the transport's methods.
@@ -171,24 +158,13 @@ pub enum TransportError {
     #[error("rank {rank}: invalid transport configuration: {reason}")]
     Config { rank: Rank, reason: String },
     #[error("rank {rank}: cannot listen on {addr}: {source}")]
-    Bind {
-        rank: Rank,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { rank: Rank, addr: SocketAddr, source: std::io::Error },
     #[error("rank {rank}: no contact address for peer {peer}")]
     NoContact { rank: Rank, peer: Rank },
     #[error("rank {rank}: refusing to send a frame to itself")]
     SelfSend { rank: Rank },
-    #[error(
-        "rank {rank}: frame for peer {peer} has {size} bytes, above the max message size of {max}"
-    )]
-    FrameTooLarge {
-        rank: Rank,
-        peer: Rank,
-        size: usize,
-        max: usize,
-    },
+    #[error("rank {rank}: frame for peer {peer} has {size} bytes, above the max message size of {max}")]
+    FrameTooLarge { rank: Rank, peer: Rank, size: usize, max: usize },
     #[error("rank {rank}: transport is shut down")]
     Closed { rank: Rank },
 }
@@ -233,25 +209,18 @@ struct PeerConns {
 impl Transport {
     /// Bind the listener and start accepting. Returns the transport and the receiver of its
     /// events. Must be called inside a tokio runtime; tasks run on that runtime.
-    pub async fn bind(
-        cfg: TransportConfig,
-    ) -> Result<(Transport, mpsc::Receiver<TransportEvent>), TransportError> {
+    pub async fn bind(cfg: TransportConfig) -> Result<(Transport, mpsc::Receiver<TransportEvent>), TransportError> {
         cfg.validate()?;
-        let listener =
-            TcpListener::bind(cfg.listen)
-                .await
-                .map_err(|source| TransportError::Bind {
-                    rank: cfg.rank,
-                    addr: cfg.listen,
-                    source,
-                })?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| TransportError::Bind {
-                rank: cfg.rank,
-                addr: cfg.listen,
-                source,
-            })?;
+        let listener = TcpListener::bind(cfg.listen).await.map_err(|source| TransportError::Bind {
+            rank: cfg.rank,
+            addr: cfg.listen,
+            source,
+        })?;
+        let local_addr = listener.local_addr().map_err(|source| TransportError::Bind {
+            rank: cfg.rank,
+            addr: cfg.listen,
+            source,
+        })?;
         let (events, rx) = mpsc::channel(cfg.event_capacity);
         let shared = Arc::new(Shared {
             cfg,
@@ -300,12 +269,7 @@ impl Transport {
         }
         let size = frame.body_len();
         if size > cfg.max_frame {
-            return Err(TransportError::FrameTooLarge {
-                rank: cfg.rank,
-                peer: next_hop,
-                size,
-                max: cfg.max_frame,
-            });
+            return Err(TransportError::FrameTooLarge { rank: cfg.rank, peer: next_hop, size, max: cfg.max_frame });
         }
         if self.shared.cancel.is_cancelled() {
             return Err(TransportError::Closed { rank: cfg.rank });
@@ -320,18 +284,14 @@ impl Transport {
             None => frame,
         };
         if !table.contacts.contains_key(&next_hop) {
-            return Err(TransportError::NoContact {
-                rank: cfg.rank,
-                peer: next_hop,
-            });
+            return Err(TransportError::NoContact { rank: cfg.rank, peer: next_hop });
         }
         let (queue, rx) = mpsc::unbounded_channel();
         queue.send(frame).expect("receiver is alive");
         let id = self.shared.next_id();
         table.links.insert(next_hop, OutLink { id, queue });
         drop(table);
-        self.shared
-            .spawn(outbound(self.shared.clone(), next_hop, id, rx));
+        self.shared.spawn(outbound(self.shared.clone(), next_hop, id, rx));
         Ok(())
     }
 
@@ -403,13 +363,7 @@ impl Shared {
     /// Book-keep the end of connection `id` with `peer` and decide whether it is reported.
     /// A lost outbound link is always reported (its queued frames may be gone); a lost
     /// inbound connection only when no other connection with the peer remains.
-    fn closed(
-        &self,
-        peer: Rank,
-        id: u64,
-        link: Option<u64>,
-        end: ConnEnd,
-    ) -> Option<TransportEvent> {
+    fn closed(&self, peer: Rank, id: u64, link: Option<u64>, end: ConnEnd) -> Option<TransportEvent> {
         let mut table = self.lock();
         if let Some(link_id) = link {
             if table.links.get(&peer).is_some_and(|l| l.id == link_id) {
@@ -447,26 +401,20 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
 async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
     let cfg = &shared.cfg;
     let _ = stream.set_nodelay(true);
-    let peer = match auth::handshake(
-        &mut stream,
-        &cfg.secret,
-        Role::Responder,
-        cfg.rank,
-        cfg.epoch,
-        cfg.handshake_timeout,
-    )
-    .await
-    {
-        Ok(id) if id.is_tool() || id.rank == cfg.rank => {
-            warn!(rank = cfg.rank, %addr, claimed = id.rank, "refused RML connection: not a peer daemon");
-            return;
-        }
-        Ok(id) => id,
-        Err(e) => {
-            warn!(rank = cfg.rank, %addr, error = %e, "refused RML connection: authentication failed");
-            return;
-        }
-    };
+    let peer =
+        match auth::handshake(&mut stream, &cfg.secret, Role::Responder, cfg.rank, cfg.epoch, cfg.handshake_timeout)
+            .await
+        {
+            Ok(id) if id.is_tool() || id.rank == cfg.rank => {
+                warn!(rank = cfg.rank, %addr, claimed = id.rank, "refused RML connection: not a peer daemon");
+                return;
+            }
+            Ok(id) => id,
+            Err(e) => {
+                warn!(rank = cfg.rank, %addr, error = %e, "refused RML connection: authentication failed");
+                return;
+            }
+        };
     debug!(rank = cfg.rank, peer = peer.rank, peer_epoch = peer.epoch, %addr, "accepted RML connection");
     let (id, token) = shared.register(peer.rank);
     let end = conn::run(&shared, stream, peer.rank, addr, None, token).await;
@@ -481,12 +429,7 @@ struct DialFailure {
     retry: bool,
 }
 
-async fn outbound(
-    shared: Arc<Shared>,
-    peer: Rank,
-    link: u64,
-    queue: mpsc::UnboundedReceiver<Frame>,
-) {
+async fn outbound(shared: Arc<Shared>, peer: Rank, link: u64, queue: mpsc::UnboundedReceiver<Frame>) {
     let cfg = &shared.cfg;
     let mut delay = cfg.connect_backoff;
     let mut attempts = 0;
@@ -523,11 +466,7 @@ async fn outbound(
         }
     }
     let reason = match (addr, last) {
-        (Some(addr), last @ LinkError::Io(_)) => LinkError::GaveUp {
-            addr,
-            attempts,
-            last: last.to_string(),
-        },
+        (Some(addr), last @ LinkError::Io(_)) => LinkError::GaveUp { addr, attempts, last: last.to_string() },
         (_, last) => last,
     };
     warn!(rank = cfg.rank, peer, %reason, "giving up connecting to peer");
@@ -538,56 +477,27 @@ async fn outbound(
         }
     }
     drop(queue);
-    shared
-        .emit(TransportEvent::ConnectFailed { peer, reason })
-        .await;
+    shared.emit(TransportEvent::ConnectFailed { peer, reason }).await;
 }
 
 async fn dial(shared: &Shared, peer: Rank, addr: SocketAddr) -> Result<TcpStream, DialFailure> {
     let cfg = &shared.cfg;
-    let io = |e: String| DialFailure {
-        reason: LinkError::Io(e),
-        retry: true,
-    };
-    let mut stream = match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr)).await
-    {
+    let io = |e: String| DialFailure { reason: LinkError::Io(e), retry: true };
+    let mut stream = match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(io(e.to_string())),
-        Err(_) => {
-            return Err(io(format!(
-                "connect timed out after {:?}",
-                cfg.connect_timeout
-            )))
-        }
+        Err(_) => return Err(io(format!("connect timed out after {:?}", cfg.connect_timeout))),
     };
     let _ = stream.set_nodelay(true);
-    match auth::handshake(
-        &mut stream,
-        &cfg.secret,
-        Role::Initiator,
-        cfg.rank,
-        cfg.epoch,
-        cfg.handshake_timeout,
-    )
-    .await
-    {
+    match auth::handshake(&mut stream, &cfg.secret, Role::Initiator, cfg.rank, cfg.epoch, cfg.handshake_timeout).await {
         Ok(id) if id.rank == peer => Ok(stream),
         Ok(id) => {
             warn!(rank = cfg.rank, peer, %addr, got = id.rank, "dialed peer answered with another rank");
-            Err(DialFailure {
-                reason: LinkError::WrongPeer { addr, got: id.rank },
-                retry: false,
-            })
+            Err(DialFailure { reason: LinkError::WrongPeer { addr, got: id.rank }, retry: false })
         }
         Err(e) if e.is_refusal() => {
             warn!(rank = cfg.rank, peer, %addr, error = %e, "dialed peer failed authentication; not connecting");
-            Err(DialFailure {
-                reason: LinkError::Auth {
-                    addr,
-                    reason: e.to_string(),
-                },
-                retry: false,
-            })
+            Err(DialFailure { reason: LinkError::Auth { addr, reason: e.to_string() }, retry: false })
         }
         Err(e) => Err(io(e.to_string())),
     }
@@ -595,9 +505,6 @@ async fn dial(shared: &Shared, peer: Rank, addr: SocketAddr) -> Result<TcpStream
 
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transport")
-            .field("rank", &self.shared.cfg.rank)
-            .field("local_addr", &self.local_addr)
-            .finish()
+        f.debug_struct("Transport").field("rank", &self.shared.cfg.rank).field("local_addr", &self.local_addr).finish()
     }
 }

@@ -38,11 +38,7 @@ async fn first_event_is_good_frame(
 ) {
     let (good, _grx) = start(config(50, secret)).await;
     good.set_contact(target.rank(), target.local_addr());
-    good.send(
-        target.rank(),
-        frame(50, target.rank(), 0, pattern(50, 0, 8)),
-    )
-    .unwrap();
+    good.send(target.rank(), frame(50, target.rank(), 0, pattern(50, 0, 8))).unwrap();
     let (from, f) = next_frame(rx).await;
     assert_eq!((from, f.header.seq), (50, 0));
     assert_eq!(f.payload, pattern(50, 0, 8));
@@ -61,16 +57,9 @@ async fn wrong_secret_is_refused_both_ways() {
     wire(&[&a, &b]);
 
     for (from, to, rx_from) in [(&a, &b, &mut arx), (&b, &a, &mut brx)] {
-        from.send(
-            to.rank(),
-            frame(from.rank(), to.rank(), 0, pattern(0, 0, 64)),
-        )
-        .unwrap();
+        from.send(to.rank(), frame(from.rank(), to.rank(), 0, pattern(0, 0, 64))).unwrap();
         match next_event(rx_from).await {
-            TransportEvent::ConnectFailed {
-                peer,
-                reason: LinkError::Auth { addr, .. },
-            } => {
+            TransportEvent::ConnectFailed { peer, reason: LinkError::Auth { addr, .. } } => {
                 assert_eq!(peer, to.rank());
                 assert_eq!(addr, to.local_addr());
             }
@@ -110,28 +99,18 @@ async fn forged_proof_with_pipelined_frame_delivers_nothing() {
 
     let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
     let me = s.local_addr().unwrap();
-    let mut out = handshake_msg(&AuthHello {
-        nonce: vec![7u8; 32].into(),
-        rank: 3,
-        epoch: 1,
-    });
-    out.extend_from_slice(&handshake_msg(&AuthProof {
-        mac: vec![0u8; 32].into(),
-    }));
+    let mut out = handshake_msg(&AuthHello { nonce: vec![7u8; 32].into(), rank: 3, epoch: 1 });
+    out.extend_from_slice(&handshake_msg(&AuthProof { mac: vec![0u8; 32].into() }));
     let f = frame(3, 0, 0, pattern(3, 0, 100));
     out.extend_from_slice(&f.encode_prefix());
     out.extend_from_slice(&f.payload);
     s.write_all(&out).await.unwrap();
 
-    let line = log
-        .wait_for(&["authentication failed", &format!("addr={me}")])
-        .await;
+    let line = log.wait_for(&["authentication failed", &format!("addr={me}")]).await;
     assert!(line.contains("claiming rank 3"), "{line}");
     // The listener hung up on the impostor.
     let mut rest = Vec::new();
-    let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut rest))
-        .await
-        .expect("listener closes the impostor");
+    let _ = tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await.expect("listener closes the impostor");
     first_event_is_good_frame(&secret, &t, &mut rx).await;
     t.shutdown().await;
 }
@@ -151,44 +130,19 @@ async fn dialer_refuses_an_impostor_listener() {
     let (mut s, _) = impostor.accept().await.unwrap();
     let hello: AuthHello = read_handshake_msg(&mut s).await;
     assert_eq!(hello.rank, 0);
-    s.write_all(&handshake_msg(&AuthHello {
-        nonce: vec![9u8; 32].into(),
-        rank: 5,
-        epoch: 1,
-    }))
-    .await
-    .unwrap();
-    s.write_all(&handshake_msg(&AuthProof {
-        mac: vec![1u8; 32].into(),
-    }))
-    .await
-    .unwrap();
+    s.write_all(&handshake_msg(&AuthHello { nonce: vec![9u8; 32].into(), rank: 5, epoch: 1 })).await.unwrap();
+    s.write_all(&handshake_msg(&AuthProof { mac: vec![1u8; 32].into() })).await.unwrap();
     let _proof: AuthProof = read_handshake_msg(&mut s).await;
 
     match next_event(&mut rx).await {
-        TransportEvent::ConnectFailed {
-            peer: 5,
-            reason: LinkError::Auth { addr: a, .. },
-        } => assert_eq!(a, addr),
+        TransportEvent::ConnectFailed { peer: 5, reason: LinkError::Auth { addr: a, .. } } => assert_eq!(a, addr),
         other => panic!("expected ConnectFailed(Auth) for peer 5, got {other:?}"),
     }
-    log.wait_for(&[
-        "dialed peer failed authentication",
-        &format!("addr={addr}"),
-        "peer=5",
-    ])
-    .await;
+    log.wait_for(&["dialed peer failed authentication", &format!("addr={addr}"), "peer=5"]).await;
     // After its proof the dialer sent nothing: the queued frame never left.
     let mut rest = Vec::new();
-    tokio::time::timeout(BOUND, s.read_to_end(&mut rest))
-        .await
-        .expect("dialer hangs up")
-        .unwrap();
-    assert!(
-        rest.is_empty(),
-        "{} bytes leaked to an unauthenticated listener",
-        rest.len()
-    );
+    tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await.expect("dialer hangs up").unwrap();
+    assert!(rest.is_empty(), "{} bytes leaked to an unauthenticated listener", rest.len());
     t.shutdown().await;
 }
 
@@ -201,21 +155,11 @@ async fn tool_role_authenticates_but_is_not_an_rml_peer() {
     let (t, mut rx) = start(config(0, &secret)).await;
     let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
     let me = s.local_addr().unwrap();
-    let id = auth::tool_handshake(&mut s, &secret, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let id = auth::tool_handshake(&mut s, &secret, Duration::from_secs(5)).await.unwrap();
     assert_eq!((id.rank, id.epoch), (0, 1));
-    log.wait_for(&[
-        "not a peer daemon",
-        &format!("addr={me}"),
-        &format!("claimed={TOOL_RANK}"),
-    ])
-    .await;
+    log.wait_for(&["not a peer daemon", &format!("addr={me}"), &format!("claimed={TOOL_RANK}")]).await;
     let mut rest = Vec::new();
-    tokio::time::timeout(BOUND, s.read_to_end(&mut rest))
-        .await
-        .expect("daemon hangs up")
-        .unwrap();
+    tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await.expect("daemon hangs up").unwrap();
     first_event_is_good_frame(&secret, &t, &mut rx).await;
     t.shutdown().await;
 }
@@ -233,16 +177,7 @@ async fn handshake_roles_over_tcp() {
         auth::handshake(&mut s, &s2, Role::Responder, 2, 20, Duration::from_secs(5)).await
     });
     let mut c = TcpStream::connect(addr).await.unwrap();
-    let peer = auth::handshake(
-        &mut c,
-        &secret,
-        Role::Initiator,
-        1,
-        10,
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let peer = auth::handshake(&mut c, &secret, Role::Initiator, 1, 10, Duration::from_secs(5)).await.unwrap();
     assert_eq!((peer.rank, peer.epoch), (2, 20));
     let other = server.await.unwrap().unwrap();
     assert_eq!((other.rank, other.epoch), (1, 10));

@@ -33,8 +33,7 @@ async fn three_daemons_all_to_all_in_order() {
         }
         for seq in 1..=SMALL {
             for &p in &peers {
-                t.send(p, frame(me, p, seq, pattern(me, seq, (seq % 97) as usize)))
-                    .unwrap();
+                t.send(p, frame(me, p, seq, pattern(me, seq, (seq % 97) as usize))).unwrap();
             }
         }
     }
@@ -45,22 +44,12 @@ async fn three_daemons_all_to_all_in_order() {
         for _ in 0..2 * (SMALL + 1) {
             let (from, f) = next_frame(rx).await;
             assert_ne!(from, me);
-            assert_eq!(
-                f.header.origin, from,
-                "the transport reports the connection's peer"
-            );
+            assert_eq!(f.header.origin, from, "the transport reports the connection's peer");
             assert_eq!(f.header.dst, me);
             let want = next_seq.entry(from).or_insert(0);
-            assert_eq!(
-                f.header.seq, *want,
-                "frames from {from} to {me} out of order"
-            );
+            assert_eq!(f.header.seq, *want, "frames from {from} to {me} out of order");
             *want += 1;
-            let len = if f.header.seq == 0 {
-                BIG
-            } else {
-                (f.header.seq % 97) as usize
-            };
+            let len = if f.header.seq == 0 { BIG } else { (f.header.seq % 97) as usize };
             assert!(
                 f.payload == pattern(from, f.header.seq, len),
                 "payload of seq {} from {from} differs",
@@ -102,29 +91,12 @@ async fn send_refuses_self_unknown_peer_and_oversized_frames() {
     let mut cfg = config(4, &secret);
     cfg.max_frame = 1024;
     let (t, _rx) = start(cfg).await;
-    assert!(matches!(
-        t.send(4, frame(4, 4, 0, Bytes::new())),
-        Err(TransportError::SelfSend { rank: 4 })
-    ));
+    assert!(matches!(t.send(4, frame(4, 4, 0, Bytes::new())), Err(TransportError::SelfSend { rank: 4 })));
     let e = t.send(9, frame(4, 9, 0, Bytes::new())).unwrap_err();
-    assert!(
-        matches!(e, TransportError::NoContact { rank: 4, peer: 9 }),
-        "{e}"
-    );
+    assert!(matches!(e, TransportError::NoContact { rank: 4, peer: 9 }), "{e}");
     t.set_contact(9, "127.0.0.1:9".parse().unwrap());
     let e = t.send(9, frame(4, 9, 0, pattern(4, 0, 2000))).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            TransportError::FrameTooLarge {
-                rank: 4,
-                peer: 9,
-                max: 1024,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, TransportError::FrameTooLarge { rank: 4, peer: 9, max: 1024, .. }), "{e}");
     t.shutdown().await;
 }
 
@@ -133,15 +105,9 @@ async fn invalid_config_is_an_error() {
     let secret = DvmSecret::generate();
     let mut cfg = config(0, &secret);
     cfg.max_frame = DEFAULT_MAX_FRAME * 64; // above u32::MAX
-    assert!(matches!(
-        dvm_rml::Transport::bind(cfg).await,
-        Err(TransportError::Config { .. })
-    ));
+    assert!(matches!(dvm_rml::Transport::bind(cfg).await, Err(TransportError::Config { .. })));
     let mut cfg = config(0, &secret);
     cfg.heartbeat = std::time::Duration::from_millis(10);
     cfg.heartbeat_misses = 0;
-    assert!(matches!(
-        dvm_rml::Transport::bind(cfg).await,
-        Err(TransportError::Config { .. })
-    ));
+    assert!(matches!(dvm_rml::Transport::bind(cfg).await, Err(TransportError::Config { .. })));
 }

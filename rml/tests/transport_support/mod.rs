@@ -50,13 +50,7 @@ pub async fn next_frame(rx: &mut mpsc::Receiver<TransportEvent>) -> (Rank, Frame
 }
 
 pub fn header(origin: Rank, dst: Rank, seq: u64) -> FrameHeader {
-    FrameHeader {
-        origin,
-        dst,
-        tag: Tag::DaemonCmd as u32,
-        epoch: 1,
-        seq,
-    }
+    FrameHeader { origin, dst, tag: Tag::DaemonCmd as u32, epoch: 1, seq }
 }
 
 pub fn frame(origin: Rank, dst: Rank, seq: u64, payload: Bytes) -> Frame {
@@ -105,11 +99,7 @@ impl LogCapture {
 
     /// Lines holding every one of `needles`.
     pub fn lines_with(&self, needles: &[&str]) -> Vec<String> {
-        self.text()
-            .lines()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .map(str::to_owned)
-            .collect()
+        self.text().lines().filter(|l| needles.iter().all(|n| l.contains(n))).map(str::to_owned).collect()
     }
 
     /// Wait (bounded) until a line holding every one of `needles` was logged.
