@@ -18,6 +18,33 @@
 //! bound) is closed alone and never takes the listener down; `PeerLost` is reported at most
 //! once per peer between two successful handshakes with it, and never for a connection the
 //! daemon closed itself (`disconnect`, `shutdown`).
+//!
+//! How a daemon uses it:
+//!
+//! ```no_run
+//! use dvm_rml::{DvmSecret, Route, Topology, Transport, TransportConfig, TransportEvent};
+//! # async fn daemon(secret: DvmSecret, topo: Topology, wireup: Vec<(u32, std::net::SocketAddr)>)
+//! #     -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = TransportConfig::new(topo.me(), 1, "0.0.0.0:0".parse()?, secret);
+//! let (transport, mut events) = Transport::bind(cfg).await?;
+//! // Report `transport.local_addr()` in the check-in; learn everyone's at WIREUP:
+//! transport.set_contacts(wireup);
+//! while let Some(ev) = events.recv().await {
+//!     match ev {
+//!         TransportEvent::Frame { frame, .. } => match topo.route_to(frame.header.dst) {
+//!             Route::Local => { /* hand to grpcomm / the daemon by frame.header.tag */ }
+//!             Route::Up(hop) | Route::Down(hop) => transport.send(hop, frame)?, // relay
+//!             Route::Unreachable => { /* drop, the destination is failed */ }
+//!         },
+//!         TransportEvent::PeerLost { peer, .. } | TransportEvent::ConnectFailed { peer, .. } => {
+//!             // a tree neighbour: mark `peer` failed, repair the topology, re-drive
+//!             let _ = peer;
+//!         }
+//!     }
+//! }
+//! transport.shutdown().await;
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -350,14 +377,21 @@ impl Shared {
         let _ = self.events.send(ev).await;
     }
 
-    fn register(&self, peer: Rank) -> (u64, CancellationToken) {
+    /// Record a new authenticated connection with `peer`. For a connection opened by outbound
+    /// link `link`, only while that link is still the peer's (else `None`).
+    fn register(&self, peer: Rank, link: Option<u64>) -> Option<(u64, CancellationToken)> {
         let id = self.next_id();
         let token = self.cancel.child_token();
         let mut table = self.lock();
+        if let Some(link) = link {
+            if table.links.get(&peer).is_none_or(|l| l.id != link) {
+                return None;
+            }
+        }
         let pc = table.conns.entry(peer).or_default();
         pc.live.insert(id, token.clone());
         pc.lost_reported = false;
-        (id, token)
+        Some((id, token))
     }
 
     /// Book-keep the end of connection `id` with `peer` and decide whether it is reported.
@@ -416,7 +450,7 @@ async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
             }
         };
     debug!(rank = cfg.rank, peer = peer.rank, peer_epoch = peer.epoch, %addr, "accepted RML connection");
-    let (id, token) = shared.register(peer.rank);
+    let (id, token) = shared.register(peer.rank, None).expect("an accepted connection is always registered");
     let end = conn::run(&shared, stream, peer.rank, addr, None, token).await;
     if let Some(ev) = shared.closed(peer.rank, id, None, end) {
         shared.emit(ev).await;
@@ -448,7 +482,8 @@ async fn outbound(shared: Arc<Shared>, peer: Rank, link: u64, queue: mpsc::Unbou
         addr = Some(a);
         match dial(&shared, peer, a).await {
             Ok(stream) => {
-                let (id, token) = shared.register(peer);
+                // None: `disconnect` dropped this link while it was dialing; drop its frames too.
+                let Some((id, token)) = shared.register(peer, Some(link)) else { return };
                 debug!(rank = cfg.rank, peer, addr = %a, "RML connection open");
                 let end = conn::run(&shared, stream, peer, a, Some(queue), token).await;
                 if let Some(ev) = shared.closed(peer, id, Some(link), end) {
