@@ -11,6 +11,9 @@ pub mod rml {
 pub mod grpcomm {
     include!(concat!(env!("OUT_DIR"), "/dvm.grpcomm.rs"));
 }
+pub mod daemon {
+    include!(concat!(env!("OUT_DIR"), "/dvm.daemon.rs"));
+}
 pub mod control {
     include!(concat!(env!("OUT_DIR"), "/dvm.control.rs"));
 }

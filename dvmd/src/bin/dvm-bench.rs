@@ -1,0 +1,177 @@
+//! `dvm-bench`: time the DVM's collectives on a running DVM and compare them with the α-β
+//! model, α and β measured in the same run (RML round trips between the HNP and daemon 1).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use dvm_proto::control::{BenchKind, BenchReply, BenchRequest};
+use dvmd::control::Client;
+use dvmd::session::DvmUri;
+use hdrhistogram::Histogram;
+
+#[derive(Parser, Debug)]
+#[command(name = "dvm-bench", about = "Time barriers, modex fences and xcasts on a running DVM")]
+struct Args {
+    /// The DVM: a dvm:// URI or file:PATH (default: the only DVM of this user here).
+    #[arg(long, value_name = "URI|file:F")]
+    dvm_uri: Option<String>,
+    /// Operations per measurement.
+    #[arg(long, default_value_t = 200)]
+    count: u64,
+    /// Modex bytes per daemon (comma-separated).
+    #[arg(long, default_value = "0,64,8192,65536,1048576", value_delimiter = ',')]
+    modex_bytes: Vec<u64>,
+    /// xcast payload sizes (comma-separated).
+    #[arg(long, default_value = "64,65536,1048576", value_delimiter = ',')]
+    xcast_bytes: Vec<u64>,
+    /// Also write the rows as CSV to this file.
+    #[arg(long)]
+    csv: Option<String>,
+    /// Run N alternating barrier/modex fences and check every result (no timing table).
+    #[arg(long, value_name = "N")]
+    check_fences: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    dvmd::init_logging();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dvm-bench: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Row {
+    op: String,
+    bytes: u64,
+    p50_us: f64,
+    p99_us: f64,
+    model_us: f64,
+}
+
+fn hist(r: &BenchReply) -> Histogram<u64> {
+    let mut h = Histogram::<u64>::new(3).expect("histogram");
+    for &ns in &r.latencies_ns {
+        let _ = h.record(ns.max(1));
+    }
+    h
+}
+
+async fn bench(c: &mut Client, kind: BenchKind, count: u64, bytes: u64) -> Result<BenchReply> {
+    let r = c
+        .bench(BenchRequest { kind: kind as i32, count, bytes })
+        .await
+        .with_context(|| format!("{} benchmark ({bytes} bytes)", kind.as_str_name()))?;
+    if r.errors > 0 {
+        bail!("{} benchmark: {} wrong results; first: {}", kind.as_str_name(), r.errors, r.first_error);
+    }
+    Ok(r)
+}
+
+async fn run(args: Args) -> Result<()> {
+    if args.count == 0 {
+        bail!("--count 0: need at least one operation");
+    }
+    let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
+    let mut c = Client::connect(uri).await?;
+    if let Some(n) = args.check_fences {
+        let r = bench(&mut c, BenchKind::Alternate, n, 64).await?;
+        println!("{} alternating barrier/modex fences on {} daemons: all results identical and correct", r.latencies_ns.len(), r.daemons);
+        return Ok(());
+    }
+    // α from small round trips, β from 1 MiB round trips, both HNP <-> daemon 1.
+    let ping = bench(&mut c, BenchKind::Ping, args.count.max(50), 0).await?;
+    let big = bench(&mut c, BenchKind::Ping, 20, 1 << 20).await?;
+    let alpha_ns = hist(&ping).value_at_quantile(0.5) as f64 / 2.0;
+    let beta_ns_per_byte = ((hist(&big).value_at_quantile(0.5) as f64 / 2.0 - alpha_ns) / (1 << 20) as f64).max(0.0);
+    let (n, r, d) = (ping.daemons, ping.radix.min(ping.daemons.saturating_sub(1)).max(1), ping.depth as f64);
+    println!("# DVM: {n} daemons, radix {}, depth {d}; measured alpha = {:.1} us, beta = {:.3} ns/B", ping.radix, alpha_ns / 1e3, beta_ns_per_byte);
+    let r = r as f64;
+    let mut rows = vec![Row {
+        op: "ping".into(),
+        bytes: 0,
+        p50_us: hist(&ping).value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: hist(&ping).value_at_quantile(0.99) as f64 / 1e3,
+        model_us: 2.0 * alpha_ns / 1e3,
+    }];
+    let barrier = bench(&mut c, BenchKind::Barrier, args.count, 0).await?;
+    rows.push(Row {
+        op: "barrier".into(),
+        bytes: 0,
+        p50_us: hist(&barrier).value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: hist(&barrier).value_at_quantile(0.99) as f64 / 1e3,
+        model_us: 2.0 * d * alpha_ns / 1e3,
+    });
+    for &b in &args.modex_bytes {
+        let m = bench(&mut c, BenchKind::Modex, args.count, b).await?;
+        rows.push(Row {
+            op: "modex".into(),
+            bytes: b,
+            p50_us: hist(&m).value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: hist(&m).value_at_quantile(0.99) as f64 / 1e3,
+            // Tree allgather: 2·d·α + (1 + d·r)·D·β, D = total bytes gathered.
+            model_us: (2.0 * d * alpha_ns + (1.0 + d * r) * (b as f64 * n as f64) * beta_ns_per_byte) / 1e3,
+        });
+    }
+    for &b in &args.xcast_bytes {
+        let x = bench(&mut c, BenchKind::Xcast, args.count.min(100), b).await?;
+        rows.push(Row {
+            op: "xcast".into(),
+            bytes: b,
+            p50_us: hist(&x).value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: hist(&x).value_at_quantile(0.99) as f64 / 1e3,
+            // Completion at the origin: down d·α + d·r·M·β, then the ACK rollup d·α.
+            model_us: (2.0 * d * alpha_ns + d * r * b as f64 * beta_ns_per_byte) / 1e3,
+        });
+    }
+    println!("{:<8} {:>9} {:>11} {:>11} {:>11} {:>7}", "op", "bytes", "p50_us", "p99_us", "model_us", "ratio");
+    for row in &rows {
+        println!(
+            "{:<8} {:>9} {:>11.1} {:>11.1} {:>11.1} {:>7.2}",
+            row.op,
+            row.bytes,
+            row.p50_us,
+            row.p99_us,
+            row.model_us,
+            row.p50_us / row.model_us
+        );
+    }
+    let barrier_p50 = rows[1].p50_us;
+    if let Some(m64) = rows.iter().find(|r| r.op == "modex" && r.bytes == 64) {
+        println!("# modex 64 B / barrier (p50) = {:.2}", m64.p50_us / barrier_p50);
+    }
+    if let Some(path) = args.csv {
+        let mut f = std::fs::File::create(&path).with_context(|| format!("--csv {path}"))?;
+        writeln!(f, "op,bytes,daemons,radix,depth,alpha_us,beta_ns_per_byte,p50_us,p99_us,model_us,ratio")?;
+        for row in &rows {
+            writeln!(
+                f,
+                "{},{},{},{},{},{:.2},{:.4},{:.1},{:.1},{:.1},{:.3}",
+                row.op,
+                row.bytes,
+                n,
+                ping.radix,
+                d,
+                alpha_ns / 1e3,
+                beta_ns_per_byte,
+                row.p50_us,
+                row.p99_us,
+                row.model_us,
+                row.p50_us / row.model_us
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! `dvmd`: start a DVM (as its head node, the HNP) or, with `--daemon`, run one of its daemons.
+
+use std::io::{BufRead, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+use dvm_grpcomm::Topology;
+use dvm_proto::rml::Contact;
+use dvm_rml::{DvmSecret, Rank, Transport, TransportConfig};
+use dvmd::control::{self, ControlService};
+use dvmd::daemon::{Daemon, Exit, Hnp, Input};
+use dvmd::hostfile::{self, HostEntry};
+use dvmd::launch::{self, Agent};
+use dvmd::session::{self, DvmUri, Session};
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Parser, Debug)]
+#[command(name = "dvmd", about = "Start a distributed virtual machine (DVM) or one of its daemons")]
+struct Args {
+    /// Start N daemons on this machine, each on its own loopback address.
+    #[arg(long, value_name = "N", conflicts_with_all = ["hostfile", "host"])]
+    local: Option<u32>,
+    /// Hostfile (Open MPI format: `name slots=N`); one daemon per host.
+    #[arg(long, value_name = "FILE", conflicts_with = "host")]
+    hostfile: Option<PathBuf>,
+    /// Comma-separated hosts (`name[:slots]`); one daemon per host.
+    #[arg(long, value_name = "LIST")]
+    host: Option<String>,
+    /// Command prefix that starts a daemon on a host; `{host}` is replaced by the host name.
+    #[arg(long, default_value = "ssh", value_name = "PREFIX")]
+    launch_agent: String,
+    /// Routing tree radix (at least 2).
+    #[arg(long, default_value_t = 64)]
+    radix: u32,
+    /// Write the DVM URI to FILE, or to stdout with `-`.
+    #[arg(long, value_name = "FILE|-")]
+    report_uri: Option<String>,
+    /// Go to the background once the DVM is ready.
+    #[arg(long)]
+    daemonize: bool,
+    /// Seconds for every daemon to start, check in and be wired up.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    startup_timeout: f64,
+    /// Address the HNP listens on (default: loopback for --local, else the address that
+    /// routes to the first host).
+    #[arg(long, value_name = "IP")]
+    bind_address: Option<IpAddr>,
+    /// Slots per daemon for --local.
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// Heartbeat period on idle links in milliseconds (0: off).
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Largest RML message in bytes.
+    #[arg(long, default_value_t = 100 << 20)]
+    max_message: usize,
+
+    // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
+    #[arg(long, hide = true)]
+    daemon: bool,
+    #[arg(long, hide = true)]
+    rank: Option<Rank>,
+    #[arg(long, hide = true)]
+    size: Option<u32>,
+    #[arg(long, hide = true)]
+    hnp: Option<SocketAddr>,
+    #[arg(long, hide = true)]
+    bind: Option<IpAddr>,
+    #[arg(long, hide = true)]
+    host_label: Option<String>,
+    #[arg(long, hide = true)]
+    daemonized_child: bool,
+}
+
+fn main() -> ExitCode {
+    dvmd::init_logging();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
+        }
+    };
+    if args.daemonize && !args.daemonized_child {
+        return match daemonize() {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("dvmd: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let result = if args.daemon { rt.block_on(run_daemon(args)) } else { rt.block_on(run_hnp(args)) };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dvmd: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Re-run ourselves in a new session; return once the child says `DVM ready`.
+fn daemonize() -> Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find the dvmd executable")?;
+    let mut argv: Vec<String> = std::env::args().skip(1).filter(|a| a != "--daemonize").collect();
+    argv.push("--daemonized-child".into());
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&argv).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; called between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the background dvmd")?;
+    let out = child.stdout.take().expect("piped");
+    let mut stdout = std::io::stdout();
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.unwrap_or_default();
+        writeln!(stdout, "{line}")?;
+        stdout.flush()?;
+        if line == "DVM ready" {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let status = child.wait()?;
+    Ok(ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8))
+}
+
+fn validate_common(args: &Args) -> Result<()> {
+    dvm_rml::Tree::new(args.radix, 1).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
+    if !(args.startup_timeout > 0.0 && args.startup_timeout.is_finite()) {
+        bail!("--startup-timeout {}: must be a positive number of seconds", args.startup_timeout);
+    }
+    if args.max_message < 1024 {
+        bail!("--max-message {}: must be at least 1024 bytes", args.max_message);
+    }
+    Ok(())
+}
+
+fn transport_config(args: &Args, rank: Rank, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
+    let mut cfg = TransportConfig::new(rank, rand::random::<u64>() >> 1, listen, secret);
+    cfg.max_frame = args.max_message;
+    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    cfg
+}
+
+async fn run_hnp(args: Args) -> Result<ExitCode> {
+    validate_common(&args)?;
+    // Nodes: rank 0 is this machine; then one daemon per host (or N-1 more local ones).
+    let (nodes, local): (Vec<HostEntry>, bool) = match (&args.local, &args.hostfile, &args.host) {
+        (Some(0), _, _) => bail!("--local 0: a DVM needs at least one daemon"),
+        (Some(n), _, _) => {
+            let me = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+            ((0..*n).map(|_| HostEntry { name: me.clone(), slots: args.slots }).collect(), true)
+        }
+        (None, Some(f), _) => (hostfile::read(f)?, false),
+        (None, None, Some(h)) => (hostfile::parse_host_list(h)?, false),
+        (None, None, None) => bail!("say where to run: --local N, --hostfile FILE or --host a,b,c"),
+    };
+    let mut nodes = nodes;
+    if !local {
+        let me = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+        nodes.insert(0, HostEntry { name: me, slots: 0 });
+    }
+    let size = nodes.len() as u32;
+    let topo = Topology::new(0, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
+    let agent = if local { Agent::Local } else { Agent::Prefix(args.launch_agent.clone()) };
+
+    let hnp_ip: IpAddr = match (args.bind_address, local) {
+        (Some(ip), _) => ip,
+        (None, true) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        (None, false) => {
+            let first = &nodes[1].name;
+            let resolved = std::net::ToSocketAddrs::to_socket_addrs(&(first.as_str(), 1))
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| anyhow!("cannot resolve host '{first}' to choose the HNP address; pass --bind-address IP"))?;
+            launch::source_addr_toward(resolved).ok_or_else(|| anyhow!("no route to host '{first}' ({resolved}); pass --bind-address IP"))?
+        }
+    };
+
+    let mut session = Session::create("dvm")?;
+    let secret = DvmSecret::generate();
+    secret.write_file(&session.secret_path()).context("cannot store the DVM secret")?;
+    if args.daemonized_child {
+        redirect_stderr(&session.dir().join("dvmd.log"));
+    }
+
+    let (transport, events) = Transport::bind(transport_config(&args, 0, SocketAddr::new(hnp_ip, 0), secret.clone()))
+        .await
+        .with_context(|| format!("cannot start the HNP listener on {hnp_ip}"))?;
+    let hnp_addr = transport.local_addr();
+    let control_listener = tokio::net::TcpListener::bind(control::control_bind(hnp_addr))
+        .await
+        .context("cannot bind the control API listener")?;
+    let uri = DvmUri { control: control_listener.local_addr()?, session: session.dir().to_path_buf() };
+
+    let own = Contact { rank: 0, host: nodes[0].name.clone(), addr: hnp_addr.to_string(), pid: std::process::id(), slots: nodes[0].slots };
+    let mut hnp = Hnp::new(size, own, session.dir().display().to_string());
+    let (ready_tx, ready_rx) = oneshot::channel();
+    hnp.ready = Some(ready_tx);
+
+    // Launch the other daemons.
+    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel();
+    let exe = std::env::current_exe().context("cannot find the dvmd executable")?.display().to_string();
+    let wrong_secret_rank: Option<Rank> = std::env::var("DVMD_FAULT_WRONG_SECRET_RANK").ok().and_then(|v| v.parse().ok());
+    let mut pids = Vec::new();
+    for (r, node) in nodes.iter().enumerate().skip(1) {
+        let r = r as Rank;
+        let bind = if local { IpAddr::V4(launch::local_addr(r)) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) };
+        let dargs = vec![
+            "--daemon".to_string(),
+            format!("--rank={r}"),
+            format!("--size={size}"),
+            format!("--radix={}", args.radix),
+            format!("--hnp={hnp_addr}"),
+            format!("--bind={bind}"),
+            format!("--host-label={}", node.name),
+            format!("--slots={}", node.slots),
+            format!("--heartbeat-ms={}", args.heartbeat_ms),
+            format!("--max-message={}", args.max_message),
+        ];
+        let argv = agent.argv(&node.name, &exe, &dargs)?;
+        let secret_hex = if wrong_secret_rank == Some(r) { DvmSecret::generate().to_hex() } else { secret.to_hex() };
+        match launch::spawn_daemon(r, &node.name, argv, secret_hex, exit_tx.clone()).await {
+            Ok(l) => {
+                pids.extend(l.pid);
+                hnp.launched_hosts.insert(r, (l.host, l.output));
+            }
+            Err(e) => {
+                pids.iter().for_each(|&p| launch::kill(p));
+                session.remove();
+                return Err(e);
+            }
+        }
+    }
+    drop(exit_tx);
+
+    let (ctl_tx, ctl_rx) = mpsc::channel(64);
+    let (in_tx, in_rx) = mpsc::unbounded_channel();
+    let fwd = in_tx.clone();
+    tokio::spawn(async move {
+        while let Some((rank, how)) = exit_rx.recv().await {
+            let _ = fwd.send(Input::ChildExited(rank, how));
+        }
+    });
+    let timeout = Duration::from_secs_f64(args.startup_timeout);
+    let to_tx = in_tx.clone();
+    let startup_timer = tokio::spawn(async move {
+        tokio::time::sleep(timeout).await;
+        let _ = to_tx.send(Input::StartupTimeout);
+    });
+
+    let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, 0, Some(hnp));
+    if size == 1 {
+        // A one-daemon DVM is wired up at once.
+        daemon.wire_single();
+    }
+    let actor = tokio::spawn(async move {
+        let exit = daemon.run(events, ctl_rx, in_rx).await;
+        (exit, daemon)
+    });
+
+    // Serve the control API.
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(control::serve(control_listener, ControlService::new(secret.clone(), ctl_tx), async {
+        let _ = stop_rx.await;
+    }));
+
+    let mut actor = actor;
+    let ready = tokio::select! {
+        r = ready_rx => r.is_ok(),
+        res = &mut actor => {
+            // Ended before ready.
+            let (exit, daemon) = res.context("HNP actor panicked")?;
+            startup_timer.abort();
+            let _ = stop_tx.send(());
+            let _ = server.await;
+            shutdown(daemon, &pids).await;
+            session.remove();
+            return Ok(match exit {
+                Exit::BootFailed(msg) | Exit::LostHnp(msg) => {
+                    eprintln!("dvmd: {msg}");
+                    ExitCode::from(1)
+                }
+                Exit::Terminated => ExitCode::SUCCESS,
+            });
+        }
+    };
+    startup_timer.abort();
+    if ready {
+        session::write_private(&session.uri_path(), &format!("{uri}\n"))?;
+        match args.report_uri.as_deref() {
+            Some("-") => println!("{uri}"),
+            Some(f) => session::write_private(std::path::Path::new(f), &format!("{uri}\n"))
+                .with_context(|| format!("--report-uri {f}"))?,
+            None => {}
+        }
+        println!("DVM ready");
+        let _ = std::io::stdout().flush();
+    }
+    let (exit, daemon) = actor.await.context("HNP actor panicked")?;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    shutdown(daemon, &pids).await;
+    session.remove();
+    Ok(match exit {
+        Exit::Terminated => ExitCode::SUCCESS,
+        Exit::BootFailed(msg) | Exit::LostHnp(msg) => {
+            eprintln!("dvmd: {msg}");
+            ExitCode::from(1)
+        }
+    })
+}
+
+/// Close every connection, give local daemons a moment to notice, then kill what is left.
+async fn shutdown(daemon: Daemon, pids: &[u32]) {
+    let t = daemon.into_transport();
+    t.shutdown().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let alive: Vec<u32> = pids.iter().copied().filter(|&p| process_alive(p)).collect();
+        if alive.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            alive.iter().for_each(|&p| launch::kill(p));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // A zombie child still counts as gone: its waiter task reaps it.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn redirect_stderr(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        // SAFETY: dup2 onto fd 2 of this process; both descriptors are valid.
+        unsafe {
+            libc::dup2(f.as_raw_fd(), 2);
+        }
+    }
+}
+
+async fn run_daemon(args: Args) -> Result<ExitCode> {
+    let (Some(rank), Some(size), Some(hnp)) = (args.rank, args.size, args.hnp) else {
+        bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)");
+    };
+    let secret = match std::env::var("DVM_SECRET") {
+        Ok(hex) => DvmSecret::from_hex(&hex).context("DVM_SECRET")?,
+        Err(_) => {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).context("cannot read the DVM secret from stdin")?;
+            DvmSecret::from_hex(line.trim()).context("the DVM secret on stdin")?
+        }
+    };
+    let topo = Topology::new(rank, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
+    let bind = args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let advertised = if bind.is_unspecified() {
+        launch::source_addr_toward(hnp).ok_or_else(|| anyhow!("no route to the HNP at {hnp}"))?
+    } else {
+        bind
+    };
+    let host = args
+        .host_label
+        .clone()
+        .unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default());
+    let mut session = Session::create(&format!("dvmd-r{rank}"))?;
+    let (transport, events) = Transport::bind(transport_config(&args, rank, SocketAddr::new(bind, 0), secret))
+        .await
+        .with_context(|| format!("daemon {rank} on host {host}: cannot listen on {bind}"))?;
+    let addr = SocketAddr::new(advertised, transport.local_addr().port());
+    transport.set_contact(0, hnp);
+    let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
+    daemon.check_in(Contact { rank, host: host.clone(), addr: addr.to_string(), pid: std::process::id(), slots: args.slots });
+    let (_ctl_tx, ctl_rx) = mpsc::channel(1);
+    let (_in_tx, in_rx) = mpsc::unbounded_channel();
+    let exit = daemon.run(events, ctl_rx, in_rx).await;
+    daemon.into_transport().shutdown().await;
+    session.remove();
+    Ok(match exit {
+        Exit::Terminated => ExitCode::SUCCESS,
+        Exit::LostHnp(msg) | Exit::BootFailed(msg) => {
+            eprintln!("dvmd: daemon {rank} on host {host}: {msg}");
+            ExitCode::from(1)
+        }
+    })
+}

@@ -1,0 +1,193 @@
+//! The control API (tonic gRPC, served by the HNP) and its authenticated client.
+//!
+//! Every call but `Challenge` carries metadata `dvm-auth: <nonce hex>:<mac hex>` where the
+//! nonce came from `Challenge` (single use, short-lived) and the MAC is
+//! HMAC-SHA256(secret, "dvm-ctl" | nonce). A call without a valid proof is refused with
+//! `Unauthenticated` and logged; nothing it asked for is done.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use dvm_proto::control::control_client::ControlClient;
+use dvm_proto::control::control_server::{Control, ControlServer};
+use dvm_proto::control::*;
+use dvm_rml::DvmSecret;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+use tracing::warn;
+
+use crate::session::DvmUri;
+
+const NONCE_TTL: Duration = Duration::from_secs(30);
+const MAX_NONCES: usize = 4096;
+
+fn mac(secret: &DvmSecret, nonce: &[u8]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    m.update(b"dvm-ctl");
+    m.update(nonce);
+    m
+}
+
+/// A request from the control API to the HNP's actor, with its reply channel.
+#[derive(Debug)]
+pub enum ControlCmd {
+    Status(oneshot::Sender<StatusReply>),
+    Terminate(oneshot::Sender<TerminateReply>),
+    TreeViews(oneshot::Sender<Result<TreeViewsReply, String>>),
+    Bench(BenchRequest, oneshot::Sender<Result<BenchReply, String>>),
+}
+
+/// The gRPC service; forwards each authenticated call to the actor.
+pub struct ControlService {
+    secret: DvmSecret,
+    nonces: Arc<Mutex<HashMap<[u8; 32], Instant>>>,
+    actor: mpsc::Sender<ControlCmd>,
+}
+
+impl ControlService {
+    pub fn new(secret: DvmSecret, actor: mpsc::Sender<ControlCmd>) -> ControlServer<ControlService> {
+        ControlServer::new(ControlService { secret, nonces: Arc::default(), actor })
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(256 << 20)
+    }
+
+    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let peer = req.remote_addr().map_or_else(|| "unknown address".to_string(), |a| a.to_string());
+        let refuse = |why: &str| {
+            warn!(%peer, "control call refused: {why}");
+            Err(Status::unauthenticated(format!("control call refused: {why}")))
+        };
+        let Some(value) = req.metadata().get("dvm-auth").and_then(|v| v.to_str().ok()) else {
+            return refuse("no dvm-auth proof");
+        };
+        let Some((nonce_hex, mac_hex)) = value.split_once(':') else { return refuse("malformed dvm-auth proof") };
+        let (Ok(nonce), Ok(tag)) = (hex::decode(nonce_hex), hex::decode(mac_hex)) else {
+            return refuse("malformed dvm-auth proof");
+        };
+        let Ok(key) = <[u8; 32]>::try_from(nonce.as_slice()) else { return refuse("malformed nonce") };
+        let issued = self.nonces.lock().expect("nonce table").remove(&key);
+        match issued {
+            Some(at) if at.elapsed() < NONCE_TTL => {}
+            _ => return refuse("unknown or expired nonce"),
+        }
+        if mac(&self.secret, &nonce).verify_slice(&tag).is_err() {
+            return refuse("wrong DVM secret");
+        }
+        Ok(())
+    }
+
+    async fn ask<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> ControlCmd) -> Result<R, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.actor.send(make(tx)).await.map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+        rx.await.map_err(|_| Status::unavailable("the DVM is shutting down"))
+    }
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    async fn challenge(&self, _req: Request<ChallengeRequest>) -> Result<Response<ChallengeReply>, Status> {
+        let nonce: [u8; 32] = rand::random();
+        let mut table = self.nonces.lock().expect("nonce table");
+        table.retain(|_, at| at.elapsed() < NONCE_TTL);
+        if table.len() >= MAX_NONCES {
+            return Err(Status::resource_exhausted("too many outstanding control challenges"));
+        }
+        table.insert(nonce, Instant::now());
+        Ok(Response::new(ChallengeReply { nonce: nonce.to_vec().into() }))
+    }
+
+    async fn status(&self, req: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.ask(ControlCmd::Status).await?))
+    }
+
+    async fn terminate(&self, req: Request<TerminateRequest>) -> Result<Response<TerminateReply>, Status> {
+        self.check(&req)?;
+        Ok(Response::new(self.ask(ControlCmd::Terminate).await?))
+    }
+
+    async fn tree_views(&self, req: Request<TreeViewsRequest>) -> Result<Response<TreeViewsReply>, Status> {
+        self.check(&req)?;
+        self.ask(ControlCmd::TreeViews).await?.map(Response::new).map_err(Status::internal)
+    }
+
+    async fn bench(&self, req: Request<BenchRequest>) -> Result<Response<BenchReply>, Status> {
+        self.check(&req)?;
+        let body = req.into_inner();
+        self.ask(|tx| ControlCmd::Bench(body, tx)).await?.map(Response::new).map_err(Status::internal)
+    }
+}
+
+/// Serve the control API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    svc: ControlServer<ControlService>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tokio_stream_from(listener);
+    tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(incoming, shutdown).await
+}
+
+fn tokio_stream_from(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = Result<tokio::net::TcpStream, std::io::Error>> {
+    tokio_stream::wrappers::TcpListenerStream::new(listener)
+}
+
+/// An authenticated control client.
+pub struct Client {
+    inner: ControlClient<tonic::transport::Channel>,
+    secret: DvmSecret,
+    pub uri: DvmUri,
+}
+
+impl Client {
+    pub async fn connect(uri: DvmUri) -> Result<Client> {
+        let secret = DvmSecret::read_file(&uri.secret_path())
+            .with_context(|| format!("cannot read the DVM secret of {uri}"))?;
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", uri.control))
+            .context("bad control address")?
+            .connect_timeout(Duration::from_secs(5));
+        let inner = ControlClient::connect(endpoint)
+            .await
+            .with_context(|| format!("cannot reach the DVM control API at {}", uri.control))?
+            .max_decoding_message_size(256 << 20);
+        Ok(Client { inner, secret, uri })
+    }
+
+    async fn authed<T>(&mut self, body: T) -> Result<Request<T>> {
+        let nonce = self.inner.challenge(ChallengeRequest {}).await.context("control challenge failed")?.into_inner().nonce;
+        let tag = mac(&self.secret, &nonce).finalize().into_bytes();
+        let mut req = Request::new(body);
+        let value = format!("{}:{}", hex::encode(&nonce), hex::encode(tag));
+        req.metadata_mut().insert("dvm-auth", value.parse().expect("hex is valid metadata"));
+        Ok(req)
+    }
+
+    pub async fn status(&mut self) -> Result<StatusReply> {
+        let req = self.authed(StatusRequest {}).await?;
+        Ok(self.inner.status(req).await?.into_inner())
+    }
+    pub async fn terminate(&mut self) -> Result<TerminateReply> {
+        let req = self.authed(TerminateRequest {}).await?;
+        Ok(self.inner.terminate(req).await?.into_inner())
+    }
+    pub async fn tree_views(&mut self) -> Result<TreeViewsReply> {
+        let req = self.authed(TreeViewsRequest {}).await?;
+        Ok(self.inner.tree_views(req).await?.into_inner())
+    }
+    pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {
+        let req = self.authed(body).await?;
+        Ok(self.inner.bench(req).await?.into_inner())
+    }
+}
+
+/// Address a control listener should bind for a DVM whose HNP advertises `hnp`.
+pub fn control_bind(hnp: SocketAddr) -> SocketAddr {
+    SocketAddr::new(hnp.ip(), 0)
+}

@@ -1,0 +1,24 @@
+//! dvmd: the DVM daemon and its tools.
+//!
+//! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon actor that
+//! drives `grpcomm` over the `rml` transport, the HNP's control API (tonic), session
+//! directories, and the tools `pterm` and `dvm-bench`.
+//! Never: protocol decisions of the collectives (they live in `grpcomm`) or routing math
+//! (`rml::topology`). The actor never blocks: every input is an event on its loop.
+//! Traps: the DVM secret travels on a daemon's stdin, never on a command line; every daemon
+//! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone.
+pub mod control;
+pub mod daemon;
+pub mod hostfile;
+pub mod launch;
+pub mod session;
+
+/// Initialise logging to stderr; `DVM_LOG` (or `RUST_LOG`) sets the filter, default `warn`.
+pub fn init_logging() {
+    let filter = std::env::var("DVM_LOG").or_else(|_| std::env::var("RUST_LOG")).unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
