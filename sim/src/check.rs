@@ -22,11 +22,7 @@ fn show(b: &Bytes) -> String {
     if b.len() <= 48 {
         format!("{:?}", String::from_utf8_lossy(b))
     } else {
-        format!(
-            "{:?}..({} bytes)",
-            String::from_utf8_lossy(&b[..40]),
-            b.len()
-        )
+        format!("{:?}..({} bytes)", String::from_utf8_lossy(&b[..40]), b.len())
     }
 }
 
@@ -48,16 +44,11 @@ pub fn check(sc: &Scenario, t: &Trace) -> Vec<String> {
         }
     }
     if t.end_ns > sc.bound_ns {
-        v.push(format!(
-            "run ended at t={} ns, past the bound of {} ns",
-            t.end_ns, sc.bound_ns
-        ));
+        v.push(format!("run ended at t={} ns, past the bound of {} ns", t.end_ns, sc.bound_ns));
     }
     if t.crashes.is_empty() {
         for (d, from, reason) in t.dropped.iter().take(3) {
-            v.push(format!(
-                "daemon {d}: dropped a message from {from} in a run without crashes: {reason}"
-            ));
+            v.push(format!("daemon {d}: dropped a message from {from} in a run without crashes: {reason}"));
         }
         if t.stats.unroutable + t.stats.looped + t.stats.refused > 0 {
             v.push(format!(
@@ -72,16 +63,12 @@ pub fn check(sc: &Scenario, t: &Trace) -> Vec<String> {
 fn check_xcast(sc: &Scenario, t: &Trace, survivors: &[Rank], v: &mut Vec<String>) {
     // Exactly once, in op-id order, no gap, on every daemon (crashed ones up to their crash).
     for r in 0..sc.n {
-        let mut expect = t.initial_next_op[r as usize];
-        for d in &t.deliveries[r as usize] {
-            if d.op_id != expect {
-                v.push(format!(
-                    "daemon {r}: delivered xcast op {} (origin {}, tag {}) where op {expect} was next",
-                    d.op_id, d.origin, d.tag
-                ));
-                break;
-            }
-            expect += 1;
+        let first_op = t.initial_next_op[r as usize];
+        if let Some((expect, d)) = (first_op..).zip(&t.deliveries[r as usize]).find(|(expect, d)| d.op_id != *expect) {
+            v.push(format!(
+                "daemon {r}: delivered xcast op {} (origin {}, tag {}) where op {expect} was next",
+                d.op_id, d.origin, d.tag
+            ));
         }
     }
     let Some(&first) = survivors.first() else {
@@ -90,9 +77,7 @@ fn check_xcast(sc: &Scenario, t: &Trace, survivors: &[Rank], v: &mut Vec<String>
     let reference = &t.deliveries[first as usize];
     for &r in survivors {
         let mine = &t.deliveries[r as usize];
-        if mine.len() != reference.len()
-            || !mine.iter().zip(reference).all(|(a, b)| same_delivery(a, b))
-        {
+        if mine.len() != reference.len() || !mine.iter().zip(reference).all(|(a, b)| same_delivery(a, b)) {
             let at = mine
                 .iter()
                 .zip(reference)
@@ -129,11 +114,7 @@ fn check_xcast(sc: &Scenario, t: &Trace, survivors: &[Rank], v: &mut Vec<String>
     // Every delivered op was started by someone; every op a survivor started was delivered
     // exactly once and completed exactly once on its origin, with the same op id.
     for d in reference {
-        if !t
-            .xcast_starts
-            .iter()
-            .any(|s| s.daemon == d.origin && s.tag == d.tag && same(&s.payload, &d.payload))
-        {
+        if !t.xcast_starts.iter().any(|s| s.daemon == d.origin && s.tag == d.tag && same(&s.payload, &d.payload)) {
             v.push(format!(
                 "op {}: delivered from origin {} (tag {}) but no such xcast was started",
                 d.op_id, d.origin, d.tag
@@ -146,26 +127,13 @@ fn check_xcast(sc: &Scenario, t: &Trace, survivors: &[Rank], v: &mut Vec<String>
             .iter()
             .filter(|d| d.origin == s.daemon && d.tag == s.tag && same(&d.payload, &s.payload))
             .collect();
-        let done: Vec<&(Rank, _, u64, u64)> = t
-            .xcast_completes
-            .iter()
-            .filter(|c| c.0 == s.daemon && c.1 == s.id)
-            .collect();
+        let done: Vec<&(Rank, _, u64, u64)> =
+            t.xcast_completes.iter().filter(|c| c.0 == s.daemon && c.1 == s.id).collect();
         if got.len() > 1 {
-            v.push(format!(
-                "xcast {:?} from daemon {} delivered {} times",
-                s.id,
-                s.daemon,
-                got.len()
-            ));
+            v.push(format!("xcast {:?} from daemon {} delivered {} times", s.id, s.daemon, got.len()));
         }
         if done.len() > 1 {
-            v.push(format!(
-                "xcast {:?}: XcastComplete fired {} times on daemon {}",
-                s.id,
-                done.len(),
-                s.daemon
-            ));
+            v.push(format!("xcast {:?}: XcastComplete fired {} times on daemon {}", s.id, done.len(), s.daemon));
         }
         if survived {
             if got.is_empty() {
@@ -204,29 +172,12 @@ fn concat<'a>(parts: impl Iterator<Item = &'a Bytes>) -> Bytes {
     b.freeze()
 }
 
-/// Whether a fence was untouched by faults: no participant crashed before it ended, and every
-/// earlier crash had been repaired on every survivor before its first call.
-fn clean(t: &Trace, chain: &FenceChain, calls: &[&FenceCall], end: u64) -> bool {
-    let first = calls.iter().map(|c| c.at).min().unwrap_or(0);
-    let survivors: Vec<Rank> = (0..t.final_alive.len() as Rank)
-        .filter(|&r| t.final_alive[r as usize])
-        .collect();
-    t.crashes
-        .iter()
-        .filter(|&&(_, at)| at < end)
-        .all(|&(r, _)| match &chain.sig.participants {
-            Participants::Daemons(m) => !m.contains(&r),
-            Participants::All => {
-                let Some(epoch) = t.epochs.iter().position(|(_, f)| f.contains(&r)) else {
-                    return false;
-                };
-                survivors.iter().all(|&s| {
-                    t.repairs_applied
-                        .get(&(s, epoch))
-                        .is_some_and(|&a| a < first)
-                })
-            }
-        })
+/// Whether a fence lost no participant: none of its members (every daemon for
+/// `Participants::All`, which counts a failed daemon as a lost participant) crashed before
+/// the fence ended. Crashes of non-participant relays do not count: those fences must
+/// re-converge after the repair.
+fn clean(t: &Trace, chain: &FenceChain, end: u64) -> bool {
+    t.crashes.iter().all(|&(r, at)| at >= end || !chain.members.contains(&r))
 }
 
 fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
@@ -236,20 +187,12 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
     }
     for ((ci, step), calls) in groups {
         let chain = &sc.chains[ci];
-        let name = format!(
-            "fence chain {ci} ({}) step {step}",
-            if calls[0].collect { "modex" } else { "barrier" }
-        );
+        let name = format!("fence chain {ci} ({}) step {step}", if calls[0].collect { "modex" } else { "barrier" });
         let seqs: BTreeSet<u64> = calls.iter().map(|c| c.id.seq).collect();
         if seqs.len() > 1 {
-            v.push(format!(
-                "{name}: daemons disagree on the sequence number: {seqs:?}"
-            ));
+            v.push(format!("{name}: daemons disagree on the sequence number: {seqs:?}"));
         }
-        let live: Vec<&&FenceCall> = calls
-            .iter()
-            .filter(|c| t.final_alive[c.daemon as usize])
-            .collect();
+        let live: Vec<&&FenceCall> = calls.iter().filter(|c| t.final_alive[c.daemon as usize]).collect();
         let mut hung = false;
         for c in &live {
             if c.done.is_none() {
@@ -263,16 +206,8 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
         if hung || live.is_empty() {
             continue;
         }
-        let results: Vec<(Rank, u64, &Result<Bytes, FenceError>)> = live
-            .iter()
-            .map(|c| {
-                (
-                    c.daemon,
-                    c.done.as_ref().unwrap().0,
-                    &c.done.as_ref().unwrap().1,
-                )
-            })
-            .collect();
+        let results: Vec<(Rank, u64, &Result<Bytes, FenceError>)> =
+            live.iter().map(|c| (c.daemon, c.done.as_ref().unwrap().0, &c.done.as_ref().unwrap().1)).collect();
         let (r0, _, res0) = results[0];
         for &(r, _, res) in &results[1..] {
             let equal = match (res0, res) {
@@ -290,27 +225,21 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
         }
         let end = results.iter().map(|x| x.1).max().unwrap_or(0);
         if end > sc.bound_ns {
-            v.push(format!(
-                "{name}: completed at t={end} ns, past the bound of {} ns",
-                sc.bound_ns
-            ));
+            v.push(format!("{name}: completed at t={end} ns, past the bound of {} ns", sc.bound_ns));
         }
         // Every result equals daemon r0's (checked above), so the oracle judges r0's.
         let mut callers: Vec<&&FenceCall> = calls.iter().collect();
         callers.sort_by_key(|c| c.daemon);
         match res0 {
             Ok(out) => {
-                if let Participants::Daemons(m) = &chain.sig.participants {
-                    let who: Vec<Rank> = callers.iter().map(|c| c.daemon).collect();
-                    if who != *m {
-                        v.push(format!("{name}: daemon {r0} reports success but only daemons {who:?} of {m:?} contributed"));
-                    }
+                let who: Vec<Rank> = callers.iter().map(|c| c.daemon).collect();
+                if who != chain.members {
+                    v.push(format!(
+                        "{name}: daemon {r0} reports success but only daemons {who:?} of {:?} contributed",
+                        chain.members
+                    ));
                 }
-                let expect = if callers[0].collect {
-                    concat(callers.iter().map(|c| &c.data))
-                } else {
-                    Bytes::new()
-                };
+                let expect = if callers[0].collect { concat(callers.iter().map(|c| &c.data)) } else { Bytes::new() };
                 if !same(out, &expect) {
                     v.push(format!(
                         "{name}: daemon {r0} returned {} but the contributions in daemon order are {}",
@@ -326,14 +255,16 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
                         Participants::Daemons(m) => m.contains(x),
                     };
                     if t.crash_time(*x).is_none() || !member {
-                        v.push(format!("{name}: daemon {r0} reports lost participant {x}, which is not a crashed participant"));
+                        v.push(format!(
+                            "{name}: daemon {r0} reports lost participant {x}, which is not a crashed participant"
+                        ));
                     }
                 }
             }
             Err(_) => {}
         }
         let no_timeout = chain.steps[step].timeout.is_none();
-        if no_timeout && results.iter().any(|x| x.2.is_err()) && clean(t, chain, &calls, end) {
+        if no_timeout && results.iter().any(|x| x.2.is_err()) && clean(t, chain, end) {
             let (r, _, res) = results.iter().find(|x| x.2.is_err()).unwrap();
             v.push(format!(
                 "{name} (seq {}): lost no participant but failed: daemon {r} returned {}",
@@ -358,11 +289,7 @@ fn fmt_res(r: &Result<Bytes, FenceError>) -> String {
 fn check_scatter(t: &Trace, v: &mut Vec<String>) {
     let mut seen: BTreeSet<(Rank, u64, Rank)> = BTreeSet::new();
     for g in &t.scatter_got {
-        let Some(s) = t
-            .scatter_starts
-            .iter()
-            .find(|s| s.daemon == g.origin && s.scatter_id == g.scatter_id)
-        else {
+        let Some(s) = t.scatter_starts.iter().find(|s| s.daemon == g.origin && s.scatter_id == g.scatter_id) else {
             v.push(format!(
                 "daemon {}: got a slice of scatter {}:{} that was never started",
                 g.daemon, g.origin, g.scatter_id
@@ -370,10 +297,7 @@ fn check_scatter(t: &Trace, v: &mut Vec<String>) {
             continue;
         };
         if !seen.insert((g.origin, g.scatter_id, g.daemon)) {
-            v.push(format!(
-                "daemon {}: got its slice of scatter {}:{} twice",
-                g.daemon, g.origin, g.scatter_id
-            ));
+            v.push(format!("daemon {}: got its slice of scatter {}:{} twice", g.daemon, g.origin, g.scatter_id));
         }
         match s.slices.iter().find(|(d, _)| *d == g.daemon) {
             None => v.push(format!(
@@ -397,10 +321,7 @@ fn check_scatter(t: &Trace, v: &mut Vec<String>) {
         for s in &t.scatter_starts {
             for (d, _) in &s.slices {
                 if !seen.contains(&(s.daemon, s.scatter_id, *d)) {
-                    v.push(format!(
-                        "daemon {d}: never got its slice of scatter {}:{}",
-                        s.daemon, s.scatter_id
-                    ));
+                    v.push(format!("daemon {d}: never got its slice of scatter {}:{}", s.daemon, s.scatter_id));
                 }
             }
         }

@@ -122,17 +122,50 @@ pub struct Engine<'s> {
     /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
     pending_fence: BTreeMap<(Rank, usize), usize>,
     hop_limit: u32,
+    /// Event log for `replay --log` (off in campaigns).
+    log: Option<Vec<String>>,
     pub trace: Trace,
+}
+
+/// One line describing a message, without payload bytes.
+pub fn describe(msg: &GrpcommMsg) -> String {
+    use dvm_proto::grpcomm::grpcomm_msg::Body;
+    match &msg.body {
+        Some(Body::Relay(m)) => format!("Relay{{origin {} id {} tag {}}}", m.origin, m.origin_id, m.tag),
+        Some(Body::Forward(m)) => {
+            format!("Forward{{op {} origin {} id {} tag {}}}", m.op_id, m.origin, m.origin_id, m.tag)
+        }
+        Some(Body::Ack(m)) => format!("Ack{{held {} ack_id {} request {}}}", m.held, m.ack_id, m.is_request),
+        Some(Body::Done(m)) => format!("Done{{id {} op {}}}", m.origin_id, m.op_id),
+        Some(Body::Contrib(m)) => format!(
+            "Contrib{{key {:?} seq {} mv {} epoch {} count {} entries {:?} status {} {}}}",
+            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
+            m.seq,
+            m.movement,
+            m.topo_epoch,
+            m.count,
+            m.entries.iter().map(|e| e.daemon).collect::<Vec<_>>(),
+            m.status,
+            m.error
+        ),
+        Some(Body::Release(m)) => format!(
+            "Release{{key {:?} seq {} status {} {} {} bytes}}",
+            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
+            m.seq,
+            m.status,
+            m.error,
+            m.data.len()
+        ),
+        Some(Body::Scatter(m)) => format!("Scatter{{{}:{} {} slices}}", m.origin, m.scatter_id, m.slices.len()),
+        None => "empty".into(),
+    }
 }
 
 impl<'s> Engine<'s> {
     pub fn new(sc: &'s Scenario) -> Self {
         let nodes: Vec<Node> = (0..sc.n)
             .map(|r| Node {
-                g: Grpcomm::new(
-                    Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"),
-                    sc.cfg.clone(),
-                ),
+                g: Grpcomm::new(Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"), sc.cfg.clone()),
                 alive: true,
                 crashed_at: None,
                 egress_free: 0,
@@ -147,12 +180,7 @@ impl<'s> Engine<'s> {
             initial_next_op: nodes.iter().map(|n| n.g.xcast_next_op()).collect(),
             ..Trace::default()
         };
-        let sig_chain = sc
-            .chains
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.sig.clone(), i))
-            .collect();
+        let sig_chain = sc.chains.iter().enumerate().map(|(i, c)| (c.sig.clone(), i)).collect();
         let mut e = Engine {
             sc,
             now: 0,
@@ -166,18 +194,12 @@ impl<'s> Engine<'s> {
             sig_chain,
             pending_fence: BTreeMap::new(),
             hop_limit: 4 * (sc.height() + 2) + 8,
+            log: None,
             trace,
         };
         for (ci, c) in sc.chains.iter().enumerate() {
             for (&daemon, &at) in c.members.iter().zip(&c.first_start) {
-                e.push(
-                    at,
-                    Kind::FenceStep {
-                        daemon,
-                        chain: ci,
-                        step: 0,
-                    },
-                );
+                e.push(at, Kind::FenceStep { daemon, chain: ci, step: 0 });
             }
         }
         for (i, x) in sc.xcasts.iter().enumerate() {
@@ -187,19 +209,22 @@ impl<'s> Engine<'s> {
             e.push(s.at, Kind::Scatter { plan: i });
         }
         for c in &sc.crashes {
-            assert!(
-                c.rank != 0,
-                "rank 0 (the HNP) cannot crash in a schedule: its loss ends the DVM"
-            );
-            e.push(
-                c.at,
-                Kind::Crash {
-                    daemon: c.rank,
-                    detect_after: c.detect_after,
-                },
-            );
+            assert!(c.rank != 0, "rank 0 (the HNP) cannot crash in a schedule: its loss ends the DVM");
+            e.push(c.at, Kind::Crash { daemon: c.rank, detect_after: c.detect_after });
         }
         e
+    }
+
+    /// Record every event as a line of text (see [`Engine::take_log`]).
+    pub fn with_log(mut self) -> Self {
+        self.log = Some(Vec::new());
+        self
+    }
+
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(log) = &mut self.log {
+            log.push(format!("t={:>10} {}", self.now, line()));
+        }
     }
 
     fn push(&mut self, at: u64, kind: Kind) {
@@ -207,16 +232,17 @@ impl<'s> Engine<'s> {
             self.busy += 1;
         }
         self.seq += 1;
-        self.heap.push(Ev {
-            at: at.max(self.now),
-            seq: self.seq,
-            kind,
-        });
+        self.heap.push(Ev { at: at.max(self.now), seq: self.seq, kind });
     }
 
     /// Run until nothing but idle timers is left and every live daemon is quiescent, or
     /// until a hard limit (far past the scenario's bound) is hit.
-    pub fn run(mut self) -> Trace {
+    pub fn run(self) -> Trace {
+        self.run_logged().0
+    }
+
+    /// Like [`Engine::run`], also returning the event log (empty unless `with_log`).
+    pub fn run_logged(mut self) -> (Trace, Vec<String>) {
         let hard_stop = self.sc.bound_ns.saturating_mul(4);
         while let Some(ev) = self.heap.pop() {
             if !matches!(ev.kind, Kind::Tick { .. }) {
@@ -232,10 +258,9 @@ impl<'s> Engine<'s> {
                 break;
             }
             if self.trace.stats.events > MAX_EVENTS {
-                self.trace.engine_errors.push(format!(
-                    "more than {MAX_EVENTS} events at t={} ns (message storm?)",
-                    self.now
-                ));
+                self.trace
+                    .engine_errors
+                    .push(format!("more than {MAX_EVENTS} events at t={} ns (message storm?)", self.now));
                 break;
             }
             self.step(ev.kind);
@@ -247,23 +272,13 @@ impl<'s> Engine<'s> {
         self.trace.final_alive = self.nodes.iter().map(|n| n.alive).collect();
         self.trace.final_quiescent = self.nodes.iter().map(|n| n.g.is_quiescent()).collect();
         self.trace.final_next_op = self.nodes.iter().map(|n| n.g.xcast_next_op()).collect();
-        self.trace
+        (self.trace, self.log.unwrap_or_default())
     }
 
     fn step(&mut self, kind: Kind) {
         match kind {
-            Kind::Arrive {
-                from,
-                to,
-                dst,
-                msg,
-                hops,
-                sent_at,
-            } => {
-                if self.nodes[from as usize]
-                    .crashed_at
-                    .is_some_and(|c| c <= sent_at)
-                {
+            Kind::Arrive { from, to, dst, msg, hops, sent_at } => {
+                if self.nodes[from as usize].crashed_at.is_some_and(|c| c <= sent_at) {
                     return; // still queued on the sender's NIC when it died: never left
                 }
                 if !self.nodes[to as usize].alive {
@@ -273,28 +288,14 @@ impl<'s> Engine<'s> {
                 let n = &mut self.nodes[to as usize];
                 let at = n.cpu_free.max(self.now) + self.sc.net.cpu_ns;
                 n.cpu_free = at;
-                self.push(
-                    at,
-                    Kind::Handle {
-                        from,
-                        to,
-                        dst,
-                        msg,
-                        hops,
-                    },
-                );
+                self.push(at, Kind::Handle { from, to, dst, msg, hops });
             }
-            Kind::Handle {
-                from,
-                to,
-                dst,
-                msg,
-                hops,
-            } => {
+            Kind::Handle { from, to, dst, msg, hops } => {
                 if !self.nodes[to as usize].alive {
                     return; // in the dead daemon's receive buffer
                 }
                 if dst == to {
+                    self.note(|| format!("d{to} <- d{from} {}", describe(&msg)));
                     self.nodes[to as usize].g.handle(from, msg);
                     self.pump(to);
                 } else {
@@ -309,15 +310,13 @@ impl<'s> Engine<'s> {
                     self.pump(daemon);
                 }
             }
-            Kind::Crash {
-                daemon,
-                detect_after,
-            } => {
+            Kind::Crash { daemon, detect_after } => {
                 let n = &mut self.nodes[daemon as usize];
                 if n.alive {
                     n.alive = false;
                     n.crashed_at = Some(self.now);
                     self.trace.crashes.push((daemon, self.now));
+                    self.note(|| format!("CRASH d{daemon}"));
                     self.push(self.now + detect_after, Kind::Detect { daemon });
                 }
             }
@@ -341,10 +340,12 @@ impl<'s> Engine<'s> {
                     return;
                 }
                 let failed = self.trace.epochs[epoch].1.clone();
-                if let Err(e) = self.nodes[daemon as usize].g.topology_changed(&failed) {
-                    self.trace.engine_errors.push(format!(
-                        "daemon {daemon}: topology_changed({failed:?}) failed: {e}"
-                    ));
+                match self.nodes[daemon as usize].g.topology_changed(&failed) {
+                    Err(e) => self
+                        .trace
+                        .engine_errors
+                        .push(format!("daemon {daemon}: topology_changed({failed:?}) failed: {e}")),
+                    Ok(delta) => self.note(|| format!("d{daemon} REPAIR epoch {epoch} failed {failed:?}: {delta:?}")),
                 }
                 self.trace.repairs_applied.insert((daemon, epoch), self.now);
                 self.pump(daemon);
@@ -354,6 +355,7 @@ impl<'s> Engine<'s> {
                 // A carrier that already applied the repair knows the peer is gone.
                 if n.alive && n.g.topology().is_alive(peer) {
                     n.g.peer_unreachable(peer);
+                    self.note(|| format!("d{daemon} peer_unreachable({peer})"));
                     self.pump(daemon);
                 }
             }
@@ -363,9 +365,9 @@ impl<'s> Engine<'s> {
                 if !self.nodes[daemon as usize].alive {
                     return;
                 }
-                let id = self.nodes[daemon as usize]
-                    .g
-                    .xcast(p.tag, p.payload.clone());
+                let id = self.nodes[daemon as usize].g.xcast(p.tag, p.payload.clone());
+                let tag = p.tag;
+                self.note(|| format!("d{daemon} XCAST {id:?} tag {tag}"));
                 self.trace.xcast_starts.push(XcastStart {
                     daemon,
                     id,
@@ -381,9 +383,7 @@ impl<'s> Engine<'s> {
                 if !self.nodes[daemon as usize].alive {
                     return;
                 }
-                let scatter_id = self.nodes[daemon as usize]
-                    .g
-                    .scatter(p.tag, p.slices.clone());
+                let scatter_id = self.nodes[daemon as usize].g.scatter(p.tag, p.slices.clone());
                 self.trace.scatter_starts.push(ScatterStart {
                     daemon,
                     scatter_id,
@@ -393,11 +393,7 @@ impl<'s> Engine<'s> {
                 });
                 self.pump(daemon);
             }
-            Kind::FenceStep {
-                daemon,
-                chain,
-                step,
-            } => self.fence_step(daemon, chain, step),
+            Kind::FenceStep { daemon, chain, step } => self.fence_step(daemon, chain, step),
         }
     }
 
@@ -408,15 +404,10 @@ impl<'s> Engine<'s> {
         let c: &FenceChain = &self.sc.chains[chain];
         let s = &c.steps[step];
         let data = c.contribution(chain, step, daemon);
-        let req = FenceRequest {
-            sig: c.sig.clone(),
-            collect: s.collect,
-            data: data.clone(),
-            timeout: s.timeout,
-        };
+        let req = FenceRequest { sig: c.sig.clone(), collect: s.collect, data: data.clone(), timeout: s.timeout };
         let id = self.nodes[daemon as usize].g.fence(req, self.now);
-        self.pending_fence
-            .insert((daemon, chain), self.trace.fence_calls.len());
+        self.note(|| format!("d{daemon} FENCE chain {chain} step {step} seq {}", id.seq));
+        self.pending_fence.insert((daemon, chain), self.trace.fence_calls.len());
         self.trace.fence_calls.push(FenceCall {
             daemon,
             chain,
@@ -448,61 +439,43 @@ impl<'s> Engine<'s> {
 
     fn apply(&mut self, daemon: Rank, e: Effect) {
         match e {
-            Effect::Send { to, msg } => self.forward(daemon, to, msg, 0),
-            Effect::Deliver {
-                op_id,
-                origin,
-                tag,
-                payload,
-            } => {
-                self.trace.deliveries[daemon as usize].push(Delivery {
-                    op_id,
-                    origin,
-                    tag,
-                    payload,
-                    at: self.now,
-                });
+            Effect::Send { to, msg } => {
+                self.note(|| format!("d{daemon} -> d{to} {}", describe(&msg)));
+                self.forward(daemon, to, msg, 0)
+            }
+            Effect::Deliver { op_id, origin, tag, payload } => {
+                self.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));
+                self.trace.deliveries[daemon as usize].push(Delivery { op_id, origin, tag, payload, at: self.now });
                 if self.sc.cfg.process_first.contains(&tag) {
                     self.nodes[daemon as usize].g.xcast_processed(op_id);
                 }
             }
-            Effect::XcastComplete { id, op_id } => self
-                .trace
-                .xcast_completes
-                .push((daemon, id, op_id, self.now)),
-            Effect::FenceComplete { id, result } => self.fence_done(daemon, id, result),
-            Effect::ScatterDeliver {
-                origin,
-                scatter_id,
-                tag,
-                data,
-            } => self.trace.scatter_got.push(ScatterGot {
-                daemon,
-                origin,
-                scatter_id,
-                tag,
-                data,
-                at: self.now,
-            }),
+            Effect::XcastComplete { id, op_id } => {
+                self.note(|| format!("d{daemon} XCAST_COMPLETE {id:?} op {op_id}"));
+                self.trace.xcast_completes.push((daemon, id, op_id, self.now))
+            }
+            Effect::FenceComplete { id, result } => {
+                self.note(|| format!("d{daemon} FENCE_COMPLETE seq {} {result:?}", id.seq));
+                self.fence_done(daemon, id, result)
+            }
+            Effect::ScatterDeliver { origin, scatter_id, tag, data } => {
+                self.trace.scatter_got.push(ScatterGot { daemon, origin, scatter_id, tag, data, at: self.now })
+            }
             Effect::ArmTimer { at } => {
                 if self.nodes[daemon as usize].armed.insert(at) {
                     self.push(at, Kind::Tick { daemon, at });
                 }
             }
-            Effect::Dropped { from, reason } => self.trace.dropped.push((daemon, from, reason)),
+            Effect::Dropped { from, reason } => {
+                self.note(|| format!("d{daemon} DROPPED from {from}: {reason}"));
+                self.trace.dropped.push((daemon, from, reason))
+            }
         }
     }
 
-    fn fence_done(
-        &mut self,
-        daemon: Rank,
-        id: FenceId,
-        result: Result<Bytes, dvm_grpcomm::FenceError>,
-    ) {
+    fn fence_done(&mut self, daemon: Rank, id: FenceId, result: Result<Bytes, dvm_grpcomm::FenceError>) {
         let Some(&chain) = self.sig_chain.get(&id.sig) else {
-            self.trace.engine_errors.push(format!(
-                "daemon {daemon}: FenceComplete for unknown signature {id:?}"
-            ));
+            self.trace.engine_errors.push(format!("daemon {daemon}: FenceComplete for unknown signature {id:?}"));
             return;
         };
         let Some(idx) = self.pending_fence.remove(&(daemon, chain)) else {
@@ -525,31 +498,18 @@ impl<'s> Engine<'s> {
         let next = call.step + 1;
         if next < self.sc.chains[chain].steps.len() {
             let think = self.rng.gen_range(0..=self.sc.think_ns);
-            self.push(
-                self.now + think,
-                Kind::FenceStep {
-                    daemon,
-                    chain,
-                    step: next,
-                },
-            );
+            self.push(self.now + think, Kind::FenceStep { daemon, chain, step: next });
         }
     }
 
     /// Move `msg` one hop from `at` toward `dst`, or hand it to grpcomm if `at` is `dst`.
     fn forward(&mut self, at: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
         match self.nodes[at as usize].g.topology().route_to(dst) {
-            Route::Local => self.push(
-                self.now,
-                Kind::Handle {
-                    from: at,
-                    to: at,
-                    dst,
-                    msg,
-                    hops,
-                },
-            ),
-            Route::Unreachable => self.trace.stats.unroutable += 1,
+            Route::Local => self.push(self.now, Kind::Handle { from: at, to: at, dst, msg, hops }),
+            Route::Unreachable => {
+                self.note(|| format!("d{at} -> d{dst} UNROUTABLE {}", describe(&msg)));
+                self.trace.stats.unroutable += 1
+            }
             Route::Up(next) | Route::Down(next) => {
                 if hops >= self.hop_limit {
                     self.trace.stats.looped += 1;
@@ -568,11 +528,7 @@ impl<'s> Engine<'s> {
         let net = &self.sc.net;
         let bytes = msg.encoded_len();
         let wire = net.wire_ns(bytes);
-        let jitter = if net.jitter_ns > 0 {
-            self.rng.gen_range(0..=net.jitter_ns)
-        } else {
-            0
-        };
+        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
         let sender = &mut self.nodes[from as usize];
         let start = sender.egress_free.max(self.now);
         sender.egress_free = start + wire;
@@ -587,31 +543,16 @@ impl<'s> Engine<'s> {
         *last = arrive;
         self.trace.stats.messages += 1;
         self.trace.stats.bytes += bytes as u64;
-        self.push(
-            arrive,
-            Kind::Arrive {
-                from,
-                to,
-                dst,
-                msg,
-                hops,
-                sent_at: start,
-            },
-        );
+        self.push(arrive, Kind::Arrive { from, to, dst, msg, hops, sent_at: start });
     }
 
     /// A send toward a crashed daemon: dropped, and the sender hears of it like a refused or
     /// reset connection.
     fn refuse(&mut self, from: Rank, to: Rank) {
         self.trace.stats.refused += 1;
+        self.note(|| format!("d{from} -> d{to} REFUSED (crashed)"));
         if self.nodes[from as usize].alive {
-            self.push(
-                self.now + self.sc.net.alpha_ns,
-                Kind::Unreachable {
-                    daemon: from,
-                    peer: to,
-                },
-            );
+            self.push(self.now + self.sc.net.alpha_ns, Kind::Unreachable { daemon: from, peer: to });
         }
     }
 }

@@ -76,15 +76,9 @@ pub fn run(sc: &Scenario) -> Outcome {
     match res {
         Ok(trace) => {
             let violations = check::check(sc, &trace);
-            Outcome {
-                trace: Some(trace),
-                violations,
-            }
+            Outcome { trace: Some(trace), violations }
         }
-        Err(_) => Outcome {
-            trace: None,
-            violations: vec![format!("panic: {msg}")],
-        },
+        Err(_) => Outcome { trace: None, violations: vec![format!("panic: {msg}")] },
     }
 }
 
@@ -120,12 +114,7 @@ pub struct CampaignReport {
 }
 
 /// Run the generated schedules `seeds` at `(n, radix, profile)`.
-pub fn campaign(
-    seeds: std::ops::Range<u64>,
-    n: u32,
-    radix: u32,
-    profile: Profile,
-) -> CampaignReport {
+pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: Profile) -> CampaignReport {
     let mut rep = CampaignReport::default();
     for seed in seeds {
         let sc = Scenario::generate(seed, n, radix, profile);
@@ -137,13 +126,7 @@ pub fn campaign(
             rep.fences += t.fence_calls.len() as u64;
         }
         if !out.violations.is_empty() {
-            rep.failures.push(Failure {
-                seed,
-                n,
-                radix,
-                profile,
-                violations: out.violations,
-            });
+            rep.failures.push(Failure { seed, n, radix, profile, violations: out.violations });
         }
     }
     rep

@@ -6,10 +6,7 @@ use dvm_sim::project::{project, Op, Row};
 use dvm_sim::{campaign, run, NetModel, Profile, Scenario};
 
 #[derive(Parser)]
-#[command(
-    name = "dvm-sim",
-    about = "Deterministic simulator of the DVM's collectives"
-)]
+#[command(name = "dvm-sim", about = "Deterministic simulator of the DVM's collectives")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -30,6 +27,9 @@ enum Cmd {
         /// Also print the schedule and the trace summary.
         #[arg(long)]
         verbose: bool,
+        /// Print every event (messages, repairs, deliveries, completions).
+        #[arg(long)]
+        log: bool,
     },
     /// Run seeds `first..first+count` and print one replay line per failing seed.
     Campaign {
@@ -43,6 +43,9 @@ enum Cmd {
         radix: u32,
         #[arg(long, default_value = "crash")]
         profile: Profile,
+        /// Print every violation of a failing seed, not only the first.
+        #[arg(long)]
+        verbose: bool,
     },
     /// Print the projection table as CSV (or markdown).
     Project {
@@ -76,16 +79,16 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Replay {
-            seed,
-            n,
-            radix,
-            profile,
-            verbose,
-        } => {
+        Cmd::Replay { seed, n, radix, profile, verbose, log } => {
             let sc = Scenario::generate(seed, n, radix, profile);
             if verbose {
                 println!("{sc:#?}");
+            }
+            if log {
+                let (_, lines) = dvm_sim::engine::Engine::new(&sc).with_log().run_logged();
+                for l in lines {
+                    println!("{l}");
+                }
             }
             let out = run(&sc);
             if let Some(t) = &out.trace {
@@ -100,10 +103,7 @@ fn main() -> Result<()> {
                     sc.bound_ns
                 );
                 if verbose {
-                    println!(
-                        "stats: {:?}\nepochs: {:?}\ndropped: {:?}",
-                        t.stats, t.epochs, t.dropped
-                    );
+                    println!("stats: {:?}\nepochs: {:?}\ndropped: {:?}", t.stats, t.epochs, t.dropped);
                 }
             }
             for v in &out.violations {
@@ -114,16 +114,15 @@ fn main() -> Result<()> {
             }
             println!("ok: every invariant holds");
         }
-        Cmd::Campaign {
-            first,
-            count,
-            n,
-            radix,
-            profile,
-        } => {
+        Cmd::Campaign { first, count, n, radix, profile, verbose } => {
             let rep = campaign(first..first + count, n, radix, profile);
             for f in &rep.failures {
                 println!("FAIL {}  # {}", f.replay(), f.violations[0]);
+                if verbose {
+                    for v in &f.violations[1..] {
+                        println!("    {v}");
+                    }
+                }
             }
             println!(
                 "{} runs, {} crashes, {} xcasts, {} fence calls: {} failing",
@@ -137,17 +136,7 @@ fn main() -> Result<()> {
                 bail!("{} failing seed(s)", rep.failures.len());
             }
         }
-        Cmd::Project {
-            n,
-            radix,
-            xcast_bytes,
-            modex_bytes,
-            alpha_us,
-            bandwidth_gbs,
-            cpu_ns,
-            no_ingress,
-            markdown,
-        } => {
+        Cmd::Project { n, radix, xcast_bytes, modex_bytes, alpha_us, bandwidth_gbs, cpu_ns, no_ingress, markdown } => {
             if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
                 bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
             }
@@ -189,11 +178,7 @@ fn main() -> Result<()> {
                             println!("{}", row.csv());
                         }
                         if !row.violations.is_empty() {
-                            bad.push(format!(
-                                "{} n={n} radix={r}: {}",
-                                op.name(),
-                                row.violations.join("; ")
-                            ));
+                            bad.push(format!("{} n={n} radix={r}: {}", op.name(), row.violations.join("; ")));
                         }
                     }
                 }
@@ -202,11 +187,8 @@ fn main() -> Result<()> {
                 eprintln!("VIOLATION: {b}");
             }
             if !bad.is_empty() {
-                return Err(anyhow::anyhow!(
-                    "{} projection run(s) violated invariants",
-                    bad.len()
-                ))
-                .context("projection");
+                return Err(anyhow::anyhow!("{} projection run(s) violated invariants", bad.len()))
+                    .context("projection");
             }
         }
     }

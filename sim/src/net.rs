@@ -20,13 +20,7 @@ pub struct NetModel {
 impl NetModel {
     /// α = 50 µs, 1 GB/s, 100 ns of receive handling, no jitter.
     pub fn projection_default() -> Self {
-        NetModel {
-            alpha_ns: 50_000,
-            beta_ps_per_byte: 1_000,
-            cpu_ns: 100,
-            jitter_ns: 0,
-            ingress_serialized: true,
-        }
+        NetModel { alpha_ns: 50_000, beta_ps_per_byte: 1_000, cpu_ns: 100, jitter_ns: 0, ingress_serialized: true }
     }
 
     /// Time the link is busy with `bytes` bytes.

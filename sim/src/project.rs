@@ -98,22 +98,14 @@ pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
     match op {
         Op::Xcast(m) => {
             let payload: Vec<u8> = (0..m).map(|i| (i * 131 % 251) as u8).collect();
-            sc.xcasts.push(XcastPlan {
-                at: 0,
-                origin: 0,
-                tag: tags::USER,
-                payload: Bytes::from(payload),
-            });
+            sc.xcasts.push(XcastPlan { at: 0, origin: 0, tag: tags::USER, payload: Bytes::from(payload) });
         }
         Op::Barrier | Op::Modex(_) => {
             let collect = matches!(op, Op::Modex(_));
             sc.chains.push(FenceChain {
                 sig: FenceSignature::new(Bytes::from_static(b"proj:*"), Participants::All),
                 members: (0..n).collect(),
-                steps: vec![FenceStep {
-                    collect,
-                    timeout: None,
-                }],
+                steps: vec![FenceStep { collect, timeout: None }],
                 first_start: vec![0; n as usize],
                 contrib_len: Some(op.bytes()),
             });
@@ -126,21 +118,11 @@ pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
         peak = t.stats.peak_state_bytes;
         match op {
             Op::Xcast(_) => {
-                sim_ns = t
-                    .deliveries
-                    .iter()
-                    .filter_map(|d| d.last().map(|x| x.at))
-                    .max()
-                    .unwrap_or(0);
+                sim_ns = t.deliveries.iter().filter_map(|d| d.last().map(|x| x.at)).max().unwrap_or(0);
                 complete_ns = t.xcast_completes.iter().map(|c| c.3).max().unwrap_or(0);
             }
             Op::Barrier | Op::Modex(_) => {
-                sim_ns = t
-                    .fence_calls
-                    .iter()
-                    .filter_map(|c| c.done.as_ref().map(|d| d.0))
-                    .max()
-                    .unwrap_or(0);
+                sim_ns = t.fence_calls.iter().filter_map(|c| c.done.as_ref().map(|d| d.0)).max().unwrap_or(0);
                 complete_ns = sim_ns;
             }
         }
@@ -161,7 +143,5 @@ pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
 
 /// Depth of the failure-free tree.
 pub fn depth(n: u32, radix: u32) -> u32 {
-    dvm_grpcomm::Topology::new(0 as Rank, radix, n)
-        .expect("valid geometry")
-        .height()
+    dvm_grpcomm::Topology::new(0 as Rank, radix, n).expect("valid geometry").height()
 }

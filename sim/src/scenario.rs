@@ -153,18 +153,13 @@ impl Scenario {
 
     /// Height of the failure-free tree.
     pub fn height(&self) -> u32 {
-        Topology::new(0, self.radix, self.n)
-            .expect("scenario geometry is valid")
-            .height()
+        Topology::new(0, self.radix, self.n).expect("scenario geometry is valid").height()
     }
 
     /// The generated schedule for `(seed, n, radix, profile)`.
     pub fn generate(seed: u64, n: u32, radix: u32, profile: Profile) -> Self {
-        assert!(
-            n >= 2,
-            "a generated schedule needs at least 2 daemons (n = {n})"
-        );
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_5c4e_d01e);
+        assert!(n >= 2, "a generated schedule needs at least 2 daemons (n = {n})");
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f5c_4ed0_1e00);
         let alpha = 50_000u64;
         let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(&mut rng).unwrap();
         let cpu = *[0u64, 1_000, 5_000].choose(&mut rng).unwrap();
@@ -183,17 +178,10 @@ impl Scenario {
 
         // Chain over every daemon: barrier and modex back to back.
         let steps_all = rng.gen_range(4..=10);
-        let steps: Vec<FenceStep> = (0..steps_all)
-            .map(|_| FenceStep {
-                collect: rng.gen_bool(0.5),
-                timeout: None,
-            })
-            .collect();
+        let steps: Vec<FenceStep> =
+            (0..steps_all).map(|_| FenceStep { collect: rng.gen_bool(0.5), timeout: None }).collect();
         let members: Vec<Rank> = (0..n).collect();
-        let first_start = members
-            .iter()
-            .map(|_| rng.gen_range(0..=2 * alpha))
-            .collect();
+        let first_start = members.iter().map(|_| rng.gen_range(0..=2 * alpha)).collect();
         sc.chains.push(FenceChain {
             sig: FenceSignature::new(Bytes::from_static(b"job1:*"), Participants::All),
             members,
@@ -201,39 +189,6 @@ impl Scenario {
             first_start,
             contrib_len: None,
         });
-
-        // Chain over a subset (leaves non-participant relays in the tree).
-        if rng.gen_bool(0.8) {
-            let size = if rng.gen_bool(0.1) {
-                1
-            } else {
-                rng.gen_range(2..=(n - 1).max(2))
-            };
-            let mut all: Vec<Rank> = (0..n).collect();
-            all.shuffle(&mut rng);
-            let mut members: Vec<Rank> = all[..size as usize].to_vec();
-            members.sort_unstable();
-            let steps = (0..rng.gen_range(2..=8))
-                .map(|_| FenceStep {
-                    collect: rng.gen_bool(0.5),
-                    timeout: None,
-                })
-                .collect();
-            let first_start = members
-                .iter()
-                .map(|_| rng.gen_range(0..=4 * alpha))
-                .collect();
-            sc.chains.push(FenceChain {
-                sig: FenceSignature::new(
-                    Bytes::from_static(b"job2:sub"),
-                    Participants::Daemons(members.clone()),
-                ),
-                members,
-                steps,
-                first_start,
-                contrib_len: None,
-            });
-        }
 
         let window = (steps_all as u64 + 2) * (round + sc.think_ns);
         // Xcasts from random origins at random times.
@@ -260,12 +215,7 @@ impl Scenario {
                 s.extend((0..len).map(|k| (b'a' + (k % 26) as u8) as char));
                 Bytes::from(s)
             };
-            sc.xcasts.push(XcastPlan {
-                at: rng.gen_range(0..=window),
-                origin,
-                tag,
-                payload,
-            });
+            sc.xcasts.push(XcastPlan { at: rng.gen_range(0..=window), origin, tag, payload });
         }
 
         // Scatters with random maps.
@@ -298,13 +248,33 @@ impl Scenario {
             for &rank in &victims[..count as usize] {
                 let detect_after = rng.gen_range(2 * alpha..=40 * alpha);
                 detect_max = detect_max.max(detect_after);
-                sc.crashes.push(CrashPlan {
-                    at: rng.gen_range(0..=window),
-                    rank,
-                    detect_after,
-                });
+                sc.crashes.push(CrashPlan { at: rng.gen_range(0..=window), rank, detect_after });
             }
             sc.repair_stagger_ns = rng.gen_range(0..=10 * alpha);
+        }
+
+        // Chain over a subset, leaving non-participant relays in the tree. Half the time the
+        // subset avoids every crash victim: those fences lose nobody and must all succeed,
+        // re-converging after each repair of a relay.
+        if rng.gen_bool(0.8) {
+            let victims: Vec<Rank> = sc.crashes.iter().map(|c| c.rank).collect();
+            let mut pool: Vec<Rank> =
+                if rng.gen_bool(0.5) { (0..n).filter(|r| !victims.contains(r)).collect() } else { (0..n).collect() };
+            pool.shuffle(&mut rng);
+            let max = (pool.len() as u32).min(n - 1).max(1);
+            let size = if rng.gen_bool(0.1) { 1 } else { rng.gen_range(1..=max) };
+            let mut members: Vec<Rank> = pool[..size as usize].to_vec();
+            members.sort_unstable();
+            let steps =
+                (0..rng.gen_range(2..=8)).map(|_| FenceStep { collect: rng.gen_bool(0.5), timeout: None }).collect();
+            let first_start = members.iter().map(|_| rng.gen_range(0..=4 * alpha)).collect();
+            sc.chains.push(FenceChain {
+                sig: FenceSignature::new(Bytes::from_static(b"job2:sub"), Participants::Daemons(members.clone())),
+                members,
+                steps,
+                first_start,
+                contrib_len: None,
+            });
         }
 
         // Generous: every op one after the other, each slowed by every repair.

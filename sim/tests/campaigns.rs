@@ -11,9 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn scale() -> u64 {
-    std::env::var("DVM_SIM_SCALE")
-        .ok()
-        .map_or(1, |s| s.parse().expect("DVM_SIM_SCALE must be an integer"))
+    std::env::var("DVM_SIM_SCALE").ok().map_or(1, |s| s.parse().expect("DVM_SIM_SCALE must be an integer"))
 }
 
 /// Runs the seeds and fails with one replay line per failing seed.
@@ -24,12 +22,7 @@ fn campaign_ok(n: u32, radix: u32, profile: Profile, seeds: u64, first: u64) -> 
         msg.push_str(&format!(
             "\n  {}\n      {}",
             f.replay(),
-            f.violations
-                .iter()
-                .take(4)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n      ")
+            f.violations.iter().take(4).cloned().collect::<Vec<_>>().join("\n      ")
         ));
     }
     assert!(
@@ -38,10 +31,7 @@ fn campaign_ok(n: u32, radix: u32, profile: Profile, seeds: u64, first: u64) -> 
         rep.failures.len(),
         rep.runs
     );
-    assert!(
-        profile != Profile::Crash || rep.crashes >= rep.runs,
-        "every crash schedule crashes a daemon"
-    );
+    assert!(profile != Profile::Crash || rep.crashes >= rep.runs, "every crash schedule crashes a daemon");
     eprintln!(
         "n={n} radix={radix} {profile}: {} schedules, {} crashes, {} xcasts, {} fence calls, 0 violations",
         rep.runs, rep.crashes, rep.xcasts, rep.fences
@@ -77,10 +67,7 @@ fn crashes_n64_radix3() {
 
 #[test]
 fn clean_runs_every_size() {
-    for (i, &(n, r)) in [(7, 2), (7, 3), (16, 2), (16, 3), (64, 2), (64, 3)]
-        .iter()
-        .enumerate()
-    {
+    for (i, &(n, r)) in [(7, 2), (7, 3), (16, 2), (16, 3), (64, 2), (64, 3)].iter().enumerate() {
         campaign_ok(n, r, Profile::Clean, 40, 60_000 + 1_000 * i as u64);
     }
 }
@@ -99,12 +86,7 @@ fn ten_thousand_back_to_back_fences() {
     };
     let mut sc = Scenario::empty(n, 3, 7, net);
     sc.think_ns = 20_000;
-    let steps: Vec<FenceStep> = (0..10_000)
-        .map(|k| FenceStep {
-            collect: k % 2 == 1,
-            timeout: None,
-        })
-        .collect();
+    let steps: Vec<FenceStep> = (0..10_000).map(|k| FenceStep { collect: k % 2 == 1, timeout: None }).collect();
     sc.chains.push(FenceChain {
         sig: FenceSignature::new(Bytes::from_static(b"job7:*"), Participants::All),
         members: (0..n).collect(),
@@ -114,22 +96,10 @@ fn ten_thousand_back_to_back_fences() {
     });
     sc.bound_ns = 10_000 * 2_000_000;
     let out = run(&sc);
-    assert!(
-        out.violations.is_empty(),
-        "violations: {:#?}",
-        &out.violations[..out.violations.len().min(10)]
-    );
+    assert!(out.violations.is_empty(), "violations: {:#?}", &out.violations[..out.violations.len().min(10)]);
     let t = out.trace.unwrap();
-    let done = t
-        .fence_calls
-        .iter()
-        .filter(|c| matches!(c.done, Some((_, Ok(_)))))
-        .count();
-    assert_eq!(
-        done,
-        10_000 * n as usize,
-        "every daemon completed every fence successfully"
-    );
+    let done = t.fence_calls.iter().filter(|c| matches!(c.done, Some((_, Ok(_))))).count();
+    assert_eq!(done, 10_000 * n as usize, "every daemon completed every fence successfully");
 }
 
 /// Scatter of random maps from random origins: every destination receives exactly its slice
@@ -153,26 +123,14 @@ fn scatter_oracle_random_maps() {
                 for dst in 0..n {
                     if rng.gen_bool(0.5) {
                         let len = rng.gen_range(0..100);
-                        slices.push((
-                            dst,
-                            Bytes::from((0..len).map(|_| rng.gen::<u8>()).collect::<Vec<u8>>()),
-                        ));
+                        slices.push((dst, Bytes::from((0..len).map(|_| rng.gen::<u8>()).collect::<Vec<u8>>())));
                     }
                 }
                 let origin = rng.gen_range(0..n);
-                sc.scatters.push(ScatterPlan {
-                    at: k * 10_000,
-                    origin,
-                    tag: tags::LAUNCH_RESIDUALS,
-                    slices,
-                });
+                sc.scatters.push(ScatterPlan { at: k * 10_000, origin, tag: tags::LAUNCH_RESIDUALS, slices });
             }
             let out = run(&sc);
-            assert!(
-                out.violations.is_empty(),
-                "n={n} radix={radix} seed={seed}: {:#?}",
-                out.violations
-            );
+            assert!(out.violations.is_empty(), "n={n} radix={radix} seed={seed}: {:#?}", out.violations);
             let t = out.trace.unwrap();
             // Reassemble independently of the checker.
             for (si, plan) in sc.scatters.iter().enumerate() {
@@ -203,10 +161,7 @@ fn runs_are_reproducible() {
         assert_eq!(ta.end_ns, tb.end_ns);
         assert_eq!(ta.stats.messages, tb.stats.messages);
         assert_eq!(ta.crashes, tb.crashes);
-        assert_eq!(
-            format!("{:?}", ta.fence_calls),
-            format!("{:?}", tb.fence_calls)
-        );
+        assert_eq!(format!("{:?}", ta.fence_calls), format!("{:?}", tb.fence_calls));
         assert_eq!(a.violations, b.violations);
     }
 }
