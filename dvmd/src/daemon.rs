@@ -124,8 +124,18 @@ pub struct Daemon {
 }
 
 fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
-    let seed = (rank as u64).wrapping_mul(0x9E37_79B9).wrapping_add(i);
-    Bytes::from((0..bytes).map(|k| (seed.wrapping_add(k.wrapping_mul(31)) % 251) as u8).collect::<Vec<u8>>())
+    // Incompressible (xorshift), so an xcast benchmark moves the bytes it claims to.
+    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    Bytes::from(
+        (0..bytes)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>(),
+    )
 }
 
 fn bench_collect(kind: i32, i: u64) -> bool {

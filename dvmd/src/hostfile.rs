@@ -44,6 +44,9 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<HostEntry>, HostfileError> {
             let (key, value) = w
                 .split_once('=')
                 .ok_or_else(|| syntax(format!("expected key=value after the host name, found '{w}'")))?;
+            if !matches!(key, "slots" | "cpu" | "count" | "max_slots" | "max-slots") {
+                return Err(syntax(format!("unknown attribute '{key}' (known: slots, max_slots)")));
+            }
             let n: u32 = value
                 .parse()
                 .map_err(|_| syntax(format!("{key}={value}: '{value}' is not a non-negative integer")))?;

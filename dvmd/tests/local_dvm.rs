@@ -1,0 +1,305 @@
+//! Real DVMs on this machine: `dvmd --local N` daemons as processes on loopback addresses,
+//! driven through the authenticated control API, stopped with `pterm`. Every test runs in its
+//! own session root and checks that no process and no session directory is left.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dvm_proto::control::{BenchKind, BenchRequest};
+use dvmd::control::Client;
+use dvmd::session::DvmUri;
+
+const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
+const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+
+/// A DVM started by a test; everything is killed by PID and removed on drop.
+struct TestDvm {
+    hnp: Child,
+    root: PathBuf,
+    uri_file: PathBuf,
+    stdout_lines: Vec<String>,
+    pids: Vec<u32>,
+}
+
+fn test_root(name: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("dvm-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    root
+}
+
+impl TestDvm {
+    fn start(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<TestDvm, (i32, String)> {
+        let root = test_root(name);
+        let uri_file = root.join("uri.txt");
+        let mut cmd = Command::new(DVMD);
+        cmd.args(extra)
+            .arg("--report-uri")
+            .arg(&uri_file)
+            .env("DVM_TMPDIR", &root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut hnp = cmd.spawn().expect("start dvmd");
+        let mut out = BufReader::new(hnp.stdout.take().unwrap());
+        let mut stdout_lines = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).unwrap_or(0) == 0 {
+                // dvmd ended before it was ready.
+                let mut err = String::new();
+                hnp.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                let code = hnp.wait().unwrap().code().unwrap_or(-1);
+                let _ = std::fs::remove_dir_all(&root);
+                return Err((code, err));
+            }
+            stdout_lines.push(line.trim_end().to_string());
+            if line.trim_end() == "DVM ready" {
+                break;
+            }
+        }
+        // Keep draining stdout/stderr so the HNP never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = out.read_to_string(&mut rest);
+        });
+        let err = hnp.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("{l}");
+            }
+        });
+        Ok(TestDvm { hnp, root, uri_file, stdout_lines, pids: Vec::new() })
+    }
+
+    fn uri(&self) -> DvmUri {
+        DvmUri::parse(&std::fs::read_to_string(&self.uri_file).unwrap()).unwrap()
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect(self.uri()).await.expect("control client")
+    }
+
+    /// Record every daemon PID (for the leftover check).
+    async fn learn_pids(&mut self) {
+        let st = self.client().await.status().await.unwrap();
+        self.pids = st.daemons.iter().map(|d| d.pid).collect();
+    }
+
+    fn pterm(&mut self) {
+        let st = Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
+        assert!(st.success(), "pterm failed: {st}");
+        let code = wait_exit(&mut self.hnp, Duration::from_secs(20)).expect("dvmd did not exit after pterm");
+        assert_eq!(code, 0, "dvmd exit status after pterm");
+    }
+
+    /// Nothing left: no daemon process, no session directory.
+    fn assert_clean(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = self.pids.iter().copied().filter(|&p| alive(p)).collect();
+        assert!(left.is_empty(), "daemon processes left running: {left:?}");
+        let sessions = session_dirs(&self.root);
+        assert!(sessions.is_empty(), "session directories left behind: {sessions:?}");
+    }
+}
+
+impl Drop for TestDvm {
+    fn drop(&mut self) {
+        let _ = self.hnp.kill();
+        let _ = self.hnp.wait();
+        for &p in &self.pids {
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st.code().unwrap_or(-1));
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn session_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(users) = std::fs::read_dir(root) {
+        for u in users.flatten().filter(|e| e.path().is_dir()) {
+            if let Ok(s) = std::fs::read_dir(u.path()) {
+                out.extend(s.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    out
+}
+
+/// Children of slot r in the failure-free radix tree, by the layout formula
+/// (level d starts at (R^d-1)/(R-1); children of r at depth d are r + j·R^d).
+fn expected_children(r: u32, radix: u32, n: u32) -> Vec<u32> {
+    let (mut depth, mut start, mut width) = (0u32, 0u64, 1u64);
+    while r as u64 >= start + width {
+        start += width;
+        width *= radix as u64;
+        depth += 1;
+    }
+    let stride = (radix as u64).pow(depth);
+    (1..=radix as u64).map(|j| r as u64 + j * stride).filter(|&c| c < n as u64).map(|c| c as u32).collect()
+}
+
+async fn boot_and_exercise(radix: u32) {
+    let n = 16;
+    let mut dvm = TestDvm::start(&format!("boot{radix}"), &["--local", "16", "--radix", &radix.to_string()], &[])
+        .unwrap_or_else(|(code, err)| panic!("dvmd failed ({code}): {err}"));
+    dvm.learn_pids().await;
+    assert_eq!(dvm.stdout_lines.iter().filter(|l| *l == "DVM ready").count(), 1);
+    let mut c = dvm.client().await;
+
+    // Every daemon's own view of the tree matches the HNP's and the layout formula.
+    let status = c.status().await.unwrap();
+    assert_eq!(status.num_daemons, n);
+    let views = c.tree_views().await.unwrap().views;
+    assert_eq!(views.len(), n as usize);
+    for v in &views {
+        let hnp_view = &status.daemons[v.rank as usize];
+        assert_eq!(v.parent, hnp_view.parent, "daemon {} parent", v.rank);
+        assert_eq!(v.children, hnp_view.children, "daemon {} children", v.rank);
+        assert_eq!(v.children, expected_children(v.rank, radix, n), "daemon {} children vs formula", v.rank);
+        for &ch in &v.children {
+            assert_eq!(views[ch as usize].parent, v.rank);
+        }
+    }
+
+    // A 1 MiB xcast completes (every daemon holds it).
+    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20 }).await.unwrap();
+    assert_eq!((x.latencies_ns.len(), x.errors), (1, 0));
+
+    // 1,000 back-to-back fences alternating barrier and modex: every daemon checks every result.
+    let count = if radix == 2 { 1000 } else { 200 };
+    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count, bytes: 64 }).await.unwrap();
+    assert_eq!(f.errors, 0, "{}", f.first_error);
+    assert_eq!(f.latencies_ns.len() as u64, count);
+
+    dvm.pterm();
+    dvm.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_daemons_radix_2() {
+    boot_and_exercise(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_daemons_radix_64() {
+    boot_and_exercise(64).await;
+}
+
+#[test]
+fn wrong_secret_fails_the_boot_by_name() {
+    let err = match TestDvm::start(
+        "secret",
+        &["--local", "4", "--radix", "2", "--startup-timeout", "20"],
+        &[("DVMD_FAULT_WRONG_SECRET_RANK", "2")],
+    ) {
+        Ok(_) => panic!("a DVM with a daemon holding the wrong secret came up"),
+        Err((code, err)) => {
+            assert_eq!(code, 1);
+            err
+        }
+    };
+    assert!(err.contains("daemon 2 on host"), "boot failure does not name the daemon: {err}");
+    assert!(err.to_lowercase().contains("auth") || err.contains("secret") || err.contains("refused"), "{err}");
+    // The refusal is logged by the HNP with the peer's address.
+    assert!(err.contains("refused RML connection") && err.contains("addr=127.0.0."), "refusal not logged with the address: {err}");
+    let root = std::env::temp_dir().join(format!("dvm-test-secret-{}", std::process::id()));
+    assert!(session_dirs(&root).is_empty());
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_a_daemon_port_is_harmless() {
+    let mut dvm = TestDvm::start("garbage", &["--local", "4", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    dvm.learn_pids().await;
+    let mut c = dvm.client().await;
+    let st = c.status().await.unwrap();
+    for d in &st.daemons {
+        for attempt in 0..3u8 {
+            let Ok(mut s) = std::net::TcpStream::connect(&d.addr) else { continue };
+            let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> (attempt + 3)) as u8).collect();
+            let _ = s.write_all(&junk);
+            // A length prefix far above the limit.
+            let _ = s.write_all(&u32::MAX.to_be_bytes());
+        }
+    }
+    // The DVM still works and nobody died.
+    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 20, bytes: 8 }).await.unwrap();
+    assert_eq!(f.errors, 0);
+    assert!(dvm.pids.iter().all(|&p| alive(p)));
+    dvm.pterm();
+    dvm.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_hnp_ends_every_daemon() {
+    let mut dvm = TestDvm::start("hnpkill", &["--local", "8", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    dvm.learn_pids().await;
+    let t0 = Instant::now();
+    unsafe {
+        libc::kill(dvm.hnp.id() as i32, libc::SIGKILL);
+    }
+    let _ = dvm.hnp.wait();
+    let daemons: Vec<u32> = dvm.pids[1..].to_vec();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while daemons.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("all daemons gone {:?} after the HNP was killed", t0.elapsed());
+    let left: Vec<u32> = daemons.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "daemons outlived the HNP: {left:?}");
+    // Daemons removed their own session directories; the HNP's (killed) is the only one left.
+    let left_dirs: Vec<PathBuf> = session_dirs(&dvm.root)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("dvmd-")))
+        .collect();
+    assert!(left_dirs.is_empty(), "{left_dirs:?}");
+}
+
+#[test]
+fn bad_command_lines_are_refused_by_name() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--local", "4", "--radix", "1"], "--radix 1"),
+        (&["--local", "0"], "--local 0"),
+        (&["--hostfile", "/nonexistent/hostfile"], "/nonexistent/hostfile"),
+        (&["--host", "a,,b"], "--host"),
+        (&["--local", "2", "--bogus"], "--bogus"),
+        (&[], "--local N"),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(DVMD).args(*args).env("DVM_TMPDIR", std::env::temp_dir()).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: stderr does not name {needle}: {err}");
+    }
+}
