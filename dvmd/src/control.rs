@@ -56,8 +56,10 @@ impl ControlService {
             .max_encoding_message_size(256 << 20)
     }
 
+    #[allow(clippy::result_large_err)] // tonic's own error type
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let peer = req.remote_addr().map_or_else(|| "unknown address".to_string(), |a| a.to_string());
+        #[allow(clippy::result_large_err)]
         let refuse = |why: &str| {
             warn!(%peer, "control call refused: {why}");
             Err(Status::unauthenticated(format!("control call refused: {why}")))

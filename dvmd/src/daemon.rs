@@ -46,6 +46,8 @@ pub enum Input {
     StartupTimeout,
 }
 
+type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
+
 /// HNP-only state.
 pub struct Hnp {
     pub expected: u32,
@@ -56,7 +58,7 @@ pub struct Hnp {
     pub started: Instant,
     pub session_dir: String,
     terminate: Option<(XcastId, oneshot::Sender<TerminateReply>)>,
-    tree_query: Option<(u64, Vec<TreeView>, oneshot::Sender<Result<TreeViewsReply, String>>)>,
+    tree_query: Option<(u64, Vec<TreeView>, TreeViewsTx)>,
     bench: Option<HnpBench>,
     next_query: u64,
 }
@@ -547,7 +549,11 @@ impl Daemon {
         b.next += 1;
         let collect = bench_collect(b.kind, i);
         let data = if collect { bench_data(self.me, i, b.bytes) } else { Bytes::new() };
-        let sig = FenceSignature::new(format!("bench-{}", b.id).into_bytes(), Participants::All);
+        // Every live daemon, as this daemon's topology says (identical everywhere: repairs are
+        // xcasts, processed in op order before the benchmark's own start).
+        let topo = self.g.topology();
+        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let sig = FenceSignature::new(format!("bench-{}", b.id).into_bytes(), Participants::Daemons(live));
         if let Some(h) = self.hnp.as_mut() {
             if let Some(hb) = h.bench.as_mut() {
                 hb.started_at = Some(Instant::now());

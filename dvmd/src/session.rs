@@ -20,6 +20,22 @@ pub fn session_root() -> PathBuf {
     base.join(format!("dvm-{}", nix::unistd::getuid()))
 }
 
+/// Remove session directories of this user whose owner process is gone (a daemon killed with
+/// SIGKILL cannot clean up after itself). Names are `<tag>-<pid>-<random>`.
+pub fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(session_root()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (Some(_rand), Some(pid)) = (parts.next(), parts.next()) else { continue };
+        let Ok(pid) = pid.parse::<i32>() else { continue };
+        let gone = matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// A session directory, removed when dropped (unless kept).
 #[derive(Debug)]
 pub struct Session {

@@ -303,3 +303,40 @@ fn bad_command_lines_are_refused_by_name() {
         assert!(err.contains(needle), "{args:?}: stderr does not name {needle}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_daemon_is_named_and_the_tree_repairs() {
+    let mut dvm = TestDvm::start("daemonloss", &["--local", "8", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    dvm.learn_pids().await;
+    let mut c = dvm.client().await;
+    // Daemon 1 relays for 3, 5 and 7 at radix 2.
+    let victim = dvm.pids[1];
+    unsafe {
+        libc::kill(victim as i32, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let st = c.status().await.unwrap();
+        if !st.daemons[1].alive {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "daemon 1 never marked lost");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Survivors agree with the HNP on the repaired tree and it spans every live daemon.
+    let views = c.tree_views().await.unwrap().views;
+    assert_eq!(views.len(), 7);
+    for v in &views {
+        let hnp_view = &status.daemons[v.rank as usize];
+        assert_eq!((v.parent, &v.children), (hnp_view.parent, &hnp_view.children), "daemon {}", v.rank);
+        assert!(!v.children.contains(&1) && v.parent != 1);
+    }
+    // Collectives still work over the survivors, results checked on every daemon.
+    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 100, bytes: 32 }).await.unwrap();
+    assert_eq!(f.errors, 0, "{}", f.first_error);
+    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 5, bytes: 4096 }).await.unwrap();
+    assert_eq!(x.errors, 0);
+    dvm.pids.retain(|&p| p != victim);
+    dvm.pterm();
+    dvm.assert_clean();
+}

@@ -188,6 +188,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         }
     };
 
+    session::sweep_stale();
     let mut session = Session::create("dvm")?;
     let secret = DvmSecret::generate();
     secret.write_file(&session.secret_path()).context("cannot store the DVM secret")?;
@@ -313,6 +314,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     shutdown(daemon, &pids).await;
     session.remove();
+    session::sweep_stale();
     Ok(match exit {
         Exit::Terminated => ExitCode::SUCCESS,
         Exit::BootFailed(msg) | Exit::LostHnp(msg) => {
