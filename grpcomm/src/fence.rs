@@ -1,16 +1,18 @@
 //! Fence: barrier and modex over a participant set, rolled up the routing tree.
 //!
 //! Owns: the per-signature sequence counters, one [`tracker::FenceTracker`] per fence in flight
-//! (signature, seq), the stash of contributions from a newer topology epoch, and a short
-//! memory of recent results per signature (to answer re-sent contributions after a repair).
+//! (signature, seq), the stash of contributions from a newer topology epoch, the list of
+//! daemons each repair failed, and a short memory of results per signature (to answer
+//! contributions re-sent after a repair).
 //!
 //! How a fence travels: every daemon whose subtree holds a participant keeps a tracker with a
 //! slot per such child plus its own slot when it participates. A full tracker sends ONE merged
 //! contribution to its parent; the topology root produces the result and releases it down to
 //! every child whose subtree holds a participant. Errors (timeout, movement mismatch, bad
-//! input) go up as an error contribution and come down as an error release, so every
-//! participant reports the same outcome. A lost participant fails the fence on each survivor
-//! from the failed set alone, with no message.
+//! input, a participant lost while pending) go up as an error contribution and come down as
+//! the root's error release, so every participant reports the same outcome. A fence that lost
+//! a participant before it started here fails at once, with the lost list every daemon
+//! derives alike (the first repair that hit the set).
 //!
 //! Invariants:
 //! - The k-th local start over a signature is fence k; counters never go back.
@@ -20,7 +22,9 @@
 //! - Per-fence bookkeeping is O(radix); no array is sized by the DVM.
 //!
 //! Traps: the movement is judged only once every slot is in (majority by participant count, so
-//! the odd daemon is named); releases carry no epoch and are accepted whenever they arrive.
+//! the odd daemon is named); releases carry no epoch and are accepted whenever they arrive; a
+//! daemon that missed a release (its relay died) is answered from the result memory, so the
+//! last success per signature is kept until the next one.
 
 mod tracker;
 mod wire;
@@ -36,8 +40,9 @@ use tracing::debug;
 use crate::{Ctx, Effect, Movement};
 use tracker::{child_slots, lost, Agreement, FenceTracker, OwnSlot, SubtreeContrib};
 
-/// Results kept per signature after retirement, to answer contributions re-sent after a repair.
-const RECENT_PER_SIGNATURE: usize = 4;
+/// Results kept per signature after retirement, to answer contributions re-sent after a repair
+/// (plus the last success, which later failures cannot push out).
+const RECENT_PER_SIGNATURE: usize = 8;
 
 /// The daemons taking part in a fence.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -142,20 +147,44 @@ struct SigRecord {
     early_errors: BTreeMap<u64, FenceError>,
     /// Most recent retired results (bounded).
     recent: VecDeque<(u64, FenceResult)>,
+    /// The last fence that succeeded. A participant still waiting for it holds up every later
+    /// fence over the signature, so those can only fail; this must outlive their errors.
+    last_ok: Option<(u64, Bytes)>,
 }
 
 impl SigRecord {
     fn is_retired(&self, seq: u64, participant: bool) -> bool {
-        self.recent.iter().any(|(s, _)| *s == seq)
+        self.result_of(seq).is_some()
             || self.early_errors.contains_key(&seq)
             || (participant && seq < self.started && !self.trackers.contains_key(&seq))
     }
 
+    fn result_of(&self, seq: u64) -> Option<FenceResult> {
+        match self.recent.iter().find(|(s, _)| *s == seq) {
+            Some((_, r)) => Some(r.clone()),
+            None => self.last_ok.as_ref().filter(|(s, _)| *s == seq).map(|(_, d)| Ok(d.clone())),
+        }
+    }
+
     fn remember(&mut self, seq: u64, result: FenceResult) {
+        if let Ok(data) = &result {
+            self.last_ok = Some((seq, data.clone()));
+        }
         if self.recent.len() == RECENT_PER_SIGNATURE {
             self.recent.pop_front();
         }
         self.recent.push_back((seq, result));
+    }
+
+    /// Every result still held, for pushing to new neighbours after a repair.
+    fn held_results(&self) -> Vec<(u64, FenceResult)> {
+        let mut out: Vec<(u64, FenceResult)> = self.recent.iter().cloned().collect();
+        if let Some((seq, data)) = &self.last_ok {
+            if !out.iter().any(|(s, _)| s == seq) {
+                out.push((*seq, Ok(data.clone())));
+            }
+        }
+        out
     }
 }
 
@@ -164,6 +193,9 @@ pub(crate) struct FenceState {
     sigs: BTreeMap<FenceSignature, SigRecord>,
     /// Contributions from a newer topology epoch than ours, replayed when we catch up.
     stash: Vec<(Rank, FenceContrib)>,
+    /// Daemons newly failed by each repair, in the order applied (identical on every daemon):
+    /// the source of a deterministic `LostConnection` list.
+    repairs: Vec<Vec<Rank>>,
 }
 
 fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
@@ -361,9 +393,12 @@ impl FenceState {
             emit(ctx, &sig, seq, Err(err));
             return id;
         }
-        let lost = lost(ctx.topo, &sig.participants);
+        // A participant already failed: this fence can never succeed anywhere.
+        let lost = lost(ctx.topo, &self.repairs, &sig.participants);
         if !lost.is_empty() {
-            emit(ctx, &sig, seq, Err(FenceError::LostConnection { lost }));
+            let result = Err(FenceError::LostConnection { lost });
+            rec.remember(seq, result.clone());
+            emit(ctx, &sig, seq, result);
             return id;
         }
         let movement = ctx.cfg.movements.for_fence(req.collect).id();
@@ -398,7 +433,7 @@ impl FenceState {
             self.stash.push((from, m));
             return;
         }
-        if !lost(ctx.topo, &sig.participants).is_empty() {
+        if m.status == 0 && !lost(ctx.topo, &self.repairs, &sig.participants).is_empty() {
             debug!(rank = me, from, seq, "contribution to a fence that lost a participant dropped");
             return;
         }
@@ -406,9 +441,15 @@ impl FenceState {
         let tracked = self.sigs.get(&sig).is_some_and(|r| r.trackers.contains_key(&seq));
         if !tracked {
             if let Some(rec) = self.sigs.get(&sig).filter(|r| r.is_retired(seq, participant)) {
-                // A re-sent contribution (after a repair) to a fence already done here.
-                if let Some((_, result)) = rec.recent.iter().find(|(s, _)| *s == seq) {
-                    ctx.send(from, Body::Release(wire::release_msg(&sig, seq, result)));
+                // A re-sent contribution (after a repair) to a fence already done here: answer
+                // with the result, or, if no longer held, with the lost participants (every
+                // daemon derives the same list; a fence that lost one cannot have succeeded
+                // after the last success kept here).
+                let lost = lost(ctx.topo, &self.repairs, &sig.participants);
+                let result =
+                    rec.result_of(seq).or_else(|| (!lost.is_empty()).then(|| Err(FenceError::LostConnection { lost })));
+                if let Some(result) = result {
+                    ctx.send(from, Body::Release(wire::release_msg(&sig, seq, &result)));
                 }
                 debug!(rank = me, from, seq, "contribution to a retired fence");
                 return;
@@ -458,10 +499,6 @@ impl FenceState {
             Err(reason) => return dropped(ctx, from, format!("fence release (seq {}): {reason}", m.seq)),
         };
         let (me, seq) = (ctx.topo.me(), m.seq);
-        if !lost(ctx.topo, &sig.participants).is_empty() {
-            debug!(rank = me, from, seq, "release of a fence that lost a participant dropped");
-            return;
-        }
         let participant = sig.participants.contains(me);
         let result = if m.status != 0 { Err(wire::error_from_wire(m.status, &m.error)) } else { Ok(m.data) };
         let rec = self.sigs.entry(sig.clone()).or_default();
@@ -479,44 +516,42 @@ impl FenceState {
         retire(ctx, &sig, seq, rec, result, Some(from));
     }
 
-    /// The topology in `ctx` is already repaired. Fences that lost a participant fail here;
-    /// the others reset their child slots and re-send; recent results go to new neighbours.
+    /// The topology in `ctx` is already repaired. Every pending fence resets its child slots
+    /// and re-sends: a fence that lost a participant sends `LostConnection` up instead, so the
+    /// root decides (an ancestor that already released the fence answers with its result).
+    /// Recent results go to new neighbours, who may have missed the release.
     pub fn topology_changed(&mut self, ctx: &mut Ctx<'_>, delta: &RepairDelta) {
+        if !delta.newly_failed.is_empty() {
+            self.repairs.push(delta.newly_failed.clone());
+        }
+        let newly = &delta.newly_failed;
         for (sig, rec) in self.sigs.iter_mut() {
-            let lost = lost(ctx.topo, &sig.participants);
+            let hit = match &sig.participants {
+                Participants::All => !newly.is_empty(),
+                Participants::Daemons(d) => newly.iter().any(|r| d.binary_search(r).is_ok()),
+            };
+            let lost_err = || FenceError::LostConnection { lost: lost(ctx.topo, &self.repairs, &sig.participants) };
+            let slots = child_slots(ctx.topo, &sig.participants);
             let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
             for seq in seqs {
-                if !lost.is_empty() {
-                    if rec.trackers.remove(&seq).is_some_and(|t| t.started()) {
-                        emit(ctx, sig, seq, Err(FenceError::LostConnection { lost: lost.clone() }));
-                    }
-                    continue;
-                }
-                let slots = child_slots(ctx.topo, &sig.participants);
                 let Some(t) = rec.trackers.get_mut(&seq) else { continue };
                 if !t.participant() && slots.is_empty() {
                     rec.trackers.remove(&seq);
                     continue;
                 }
-                t.reset_children(slots);
-                if t.failed.is_some() {
-                    if ctx.topo.is_root() {
-                        let err = t.failed.take().expect("checked above");
-                        retire(ctx, sig, seq, rec, Err(err), None);
-                    } else {
-                        send_error_up(ctx, sig, seq, t);
-                    }
-                } else {
-                    progress(ctx, sig, seq, rec);
+                t.reset_children(slots.clone());
+                if hit && t.failed.is_none() {
+                    t.failed = Some(lost_err());
+                }
+                match t.failed.clone() {
+                    Some(err) if ctx.topo.is_root() => retire(ctx, sig, seq, rec, Err(err), None),
+                    Some(_) => send_error_up(ctx, sig, seq, t),
+                    None => progress(ctx, sig, seq, rec),
                 }
             }
-            if !lost.is_empty() {
-                continue;
-            }
             let new_parent = delta.parent_changed.and_then(|(_, p)| p);
-            let slots = child_slots(ctx.topo, &sig.participants);
             let added: Vec<Rank> = delta.children_added.iter().copied().filter(|c| slots.contains(c)).collect();
-            for (seq, result) in &rec.recent {
+            for (seq, result) in &rec.held_results() {
                 let msg = wire::release_msg(sig, *seq, result);
                 for to in new_parent.iter().chain(&added) {
                     ctx.send(*to, Body::Release(msg.clone()));

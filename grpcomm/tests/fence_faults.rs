@@ -230,7 +230,7 @@ fn back_to_back_fences_survive_a_relay_crash() {
         let sig = FenceSignature::new("b2b", Participants::Daemons(parts.clone()));
         let collects: Vec<bool> = (0..30).map(|k| (k + seed) % 2 == 0).collect();
         let mut net = Net::new(n, radix, seed);
-        net.scheduled_crash = Some((net.rng.below(30 * n as usize) as u64, victim));
+        net.scheduled_crashes = vec![(net.rng.below(30 * n as usize) as u64, victim)];
         let plans = (0..n)
             .map(|r| {
                 if parts.contains(&r) {
@@ -248,6 +248,46 @@ fn back_to_back_fences_survive_a_relay_crash() {
             for (k, (id, res)) in got.iter().enumerate() {
                 assert_eq!(id.seq, k as u64);
                 assert_eq!(res, &Ok(oracle(&sig, n, k as u64, collects[k])), "seed {seed}: daemon {r} fence {k}");
+            }
+        }
+        assert!(net.all_quiescent(), "seed {seed}");
+    }
+}
+
+/// A chain of fences over every daemon while two daemons die at random points and survivors
+/// repair at staggered moments: every survivor finishes every fence it started, every seq has
+/// one outcome on all survivors, and a failure names only crashed daemons.
+#[test]
+fn fence_chain_over_all_survives_two_crashes() {
+    for seed in 0..80u64 {
+        let (n, radix) = [(7, 2), (16, 2), (16, 3), (30, 64)][seed as usize % 4];
+        let sig = FenceSignature::new("job:*", Participants::All);
+        let collects: Vec<bool> = (0..10).map(|k| (k + seed) % 3 != 0).collect();
+        let mut net = Net::new(n, radix, seed);
+        let a = 1 + net.rng.below(n as usize - 1) as Rank;
+        let b = 1 + (a + net.rng.below(n as usize - 2) as Rank) % (n - 1);
+        let first = net.rng.below(6 * n as usize) as u64;
+        net.scheduled_crashes = vec![(first, a), (first + net.rng.below(6 * n as usize) as u64, b)];
+        let plans = (0..n)
+            .map(|r| collects.iter().enumerate().map(|(k, &c)| request(&sig, r, k as u64, c)).collect())
+            .collect();
+        net.drive(plans, true);
+        assert_eq!(net.failed.len(), 2, "seed {seed}");
+        let live = net.live();
+        let mut outcome = std::collections::BTreeMap::new();
+        for &r in &live {
+            let got = &net.done[r as usize];
+            assert_eq!(got.len(), collects.len(), "seed {seed}: daemon {r} finished {} fences", got.len());
+            for (id, res) in got {
+                let want = outcome.entry(id.seq).or_insert_with(|| res.clone());
+                assert_eq!(res, want, "seed {seed}: daemon {r} fence {}", id.seq);
+                match res {
+                    Ok(bytes) => assert_eq!(bytes, &oracle(&sig, n, id.seq, collects[id.seq as usize])),
+                    Err(FenceError::LostConnection { lost }) => {
+                        assert!(!lost.is_empty() && lost.iter().all(|x| net.failed.contains(x)), "seed {seed}")
+                    }
+                    Err(e) => panic!("seed {seed}: unexpected error {e}"),
+                }
             }
         }
         assert!(net.all_quiescent(), "seed {seed}");

@@ -89,17 +89,30 @@ fn stash_and_early_errors_are_accounted_and_consumed() {
     assert_eq!(settle(&mut g), vec![(0, Err(err))]);
     assert_eq!(g[0].fence.state_bytes(), 0);
 
-    // A repair that loses a participant fails pending fences without a message.
+    // A repair that loses a participant: the root fails the fence and releases the error to
+    // its live children; a non-root sends the error up and waits for the root's word.
+    let fence_msg = |e: &Effect| match e {
+        Effect::Send { to, msg: GrpcommMsg { body: Some(b @ (Body::Contrib(_) | Body::Release(_))) } } => {
+            Some((*to, b.clone()))
+        }
+        _ => None,
+    };
+    let failed: BTreeSet<Rank> = [2].into_iter().collect();
+    let lost = Err(FenceError::LostConnection { lost: vec![2] });
     let mut g = daemons(3);
     g[0].fence(modex(&sig, b"zero"), 0);
-    let failed: BTreeSet<Rank> = [2].into_iter().collect();
+    g[1].fence(modex(&sig, b"one"), 0);
+    g[1].drain().for_each(drop);
     g[0].topology_changed(&failed).unwrap();
     let fx: Vec<Effect> = g[0].drain().collect();
-    let lost = Err(FenceError::LostConnection { lost: vec![2] });
-    assert!(fx.contains(&Effect::FenceComplete { id: FenceId { sig: sig.clone(), seq: 0 }, result: lost }));
-    let fence_msg = |e: &Effect| {
-        matches!(e, Effect::Send { msg: GrpcommMsg { body: Some(Body::Contrib(_) | Body::Release(_)) }, .. })
-    };
-    assert!(!fx.iter().any(fence_msg), "{fx:?}");
+    assert!(fx.contains(&Effect::FenceComplete { id: FenceId { sig: sig.clone(), seq: 0 }, result: lost.clone() }));
+    let sent: Vec<(Rank, Body)> = fx.iter().filter_map(fence_msg).collect();
+    assert!(matches!(&sent[..], [(1, Body::Release(r))] if r.status != 0), "{sent:?}");
     assert!(g[0].fence.is_quiescent() && g[0].fence.state_bytes() == 0);
+    g[1].topology_changed(&failed).unwrap();
+    let fx: Vec<Effect> = g[1].drain().collect();
+    let sent: Vec<(Rank, Body)> = fx.iter().filter_map(fence_msg).collect();
+    assert!(matches!(&sent[..], [(0, Body::Contrib(c))] if c.status != 0 && c.topo_epoch == 1), "{sent:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::FenceComplete { .. })), "waits for the root: {fx:?}");
+    assert!(!g[1].fence.is_quiescent());
 }

@@ -188,13 +188,16 @@ pub(super) fn child_slots(topo: &Topology, p: &Participants) -> Vec<Rank> {
     }
 }
 
-/// Participants that are failed in this topology (for `All`: every failed daemon).
-pub(super) fn lost(topo: &Topology, p: &Participants) -> Vec<Rank> {
-    let failed = topo.failed();
-    match p {
-        Participants::All => failed.iter().copied().collect(),
-        Participants::Daemons(list) => list.iter().copied().filter(|r| failed.contains(r)).collect(),
-    }
+/// The participants a fence over `p` lost, identical on every daemon: those failed by the first
+/// repair (in the order every daemon applies them) that hit the set. `All` is every daemon of
+/// the DVM, so the first repair hits it.
+pub(super) fn lost(topo: &Topology, repairs: &[Vec<Rank>], p: &Participants) -> Vec<Rank> {
+    let hit = |failed: &[Rank]| -> Vec<Rank> { failed.iter().copied().filter(|&r| p.contains(r)).collect() };
+    repairs.iter().map(|f| hit(f)).find(|l| !l.is_empty()).unwrap_or_else(|| {
+        // Failures from before this daemon kept a history (none in practice).
+        let failed: Vec<Rank> = topo.failed().iter().copied().collect();
+        hit(&failed)
+    })
 }
 
 /// Number of participants of a fence with no lost participant.

@@ -42,9 +42,9 @@ pub struct Net {
     pub timers: Vec<Vec<u64>>,
     pub failed: BTreeSet<Rank>,
     pub delivered: u64,
-    /// `drive` crashes this daemon once this many messages were delivered, then repairs the
-    /// survivors one by one at random moments.
-    pub scheduled_crash: Option<(u64, Rank)>,
+    /// `drive` crashes each daemon once this many messages were delivered, then repairs the
+    /// survivors one by one at random moments (ascending delivery counts).
+    pub scheduled_crashes: Vec<(u64, Rank)>,
 }
 
 impl Net {
@@ -64,7 +64,7 @@ impl Net {
             timers: vec![Vec::new(); n as usize],
             failed: BTreeSet::new(),
             delivered: 0,
-            scheduled_crash: None,
+            scheduled_crashes: Vec::new(),
         }
     }
 
@@ -170,9 +170,9 @@ impl Net {
         let mut started: Vec<usize> = self.done.iter().map(Vec::len).collect();
         let mut unrepaired: Vec<Rank> = Vec::new();
         loop {
-            if let Some((at, victim)) = self.scheduled_crash {
-                if self.delivered >= at {
-                    self.scheduled_crash = None;
+            if let Some(&(at, victim)) = self.scheduled_crashes.first() {
+                if self.delivered >= at && unrepaired.is_empty() {
+                    self.scheduled_crashes.remove(0);
                     self.crash(victim);
                     unrepaired = self.live();
                 }
@@ -188,8 +188,13 @@ impl Net {
                 .collect();
             let msgs = self.pending_messages();
             if ready.is_empty() && msgs == 0 {
-                if unrepaired.is_empty() {
+                if unrepaired.is_empty() && self.scheduled_crashes.is_empty() {
                     return;
+                }
+                if unrepaired.is_empty() {
+                    let (_, victim) = self.scheduled_crashes.remove(0);
+                    self.crash(victim);
+                    unrepaired = self.live();
                 }
                 let r = unrepaired.pop().expect("non-empty");
                 self.repair(r);
