@@ -59,6 +59,9 @@ pub struct Config {
     pub process_first: BTreeSet<u32>,
     /// How each operation travels.
     pub movements: MovementTable,
+    /// A non-root origin re-sends its xcast relay to the root if no Done came after this many
+    /// nanoseconds (the root answers duplicates; nothing is delivered twice).
+    pub relay_retry_ns: u64,
 }
 
 impl Default for Config {
@@ -67,6 +70,7 @@ impl Default for Config {
             compress_threshold: 16 * 1024,
             process_first: [tags::WIREUP, tags::DAEMON_DIED].into_iter().collect(),
             movements: MovementTable::default(),
+            relay_retry_ns: 1_000_000_000,
         }
     }
 }
@@ -220,8 +224,15 @@ impl Grpcomm {
     /// Time passed; fire expired timeouts.
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
-        let (mut ctx, _, f, _) = self.split();
+        let (mut ctx, x, f, _) = self.split();
+        x.tick(&mut ctx);
         f.tick(&mut ctx);
+    }
+
+    /// Tell the machines the current time without firing timers (drivers call this before
+    /// each input so timestamps they record are current).
+    pub fn advance(&mut self, now: u64) {
+        self.now = self.now.max(now);
     }
 
     /// Take every pending effect, in the order produced.

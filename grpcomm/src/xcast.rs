@@ -41,6 +41,10 @@ struct PendingStart {
     tag: u32,
     compressed: bool,
     payload: Bytes,
+    /// The op id the root gave it, once its forward reached us.
+    op_id: Option<u64>,
+    /// When the relay was last sent (re-sent until the root's Done arrives).
+    sent_at: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -48,6 +52,8 @@ struct Child {
     /// Every op below this is held by the child's subtree (its last ack); None until a child
     /// that came in a repair has answered.
     held: Option<u64>,
+    /// Its last `keep` (see `XcastAck::keep`); None until it answered.
+    keep: Option<u64>,
     /// Last ack id seen from this child.
     last_ack_id: u64,
     /// A send to it failed: left out of the rollup until the next repair.
@@ -64,6 +70,8 @@ pub(crate) struct XcastState {
     next_op: u64,
     relay_next: BTreeMap<Rank, u64>,
     relay_gaps: BTreeMap<(Rank, u64), XcastRelay>,
+    /// Root: every op below this is complete (held by every reachable daemon).
+    completed_below: u64,
     // every daemon
     next_deliver: u64,
     buffered: BTreeMap<u64, XcastForward>,
@@ -72,7 +80,7 @@ pub(crate) struct XcastState {
     children: BTreeMap<Rank, Child>,
     children_known: bool,
     /// Last `held` sent to the parent; None: the parent must hear from us again.
-    acked_up: Option<u64>,
+    acked_up: Option<(u64, u64)>,
     ack_id: u64,
 }
 
@@ -85,6 +93,7 @@ impl XcastState {
             next_op: 0,
             relay_next: BTreeMap::new(),
             relay_gaps: BTreeMap::new(),
+            completed_below: 0,
             next_deliver: 0,
             buffered: BTreeMap::new(),
             awaiting_processed: None,
@@ -138,13 +147,10 @@ impl XcastState {
         if ctx.topo.is_root() {
             self.assign(ctx, self.me, local, tag, compressed, payload);
         } else {
-            let p = PendingStart {
-                tag,
-                compressed,
-                payload,
-            };
+            let p = PendingStart { tag, compressed, payload, op_id: None, sent_at: ctx.now };
             self.send_relay(ctx, local, &p);
             self.pending_starts.insert(local, p);
+            ctx.out.push(Effect::ArmTimer { at: ctx.now.saturating_add(ctx.cfg.relay_retry_ns) });
         }
         id
     }
@@ -201,22 +207,20 @@ impl XcastState {
         }
         let expected = self.relay_next.get(&m.origin).copied().unwrap_or(0);
         if m.origin_id < expected {
-            // Duplicate (re-sent after a repair): answer again if already complete.
-            let in_flight = self
+            // Duplicate (re-sent after a repair or a retry): answer again once complete.
+            let pending = self
                 .retained
                 .values()
                 .chain(self.buffered.values())
                 .chain(self.awaiting_processed.iter())
-                .any(|f| f.origin == m.origin && f.origin_id == m.origin_id);
-            if !in_flight {
-                ctx.send(
-                    m.origin,
-                    Body::Done(XcastDone {
-                        origin_id: m.origin_id,
-                        op_id: u64::MAX,
-                    }),
-                );
-            }
+                .find(|f| f.origin == m.origin && f.origin_id == m.origin_id)
+                .map(|f| f.op_id);
+            let op_id = match pending {
+                Some(op) if op >= self.completed_below => return,
+                Some(op) => op,
+                None => u64::MAX,
+            };
+            ctx.send(m.origin, Body::Done(XcastDone { origin_id: m.origin_id, op_id }));
             return;
         }
         if m.origin_id > expected {
@@ -294,6 +298,11 @@ impl XcastState {
     /// Process op `m` (which is exactly `next_deliver`).
     fn process(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
         self.next_deliver = m.op_id + 1;
+        if m.origin == self.me {
+            if let Some(p) = self.pending_starts.get_mut(&m.origin_id) {
+                p.op_id = Some(m.op_id);
+            }
+        }
         if ctx.cfg.process_first.contains(&m.tag) {
             self.deliver(ctx, &m);
             self.awaiting_processed = Some(m);
@@ -364,50 +373,48 @@ impl XcastState {
         }
     }
 
-    /// Every op below the returned id is held by this daemon's whole (reachable) subtree.
-    fn subtree_held(&self) -> Option<u64> {
-        let own = if self.awaiting_processed.is_some() {
-            self.next_deliver - 1
-        } else {
-            self.next_deliver
-        };
-        self.children
-            .values()
-            .filter(|c| !c.unreachable)
-            .try_fold(own, |acc, c| c.held.map(|h| acc.min(h)))
+    /// (held, keep) of this daemon's subtree: every op below `held` is held by every
+    /// reachable daemon of it (children that could not be reached are left out, so the rollup
+    /// never stalls on them); ops below `keep` are held by all of it, unreachable children
+    /// counted at their last ack, so they may be forgotten. None until every child answered
+    /// since the last repair.
+    fn rollup(&self) -> Option<(u64, u64)> {
+        let own = if self.awaiting_processed.is_some() { self.next_deliver - 1 } else { self.next_deliver };
+        let held =
+            self.children.values().filter(|c| !c.unreachable).try_fold(own, |acc, c| c.held.map(|h| acc.min(h)))?;
+        let keep = self.children.values().fold(own, |acc, c| acc.min(c.keep.unwrap_or(0)));
+        Some((held, keep.min(held)))
     }
 
     fn update_rollup(&mut self, ctx: &mut Ctx<'_>) {
-        // Unknown until every (reachable) child has answered since the last repair.
-        let Some(held) = self.subtree_held() else {
+        let Some((held, keep)) = self.rollup() else {
             return;
         };
-        // Drop retained ops the whole subtree holds; on the root that is completion.
-        let done: Vec<u64> = self.retained.range(..held).map(|(k, _)| *k).collect();
-        for k in done {
-            let m = self.retained.remove(&k).expect("key listed above");
-            if ctx.topo.is_root() {
-                self.complete(ctx, &m);
+        if ctx.topo.is_root() && held > self.completed_below {
+            // The whole (reachable) DVM holds these ops: complete them.
+            let done: Vec<XcastForward> =
+                self.retained.range(self.completed_below..held).map(|(_, m)| m.clone()).collect();
+            self.completed_below = held;
+            for m in &done {
+                self.complete(ctx, m);
             }
         }
+        // Keep what an unreachable child (or anyone below it) lacks until the repair.
+        let drop: Vec<u64> = self.retained.range(..keep).map(|(k, _)| *k).collect();
+        for k in drop {
+            self.retained.remove(&k);
+        }
         if let Some(parent) = ctx.topo.parent() {
-            if self.acked_up.is_none_or(|a| held > a) {
-                self.send_ack(ctx, parent, held);
+            if self.acked_up.is_none_or(|(h, k)| held > h || keep > k) {
+                self.send_ack(ctx, parent, held, keep);
             }
         }
     }
 
-    fn send_ack(&mut self, ctx: &mut Ctx<'_>, parent: Rank, held: u64) {
-        self.acked_up = Some(held);
+    fn send_ack(&mut self, ctx: &mut Ctx<'_>, parent: Rank, held: u64, keep: u64) {
+        self.acked_up = Some((held, keep));
         self.ack_id += 1;
-        ctx.send(
-            parent,
-            Body::Ack(XcastAck {
-                held,
-                ack_id: self.ack_id,
-                is_request: false,
-            }),
-        );
+        ctx.send(parent, Body::Ack(XcastAck { held, keep, ack_id: self.ack_id, is_request: false }));
     }
 
     fn complete(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
@@ -466,6 +473,7 @@ impl XcastState {
         child.last_ack_id = m.ack_id;
         let held = child.held.map_or(m.held, |h| h.max(m.held));
         child.held = Some(held);
+        child.keep = Some(child.keep.map_or(m.keep, |k| k.max(m.keep)).min(held));
         self.fill_gap(ctx, held);
         self.update_rollup(ctx);
     }
@@ -484,11 +492,7 @@ impl XcastState {
                     debug!(held, parent, "xcast replay requested from parent");
                     ctx.send(
                         parent,
-                        Body::Ack(XcastAck {
-                            held,
-                            ack_id: 0,
-                            is_request: true,
-                        }),
+                        Body::Ack(XcastAck { held, keep: 0, ack_id: 0, is_request: true }),
                     );
                 }
                 None => ctx.out.push(Effect::Dropped {
@@ -502,14 +506,32 @@ impl XcastState {
     }
 
     pub fn on_done(&mut self, ctx: &mut Ctx<'_>, _from: Rank, m: XcastDone) {
-        if self.pending_starts.remove(&m.origin_id).is_some() {
-            ctx.out.push(Effect::XcastComplete {
-                id: XcastId {
-                    origin: self.me,
-                    local: m.origin_id,
-                },
-                op_id: m.op_id,
-            });
+        if let Some(p) = self.pending_starts.remove(&m.origin_id) {
+            // A Done re-sent for a long-complete op does not carry its id; we saw it pass.
+            let op_id = if m.op_id == u64::MAX { p.op_id.unwrap_or(u64::MAX) } else { m.op_id };
+            ctx.out.push(Effect::XcastComplete { id: XcastId { origin: self.me, local: m.origin_id }, op_id });
+        }
+    }
+
+    /// Re-send relays whose Done has not come (a relay or the Done may have died with a
+    /// daemon on the way, before every hop had repaired its routes).
+    pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
+        if ctx.topo.is_root() || self.pending_starts.is_empty() {
+            return;
+        }
+        let retry = ctx.cfg.relay_retry_ns;
+        let due: Vec<u64> =
+            self.pending_starts.iter().filter(|(_, p)| ctx.now >= p.sent_at.saturating_add(retry)).map(|(k, _)| *k).collect();
+        for local in due {
+            if let Some(p) = self.pending_starts.get_mut(&local) {
+                p.sent_at = ctx.now;
+            }
+            let p = self.pending_starts[&local].clone();
+            debug!(local, "xcast relay re-sent: no Done yet");
+            self.send_relay(ctx, local, &p);
+        }
+        if let Some(next) = self.pending_starts.values().map(|p| p.sent_at.saturating_add(retry)).min() {
+            ctx.out.push(Effect::ArmTimer { at: next });
         }
     }
 
@@ -534,11 +556,7 @@ impl XcastState {
                     ctx.send(c, Body::Forward(m.clone()));
                 }
             }
-            let poll = XcastAck {
-                held: 0,
-                ack_id: 0,
-                is_request: true,
-            };
+            let poll = XcastAck { held: 0, keep: 0, ack_id: 0, is_request: true };
             ctx.send(c, Body::Ack(poll));
         }
         // Root only: ops assigned to origins that died and are still gapped are dropped.

@@ -280,7 +280,11 @@ impl Scenario {
         // Generous: every op one after the other, each slowed by every repair.
         let ops = (steps_all + 8 + sc.xcasts.len() + sc.scatters.len()) as u64;
         let repairs = sc.crashes.len() as u64 * (detect_max + sc.repair_stagger_ns + 4 * round);
-        sc.bound_ns = 2 * window + 4 * ops * (round + sc.think_ns) + 2 * repairs + 20 * alpha;
+        // An origin re-sends a relay lost with a crashed hop once every hop has had time to
+        // repair; each crash can cost an origin a few such retries.
+        sc.cfg.relay_retry_ns = 4 * round + detect_max + sc.repair_stagger_ns;
+        let retries = sc.crashes.len() as u64 * 3 * sc.cfg.relay_retry_ns;
+        sc.bound_ns = 2 * window + 4 * ops * (round + sc.think_ns) + 2 * repairs + retries + 20 * alpha;
         sc
     }
 }
