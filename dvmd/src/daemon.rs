@@ -506,7 +506,8 @@ impl Daemon {
                     rank: self.me,
                     parent: topo.parent().unwrap_or(u32::MAX),
                     children: topo.children().to_vec(),
-                    host: self.host.clone(),
+                    // The name the node itself reports (the label is in the HNP's status).
+                    host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
                     pid: std::process::id(),
                     rss_kib: rss_kib(),
                 };

@@ -1,0 +1,160 @@
+//! DVMs over fake nodes: one network namespace per host (own address, own hostname) joined by a
+//! bridge, daemons started through the `ip netns exec {host}` launch agent, the HNP on the
+//! head address. Needs root; prints SKIP otherwise.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dvm_proto::control::{BenchKind, BenchRequest};
+use dvm_tests::process::{assert_no_leftovers, ChildGuard, TestTag};
+use dvm_tests::{require_netns, FakeCluster};
+use dvmd::control::Client;
+use dvmd::session::DvmUri;
+
+const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
+const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+
+struct NetnsDvm {
+    cluster: FakeCluster,
+    hnp: ChildGuard,
+    dir: std::path::PathBuf,
+    uri_file: std::path::PathBuf,
+    tag: TestTag,
+}
+
+fn start(name: &str, nodes: usize, radix: u32) -> NetnsDvm {
+    let cluster = FakeCluster::new(nodes).expect("fake cluster");
+    let dir = std::env::temp_dir().join(format!("dvm-netns-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let hostfile = dir.join("hosts");
+    cluster.write_hostfile(&hostfile, 2).unwrap();
+    let uri_file = dir.join("uri");
+    let tag = TestTag::new();
+    let mut cmd = Command::new(DVMD);
+    cmd.arg("--hostfile")
+        .arg(&hostfile)
+        .arg("--launch-agent")
+        .arg(cluster.exec_prefix_with_hostname())
+        .arg("--bind-address")
+        .arg(cluster.head_addr().to_string())
+        .arg("--radix")
+        .arg(radix.to_string())
+        .arg("--heartbeat-ms")
+        .arg("300")
+        .arg("--report-uri")
+        .arg(&uri_file)
+        .env("DVM_TMPDIR", &dir)
+        .stdout(Stdio::piped());
+    tag.apply(&mut cmd);
+    let mut hnp = ChildGuard::spawn(&mut cmd).expect("start dvmd");
+    let out = hnp.take_stdout().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l == "DVM ready" => break,
+            Some(Ok(_)) => {}
+            _ => panic!("dvmd over {nodes} fake nodes ended before it was ready"),
+        }
+        assert!(Instant::now() < deadline, "no DVM ready");
+    }
+    std::thread::spawn(move || for _ in lines {});
+    NetnsDvm { cluster, hnp, dir, uri_file, tag }
+}
+
+impl NetnsDvm {
+    async fn client(&self) -> Client {
+        let uri = DvmUri::parse(&std::fs::read_to_string(&self.uri_file).unwrap()).unwrap();
+        Client::connect(uri).await.unwrap()
+    }
+
+    fn pterm(&mut self) {
+        let st = Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
+        assert!(st.success(), "pterm: {st}");
+        let st = self.hnp.wait_timeout(Duration::from_secs(20)).unwrap().expect("dvmd did not exit");
+        assert!(st.success(), "dvmd exit: {st}");
+    }
+
+    fn assert_clean(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dvm_tests::process::leftovers("dvmd", &self.tag).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_no_leftovers("dvmd", &self.tag);
+        let mut left = Vec::new();
+        for u in std::fs::read_dir(&self.dir).unwrap().flatten().filter(|e| e.path().is_dir()) {
+            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
+        }
+        assert!(left.is_empty(), "session directories left: {left:?}");
+    }
+}
+
+impl Drop for NetnsDvm {
+    fn drop(&mut self) {
+        self.cluster.kill_all_in_netns();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn four_fake_nodes(radix: u32) {
+    let mut dvm = start(&format!("r{radix}"), 4, radix);
+    let mut c = dvm.client().await;
+    let st = c.status().await.unwrap();
+    assert_eq!(st.num_daemons, 5, "HNP plus one daemon per node");
+    let views = c.tree_views().await.unwrap().views;
+    assert_eq!(views.len(), 5);
+    for (i, name) in dvm.cluster.node_names().iter().enumerate() {
+        let r = i + 1;
+        assert_eq!(st.daemons[r].host, *name, "daemon {r} label");
+        assert_eq!(views[r].host, *name, "daemon {r} runs in its own node (hostname)");
+        assert!(st.daemons[r].addr.starts_with(&dvm.cluster.node_addr(i).to_string()), "daemon {r} address");
+        assert_eq!((views[r].parent, &views[r].children), (st.daemons[r].parent, &st.daemons[r].children));
+    }
+    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20 }).await.unwrap();
+    assert_eq!(x.errors, 0);
+    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 1000, bytes: 64 }).await.unwrap();
+    assert_eq!(f.errors, 0, "{}", f.first_error);
+    dvm.pterm();
+    dvm.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_fake_nodes_radix_2() {
+    require_netns!();
+    four_fake_nodes(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_fake_nodes_radix_64() {
+    require_netns!();
+    four_fake_nodes(64).await;
+}
+
+/// A node that vanishes without a RST (its link cut) is noticed by heartbeats, named, and
+/// the survivors keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_is_detected_and_named() {
+    require_netns!();
+    let mut dvm = start("cut", 4, 2);
+    let mut c = dvm.client().await;
+    // Node 3 holds daemon 4, a leaf at radix 2 (children of 1 are 3 and 5; 4 is 2's child).
+    dvm.cluster.cut(3).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = c.status().await.unwrap();
+        if !st.daemons[4].alive {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cut node was never declared lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 50, bytes: 16 }).await.unwrap();
+    assert_eq!(f.errors, 0, "{}", f.first_error);
+    dvm.cluster.restore(3).unwrap();
+    dvm.pterm();
+    // The cut daemon lost its HNP and exited by itself (or is killed with its namespace).
+    dvm.cluster.kill_all_in_netns();
+    dvm.assert_clean();
+}
