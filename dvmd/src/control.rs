@@ -150,8 +150,8 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(uri: DvmUri) -> Result<Client> {
-        let secret = DvmSecret::read_file(&uri.secret_path())
-            .with_context(|| format!("cannot read the DVM secret of {uri}"))?;
+        let secret =
+            DvmSecret::read_file(&uri.secret_path()).with_context(|| format!("cannot read the DVM secret of {uri}"))?;
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", uri.control))
             .context("bad control address")?
             .connect_timeout(Duration::from_secs(5));
@@ -163,7 +163,8 @@ impl Client {
     }
 
     async fn authed<T>(&mut self, body: T) -> Result<Request<T>> {
-        let nonce = self.inner.challenge(ChallengeRequest {}).await.context("control challenge failed")?.into_inner().nonce;
+        let nonce =
+            self.inner.challenge(ChallengeRequest {}).await.context("control challenge failed")?.into_inner().nonce;
         let tag = mac(&self.secret, &nonce).finalize().into_bytes();
         let mut req = Request::new(body);
         let value = format!("{}:{}", hex::encode(&nonce), hex::encode(tag));

@@ -127,7 +127,8 @@ pub struct Daemon {
 
 fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
     // Incompressible (xorshift), so an xcast benchmark moves the bytes it claims to.
-    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    let mut x =
+        (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
     Bytes::from(
         (0..bytes)
             .map(|_| {

@@ -47,9 +47,8 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<HostEntry>, HostfileError> {
             if !matches!(key, "slots" | "cpu" | "count" | "max_slots" | "max-slots") {
                 return Err(syntax(format!("unknown attribute '{key}' (known: slots, max_slots)")));
             }
-            let n: u32 = value
-                .parse()
-                .map_err(|_| syntax(format!("{key}={value}: '{value}' is not a non-negative integer")))?;
+            let n: u32 =
+                value.parse().map_err(|_| syntax(format!("{key}={value}: '{value}' is not a non-negative integer")))?;
             match key {
                 "slots" | "cpu" | "count" => {
                     if n == 0 {
@@ -75,7 +74,8 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<HostEntry>, HostfileError> {
 /// Read and parse a hostfile.
 pub fn read(path: &Path) -> Result<Vec<HostEntry>, HostfileError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| HostfileError::Read { path: p.clone(), reason: e.to_string() })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| HostfileError::Read { path: p.clone(), reason: e.to_string() })?;
     parse(&text, &p)
 }
 
@@ -88,11 +88,10 @@ pub fn parse_host_list(list: &str) -> Result<Vec<HostEntry>, HostfileError> {
         }
         let (name, slots) = match item.split_once(':') {
             Some((n, s)) => {
-                let slots: u32 = s
-                    .parse()
-                    .ok()
-                    .filter(|&s| s > 0)
-                    .ok_or_else(|| HostfileError::HostList(format!("'{item}': slots must be a positive integer")))?;
+                let slots: u32 =
+                    s.parse().ok().filter(|&s| s > 0).ok_or_else(|| {
+                        HostfileError::HostList(format!("'{item}': slots must be a positive integer"))
+                    })?;
                 (n, slots)
             }
             None => (item, 1),
@@ -140,7 +139,10 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_line() {
-        assert_eq!(parse("a slots=x\n", "hf").unwrap_err().to_string(), "hf:1: slots=x: 'x' is not a non-negative integer");
+        assert_eq!(
+            parse("a slots=x\n", "hf").unwrap_err().to_string(),
+            "hf:1: slots=x: 'x' is not a non-negative integer"
+        );
         assert!(parse("a slots=0\n", "hf").unwrap_err().to_string().starts_with("hf:1:"));
         assert!(parse("a\nb color=red\n", "hf").unwrap_err().to_string().starts_with("hf:2: unknown attribute"));
         assert!(parse("a\nb slots\n", "hf").unwrap_err().to_string().starts_with("hf:2:"));

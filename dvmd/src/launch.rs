@@ -97,9 +97,8 @@ pub async fn spawn_daemon(
 ) -> Result<Launched> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(false);
-    let mut child: Child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start daemon {rank} on host {host}: '{}'", argv.join(" ")))?;
+    let mut child: Child =
+        cmd.spawn().with_context(|| format!("cannot start daemon {rank} on host {host}: '{}'", argv.join(" ")))?;
     let pid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(format!("{secret_hex}\n").as_bytes()).await;
@@ -126,12 +125,7 @@ pub async fn spawn_daemon(
     Ok(Launched { rank, host: host.to_string(), pid, output })
 }
 
-fn tail_into(
-    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    tail: OutputTail,
-    rank: Rank,
-    host: String,
-) {
+fn tail_into(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static, tail: OutputTail, rank: Rank, host: String) {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -169,7 +163,10 @@ mod tests {
     #[test]
     fn agent_argv() {
         let a = Agent::Prefix("ip netns exec {host}".into());
-        assert_eq!(a.argv("n1", "/bin/dvmd", &["--x".into()]).unwrap(), vec!["ip", "netns", "exec", "n1", "/bin/dvmd", "--x"]);
+        assert_eq!(
+            a.argv("n1", "/bin/dvmd", &["--x".into()]).unwrap(),
+            vec!["ip", "netns", "exec", "n1", "/bin/dvmd", "--x"]
+        );
         let s = Agent::Prefix("ssh -o BatchMode=yes".into());
         assert_eq!(s.argv("h", "dvmd", &[]).unwrap(), vec!["ssh", "-o", "BatchMode=yes", "h", "dvmd"]);
         assert!(Agent::Prefix("  ".into()).argv("h", "d", &[]).is_err());

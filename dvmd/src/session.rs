@@ -29,7 +29,8 @@ pub fn sweep_stale() {
         let mut parts = name.rsplitn(3, '-');
         let (Some(_rand), Some(pid)) = (parts.next(), parts.next()) else { continue };
         let Ok(pid) = pid.parse::<i32>() else { continue };
-        let gone = matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
+        let gone =
+            matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
         if gone {
             let _ = std::fs::remove_dir_all(e.path());
         }
@@ -105,9 +106,7 @@ impl fmt::Display for DvmUri {
 impl DvmUri {
     pub fn parse(text: &str) -> Result<DvmUri> {
         let text = text.trim();
-        let rest = text
-            .strip_prefix("dvm://")
-            .ok_or_else(|| anyhow!("DVM URI '{text}' does not start with dvm://"))?;
+        let rest = text.strip_prefix("dvm://").ok_or_else(|| anyhow!("DVM URI '{text}' does not start with dvm://"))?;
         let slash = rest.find('/').ok_or_else(|| anyhow!("DVM URI '{text}' has no session directory"))?;
         let control: SocketAddr = rest[..slash]
             .parse()

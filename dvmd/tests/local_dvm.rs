@@ -92,7 +92,8 @@ impl TestDvm {
     }
 
     fn pterm(&mut self) {
-        let st = Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
+        let st =
+            Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
         assert!(st.success(), "pterm failed: {st}");
         let code = wait_exit(&mut self.hnp, Duration::from_secs(20)).expect("dvmd did not exit after pterm");
         assert_eq!(code, 0, "dvmd exit status after pterm");
@@ -232,7 +233,10 @@ fn wrong_secret_fails_the_boot_by_name() {
     assert!(err.contains("daemon 2 on host"), "boot failure does not name the daemon: {err}");
     assert!(err.to_lowercase().contains("auth") || err.contains("secret") || err.contains("refused"), "{err}");
     // The refusal is logged by the HNP with the peer's address.
-    assert!(err.contains("refused RML connection") && err.contains("addr=127.0.0."), "refusal not logged with the address: {err}");
+    assert!(
+        err.contains("refused RML connection") && err.contains("addr=127.0.0."),
+        "refusal not logged with the address: {err}"
+    );
     let root = std::env::temp_dir().join(format!("dvm-test-secret-{}", std::process::id()));
     assert!(session_dirs(&root).is_empty());
     let _ = std::fs::remove_dir_all(root);
@@ -240,7 +244,8 @@ fn wrong_secret_fails_the_boot_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_a_daemon_port_is_harmless() {
-    let mut dvm = TestDvm::start("garbage", &["--local", "4", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    let mut dvm =
+        TestDvm::start("garbage", &["--local", "4", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
     dvm.learn_pids().await;
     let mut c = dvm.client().await;
     let st = c.status().await.unwrap();
@@ -263,7 +268,8 @@ async fn garbage_on_a_daemon_port_is_harmless() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_hnp_ends_every_daemon() {
-    let mut dvm = TestDvm::start("hnpkill", &["--local", "8", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    let mut dvm =
+        TestDvm::start("hnpkill", &["--local", "8", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
     dvm.learn_pids().await;
     let t0 = Instant::now();
     unsafe {
@@ -306,7 +312,8 @@ fn bad_command_lines_are_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_daemon_is_named_and_the_tree_repairs() {
-    let mut dvm = TestDvm::start("daemonloss", &["--local", "8", "--radix", "2"], &[]).unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
+    let mut dvm = TestDvm::start("daemonloss", &["--local", "8", "--radix", "2"], &[])
+        .unwrap_or_else(|(c, e)| panic!("{c}: {e}"));
     dvm.learn_pids().await;
     let mut c = dvm.client().await;
     // Daemon 1 relays for 3, 5 and 7 at radix 2.

@@ -71,7 +71,8 @@ impl NetnsDvm {
     }
 
     fn pterm(&mut self) {
-        let st = Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
+        let st =
+            Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
         assert!(st.success(), "pterm: {st}");
         let st = self.hnp.wait_timeout(Duration::from_secs(20)).unwrap().expect("dvmd did not exit");
         assert!(st.success(), "dvmd exit: {st}");

@@ -50,7 +50,11 @@ impl Movement {
         [Movement::TreeBroadcast, Movement::TreeBarrier, Movement::TreeGatherRelease, Movement::TreeScatter]
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown movement '{s}' (known: tree-broadcast, tree-barrier, tree-gather-release, tree-scatter)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown movement '{s}' (known: tree-broadcast, tree-barrier, tree-gather-release, tree-scatter)"
+                )
+            })
     }
 }
 

@@ -117,20 +117,8 @@ impl XcastState {
 
     fn sync_children(&mut self, ctx: &Ctx<'_>) {
         if !self.children_known {
-            self.children = ctx
-                .topo
-                .children()
-                .iter()
-                .map(|&c| {
-                    (
-                        c,
-                        Child {
-                            held: Some(0),
-                            ..Child::default()
-                        },
-                    )
-                })
-                .collect();
+            self.children =
+                ctx.topo.children().iter().map(|&c| (c, Child { held: Some(0), ..Child::default() })).collect();
             self.children_known = true;
         }
     }
@@ -140,10 +128,7 @@ impl XcastState {
         let local = self.next_local;
         self.next_local += 1;
         let (payload, compressed) = compress::maybe_compress(payload, ctx.cfg.compress_threshold);
-        let id = XcastId {
-            origin: self.me,
-            local,
-        };
+        let id = XcastId { origin: self.me, local };
         if ctx.topo.is_root() {
             self.assign(ctx, self.me, local, tag, compressed, payload);
         } else {
@@ -170,26 +155,11 @@ impl XcastState {
     }
 
     /// Root: give the next op id and process it.
-    fn assign(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        origin: Rank,
-        origin_id: u64,
-        tag: u32,
-        compressed: bool,
-        payload: Bytes,
-    ) {
+    fn assign(&mut self, ctx: &mut Ctx<'_>, origin: Rank, origin_id: u64, tag: u32, compressed: bool, payload: Bytes) {
         let op_id = self.next_op;
         self.next_op += 1;
         debug!(op_id, origin, origin_id, tag, "xcast op assigned");
-        let fwd = XcastForward {
-            op_id,
-            origin,
-            origin_id,
-            tag,
-            compressed,
-            payload,
-        };
+        let fwd = XcastForward { op_id, origin, origin_id, tag, compressed, payload };
         self.receive_op(ctx, fwd);
     }
 
@@ -198,10 +168,7 @@ impl XcastState {
         if !ctx.topo.is_root() {
             ctx.out.push(Effect::Dropped {
                 from,
-                reason: format!(
-                    "xcast relay from daemon {} reached non-root daemon {}",
-                    m.origin, self.me
-                ),
+                reason: format!("xcast relay from daemon {} reached non-root daemon {}", m.origin, self.me),
             });
             return;
         }
@@ -231,14 +198,7 @@ impl XcastState {
         let mut next = m;
         loop {
             self.relay_next.insert(origin, next.origin_id + 1);
-            self.assign(
-                ctx,
-                next.origin,
-                next.origin_id,
-                next.tag,
-                next.compressed,
-                next.payload,
-            );
+            self.assign(ctx, next.origin, next.origin_id, next.tag, next.compressed, next.payload);
             match self.relay_gaps.remove(&(origin, next.origin_id + 1)) {
                 Some(r) => next = r,
                 None => break,
@@ -252,23 +212,14 @@ impl XcastState {
     }
 
     fn receive_op(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
-        if m.op_id < self.next_deliver
-            || self
-                .awaiting_processed
-                .as_ref()
-                .is_some_and(|a| a.op_id == m.op_id)
-        {
+        if m.op_id < self.next_deliver || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == m.op_id) {
             // Duplicate (a replay after a repair): pass it to children that lack it.
             self.forward_to_lacking(ctx, &m);
             self.update_rollup(ctx);
             return;
         }
         if m.op_id > self.next_deliver || self.awaiting_processed.is_some() {
-            trace!(
-                op_id = m.op_id,
-                next = self.next_deliver,
-                "xcast op buffered"
-            );
+            trace!(op_id = m.op_id, next = self.next_deliver, "xcast op buffered");
             self.buffered.entry(m.op_id).or_insert(m);
             return;
         }
@@ -285,11 +236,7 @@ impl XcastState {
             self.process(ctx, m);
         }
         // Anything below next_deliver left in the buffer is a duplicate.
-        let stale: Vec<u64> = self
-            .buffered
-            .range(..self.next_deliver)
-            .map(|(k, _)| *k)
-            .collect();
+        let stale: Vec<u64> = self.buffered.range(..self.next_deliver).map(|(k, _)| *k).collect();
         for k in stale {
             self.buffered.remove(&k);
         }
@@ -341,12 +288,7 @@ impl XcastState {
         } else {
             m.payload.clone()
         };
-        ctx.out.push(Effect::Deliver {
-            op_id: m.op_id,
-            origin: m.origin,
-            tag: m.tag,
-            payload,
-        });
+        ctx.out.push(Effect::Deliver { op_id: m.op_id, origin: m.origin, tag: m.tag, payload });
     }
 
     /// Keep an op until this daemon's subtree holds it (to re-forward after a repair). The
@@ -421,21 +363,9 @@ impl XcastState {
         debug!(op_id = m.op_id, origin = m.origin, "xcast op complete");
         if m.origin == self.me {
             self.pending_starts.remove(&m.origin_id);
-            ctx.out.push(Effect::XcastComplete {
-                id: XcastId {
-                    origin: self.me,
-                    local: m.origin_id,
-                },
-                op_id: m.op_id,
-            });
+            ctx.out.push(Effect::XcastComplete { id: XcastId { origin: self.me, local: m.origin_id }, op_id: m.op_id });
         } else if ctx.topo.is_alive(m.origin) {
-            ctx.send(
-                m.origin,
-                Body::Done(XcastDone {
-                    origin_id: m.origin_id,
-                    op_id: m.op_id,
-                }),
-            );
+            ctx.send(m.origin, Body::Done(XcastDone { origin_id: m.origin_id, op_id: m.op_id }));
         }
     }
 
@@ -448,19 +378,12 @@ impl XcastState {
             return;
         }
         let Some(child) = self.children.get_mut(&from) else {
-            trace!(
-                from,
-                "xcast ack from a daemon that is not a child (stale after repair)"
-            );
+            trace!(from, "xcast ack from a daemon that is not a child (stale after repair)");
             return;
         };
         if m.is_request {
             // A child asks for a replay from `held` (it or its subtree has a gap).
-            let replay: Vec<XcastForward> = self
-                .retained
-                .range(m.held..)
-                .map(|(_, f)| f.clone())
-                .collect();
+            let replay: Vec<XcastForward> = self.retained.range(m.held..).map(|(_, f)| f.clone()).collect();
             for f in replay {
                 ctx.send(from, Body::Forward(f));
             }
@@ -481,25 +404,17 @@ impl XcastState {
     /// A child lacks op `held`. If we delivered it but no longer keep it (a child that came
     /// to us in a repair), ask our parent to replay from there.
     fn fill_gap(&mut self, ctx: &mut Ctx<'_>, held: u64) {
-        let have = self.retained.contains_key(&held)
-            || self
-                .awaiting_processed
-                .as_ref()
-                .is_some_and(|a| a.op_id == held);
+        let have =
+            self.retained.contains_key(&held) || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == held);
         if held < self.next_deliver && !have {
             match ctx.topo.parent() {
                 Some(parent) => {
                     debug!(held, parent, "xcast replay requested from parent");
-                    ctx.send(
-                        parent,
-                        Body::Ack(XcastAck { held, keep: 0, ack_id: 0, is_request: true }),
-                    );
+                    ctx.send(parent, Body::Ack(XcastAck { held, keep: 0, ack_id: 0, is_request: true }));
                 }
                 None => ctx.out.push(Effect::Dropped {
                     from: self.me,
-                    reason: format!(
-                        "xcast op {held} requested by a child is no longer held by the root"
-                    ),
+                    reason: format!("xcast op {held} requested by a child is no longer held by the root"),
                 }),
             }
         }
@@ -520,8 +435,12 @@ impl XcastState {
             return;
         }
         let retry = ctx.cfg.relay_retry_ns;
-        let due: Vec<u64> =
-            self.pending_starts.iter().filter(|(_, p)| ctx.now >= p.sent_at.saturating_add(retry)).map(|(k, _)| *k).collect();
+        let due: Vec<u64> = self
+            .pending_starts
+            .iter()
+            .filter(|(_, p)| ctx.now >= p.sent_at.saturating_add(retry))
+            .map(|(k, _)| *k)
+            .collect();
         for local in due {
             if let Some(p) = self.pending_starts.get_mut(&local) {
                 p.sent_at = ctx.now;
@@ -540,10 +459,7 @@ impl XcastState {
         let old = std::mem::take(&mut self.children);
         for &c in ctx.topo.children() {
             let st = match old.get(&c) {
-                Some(prev) if delta.children_kept.contains(&c) => Child {
-                    unreachable: false,
-                    ..prev.clone()
-                },
+                Some(prev) if delta.children_kept.contains(&c) => Child { unreachable: false, ..prev.clone() },
                 _ => Child::default(),
             };
             self.children.insert(c, st);
@@ -591,16 +507,8 @@ impl XcastState {
         self.retained.values().map(op).sum::<usize>()
             + self.buffered.values().map(op).sum::<usize>()
             + self.awaiting_processed.iter().map(op).sum::<usize>()
-            + self
-                .pending_starts
-                .values()
-                .map(|p| p.payload.len() + 24)
-                .sum::<usize>()
-            + self
-                .relay_gaps
-                .values()
-                .map(|r| r.payload.len() + 32)
-                .sum::<usize>()
+            + self.pending_starts.values().map(|p| p.payload.len() + 24).sum::<usize>()
+            + self.relay_gaps.values().map(|r| r.payload.len() + 32).sum::<usize>()
             + self.children.len() * std::mem::size_of::<Child>()
     }
 

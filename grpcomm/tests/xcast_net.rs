@@ -36,10 +36,7 @@ impl Net {
                 .map(|r| {
                     Grpcomm::new(
                         Topology::new(r, radix, n).unwrap(),
-                        Config {
-                            compress_threshold: 64,
-                            ..Config::default()
-                        },
+                        Config { compress_threshold: 64, ..Config::default() },
                     )
                 })
                 .collect(),
@@ -57,27 +54,15 @@ impl Net {
             match e {
                 Effect::Send { to, msg } => {
                     // Route hop by hop with the sender's own topology.
-                    let hop = self.nodes[r as usize]
-                        .topology()
-                        .route_to(to)
-                        .next_hop()
-                        .unwrap_or(to);
+                    let hop = self.nodes[r as usize].topology().route_to(to).next_hop().unwrap_or(to);
                     if self.dead.contains(&hop) {
                         self.nodes[r as usize].peer_unreachable(hop);
                         self.pump(r);
                     } else {
-                        self.links
-                            .entry((r, hop))
-                            .or_default()
-                            .push_back(msg_with_dst(msg, to));
+                        self.links.entry((r, hop)).or_default().push_back(msg_with_dst(msg, to));
                     }
                 }
-                Effect::Deliver {
-                    op_id,
-                    tag,
-                    payload,
-                    ..
-                } => {
+                Effect::Deliver { op_id, tag, payload, .. } => {
                     self.delivered[r as usize].push((op_id, payload));
                     if tag == tags::WIREUP || tag == tags::DAEMON_DIED {
                         self.nodes[r as usize].xcast_processed(op_id);
@@ -93,36 +78,19 @@ impl Net {
 
     /// Deliver one message from a random non-empty link. Returns false when idle.
     fn step(&mut self) -> bool {
-        let live: Vec<(u32, u32)> = self
-            .links
-            .iter()
-            .filter(|(_, q)| !q.is_empty())
-            .map(|(k, _)| *k)
-            .collect();
+        let live: Vec<(u32, u32)> = self.links.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
         if live.is_empty() {
             return false;
         }
         let (from, to) = live[self.rng.below(live.len() as u64) as usize];
-        let (dst, msg) = self
-            .links
-            .get_mut(&(from, to))
-            .unwrap()
-            .pop_front()
-            .unwrap();
+        let (dst, msg) = self.links.get_mut(&(from, to)).unwrap().pop_front().unwrap();
         if self.dead.contains(&to) {
             return true;
         }
         if dst != to {
             // Relay: forward along this hop's route.
-            let hop = self.nodes[to as usize]
-                .topology()
-                .route_to(dst)
-                .next_hop()
-                .unwrap_or(dst);
-            self.links
-                .entry((to, hop))
-                .or_default()
-                .push_back((dst, msg));
+            let hop = self.nodes[to as usize].topology().route_to(dst).next_hop().unwrap_or(dst);
+            self.links.entry((to, hop)).or_default().push_back((dst, msg));
             return true;
         }
         self.nodes[to as usize].handle(from, msg);
@@ -150,20 +118,13 @@ impl Net {
     }
 }
 
-fn msg_with_dst(
-    msg: dvm_proto::grpcomm::GrpcommMsg,
-    dst: u32,
-) -> (u32, dvm_proto::grpcomm::GrpcommMsg) {
+fn msg_with_dst(msg: dvm_proto::grpcomm::GrpcommMsg, dst: u32) -> (u32, dvm_proto::grpcomm::GrpcommMsg) {
     (dst, msg)
 }
 
 fn payload(i: u64, big: bool) -> Bytes {
     let len = if big { 4096 } else { 8 };
-    Bytes::from(
-        (0..len)
-            .map(|k| (i as usize * 31 + k) as u8)
-            .collect::<Vec<u8>>(),
-    )
+    Bytes::from((0..len).map(|k| (i as usize * 31 + k) as u8).collect::<Vec<u8>>())
 }
 
 fn check_in_order(net: &Net, expect_ops: u64) {
@@ -174,11 +135,7 @@ fn check_in_order(net: &Net, expect_ops: u64) {
             continue;
         }
         let ids: Vec<u64> = d.iter().map(|(op, _)| *op).collect();
-        assert_eq!(
-            ids,
-            (0..expect_ops).collect::<Vec<_>>(),
-            "daemon {r} delivered out of order or twice"
-        );
+        assert_eq!(ids, (0..expect_ops).collect::<Vec<_>>(), "daemon {r} delivered out of order or twice");
         assert_eq!(d, reference, "daemon {r} delivered different payloads");
         assert!(net.nodes[r].is_quiescent(), "daemon {r} not quiescent");
     }
@@ -205,10 +162,7 @@ fn every_daemon_delivers_every_op_once_in_order() {
                 let mut done: Vec<XcastId> = net.completed.iter().flatten().copied().collect();
                 done.sort();
                 started.sort();
-                assert_eq!(
-                    done, started,
-                    "n={n} radix={radix} seed={seed}: completions"
-                );
+                assert_eq!(done, started, "n={n} radix={radix} seed={seed}: completions");
             }
         }
     }
@@ -237,9 +191,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                 // Half the runs lose a second daemon: the victim's parent slot or a child.
                 let second = (seed % 2 == 1).then(|| {
                     let t = net.nodes[victim as usize].topology();
-                    t.parent()
-                        .filter(|&p| p != 0)
-                        .or_else(|| t.children().first().copied())
+                    t.parent().filter(|&p| p != 0).or_else(|| t.children().first().copied())
                 });
                 let second_at = net.rng.below(30);
                 let mut started: Vec<XcastId> = Vec::new();
@@ -256,8 +208,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                     if net.dead.contains(&origin) {
                         origin = 0;
                     }
-                    started
-                        .push(net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 7 == 0)));
+                    started.push(net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 7 == 0)));
                     net.pump(origin);
                     for _ in 0..net.rng.below(12) {
                         net.step();
@@ -269,10 +220,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                     if net.dead.contains(&r) {
                         continue;
                     }
-                    let ids: Vec<u64> = net.delivered[r as usize]
-                        .iter()
-                        .map(|(op, _)| *op)
-                        .collect();
+                    let ids: Vec<u64> = net.delivered[r as usize].iter().map(|(op, _)| *op).collect();
                     if ids != reference || !net.nodes[r as usize].is_quiescent() {
                         violations += 1;
                         eprintln!("n={n} radix={radix} seed={seed} victim={victim}: daemon {r} delivered {ids:?}, root {reference:?}, quiescent {}", net.nodes[r as usize].is_quiescent());

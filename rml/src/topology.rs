@@ -133,10 +133,7 @@ impl Tree {
     pub fn children(&self, r: Rank) -> impl Iterator<Item = Rank> + '_ {
         let stride = self.pow(self.depth(r));
         let size = self.size as u64;
-        (1..=self.radix as u64)
-            .map(move |j| r as u64 + j * stride)
-            .take_while(move |&c| c < size)
-            .map(|c| c as Rank)
+        (1..=self.radix as u64).map(move |j| r as u64 + j * stride).take_while(move |&c| c < size).map(|c| c as Rank)
     }
 
     /// Whether `x` is in the subtree rooted at slot `root` (inclusive).
@@ -161,11 +158,7 @@ impl Tree {
         (0u32..)
             .map(move |k| (self.level_start(d + k) + off, self.pow(k)))
             .take_while(move |&(first, _)| first < size)
-            .flat_map(move |(first, count)| {
-                (0..count)
-                    .map(move |m| first + m * stride)
-                    .take_while(move |&x| x < size)
-            })
+            .flat_map(move |(first, count)| (0..count).map(move |m| first + m * stride).take_while(move |&x| x < size))
             .map(|x| x as Rank)
     }
 
@@ -213,9 +206,7 @@ impl RepairedTree {
         if self.is_alive(s) {
             return Some(s);
         }
-        self.tree
-            .subtree_ascending(s)
-            .find(|x| !self.failed.contains(x))
+        self.tree.subtree_ascending(s).find(|x| !self.failed.contains(x))
     }
 
     /// The slots a live rank occupies, from its own slot upward (the last is the highest).

@@ -55,12 +55,7 @@ impl Oracle {
                 children[x as usize].push(c);
             }
         }
-        Oracle {
-            n,
-            depth,
-            parent,
-            children,
-        }
+        Oracle { n, depth, parent, children }
     }
 
     fn height(&self) -> u32 {
@@ -101,10 +96,7 @@ impl RepairOracle {
             occupant[s] = if alive[s] {
                 Some(s as Rank)
             } else {
-                o.children[s]
-                    .iter()
-                    .filter_map(|&c| occupant[c as usize])
-                    .min()
+                o.children[s].iter().filter_map(|&c| occupant[c as usize]).min()
             };
         }
         let mut parent = vec![None; n];
@@ -121,12 +113,7 @@ impl RepairOracle {
             top[x as usize] = s;
             parent[x as usize] = o.parent[s as usize].map(|p| occupant[p as usize].unwrap());
         }
-        RepairOracle {
-            alive,
-            occupant,
-            parent,
-            top,
-        }
+        RepairOracle { alive, occupant, parent, top }
     }
 
     /// `x` is in the repaired subtree of `me` iff walking repaired parents from `x` reaches `me`.
@@ -141,10 +128,7 @@ impl RepairOracle {
                 return true;
             }
             steps += 1;
-            assert!(
-                steps <= self.alive.len(),
-                "repaired oracle: cycle above rank {x}"
-            );
+            assert!(steps <= self.alive.len(), "repaired oracle: cycle above rank {x}");
             cur = self.parent[c as usize];
         }
         false
@@ -171,10 +155,7 @@ impl Mix {
 /// Every pair when small, else `samples` random pairs drawn from `ranks`.
 fn sample_pairs(ranks: &[Rank], samples: usize, mix: &mut Mix) -> Vec<(Rank, Rank)> {
     if ranks.len() * ranks.len() <= samples {
-        return ranks
-            .iter()
-            .flat_map(|&a| ranks.iter().map(move |&b| (a, b)))
-            .collect();
+        return ranks.iter().flat_map(|&a| ranks.iter().map(move |&b| (a, b))).collect();
     }
     (0..samples)
         .map(|_| {
@@ -226,10 +207,7 @@ fn follow_route(view: &dyn Fn(Rank) -> Topology, src: Rank, dst: Rank, ctx: &str
             }
             Route::Unreachable => panic!("{ctx}: rank {} finds live {dst} unreachable", cur.me()),
         };
-        assert!(
-            cur.is_alive(next),
-            "{ctx}: route {src}->{dst} hops to failed rank {next}"
-        );
+        assert!(cur.is_alive(next), "{ctx}: route {src}->{dst} hops to failed rank {next}");
         cur = view(next);
     }
     panic!("{ctx}: route {src}->{dst} exceeds {limit} hops");
@@ -241,10 +219,7 @@ fn follow_route(view: &dyn Fn(Rank) -> Topology, src: Rank, dst: Rank, ctx: &str
 
 /// Radix 2..=64 (small radices more often: they make the deep trees) × N 1..=4096.
 fn geometry() -> impl Strategy<Value = (u32, u32)> {
-    (
-        prop_oneof![2u32..=4, 2u32..=64],
-        prop_oneof![1u32..=80, 1u32..=4096],
-    )
+    (prop_oneof![2u32..=4, 2u32..=64], prop_oneof![1u32..=80, 1u32..=4096])
 }
 
 fn check_failure_free(radix: u32, n: u32, seed: u64) {
@@ -262,21 +237,14 @@ fn check_failure_free(radix: u32, n: u32, seed: u64) {
         assert_eq!(tree.parent(x), o.parent[x as usize], "{ctx}: parent of {x}");
         let kids: Vec<Rank> = tree.children(x).collect();
         assert_eq!(kids, o.children[x as usize], "{ctx}: children of {x}");
-        assert!(
-            kids.len() <= radix as usize,
-            "{ctx}: {x} has more than R children"
-        );
+        assert!(kids.len() <= radix as usize, "{ctx}: {x} has more than R children");
         for c in kids {
             listed_under[c as usize].push(x);
         }
     }
     for x in 0..n {
         let expected: Vec<Rank> = tree.parent(x).into_iter().collect();
-        assert_eq!(
-            listed_under[x as usize], expected,
-            "{ctx}: {x} listed under {:?}",
-            listed_under[x as usize]
-        );
+        assert_eq!(listed_under[x as usize], expected, "{ctx}: {x} listed under {:?}", listed_under[x as usize]);
     }
     assert_eq!(tree.parent(0), None, "{ctx}: root has a parent");
 
@@ -293,10 +261,7 @@ fn check_failure_free(radix: u32, n: u32, seed: u64) {
             queue.push_back(c);
         }
     }
-    assert_eq!(
-        visited, n,
-        "{ctx}: BFS from the root does not span the tree"
-    );
+    assert_eq!(visited, n, "{ctx}: BFS from the root does not span the tree");
 
     // The one-modulo subtree test agrees with the naive parent walk.
     let all: Vec<Rank> = (0..n).collect();
@@ -305,52 +270,23 @@ fn check_failure_free(radix: u32, n: u32, seed: u64) {
         let topo = Topology::new(r, radix, n).unwrap();
         for x in 0..n {
             let naive = o.in_subtree(r, x);
-            assert_eq!(
-                tree.in_subtree(r, x),
-                naive,
-                "{ctx}: Tree::in_subtree({r}, {x})"
-            );
-            assert_eq!(
-                topo.in_subtree(x),
-                naive,
-                "{ctx}: Topology({r}).in_subtree({x})"
-            );
+            assert_eq!(tree.in_subtree(r, x), naive, "{ctx}: Tree::in_subtree({r}, {x})");
+            assert_eq!(topo.in_subtree(x), naive, "{ctx}: Topology({r}).in_subtree({x})");
         }
-        assert!(
-            !topo.in_subtree(n),
-            "{ctx}: out-of-range rank in subtree of {r}"
-        );
+        assert!(!topo.in_subtree(n), "{ctx}: out-of-range rank in subtree of {r}");
     }
 
     // Each daemon's view equals the tree.
-    let topos: Vec<Topology> = (0..n)
-        .map(|x| Topology::new(x, radix, n).unwrap())
-        .collect();
+    let topos: Vec<Topology> = (0..n).map(|x| Topology::new(x, radix, n).unwrap()).collect();
     for t in &topos {
         let x = t.me();
-        assert_eq!(
-            t.parent(),
-            o.parent[x as usize],
-            "{ctx}: Topology({x}).parent"
-        );
-        assert_eq!(
-            t.children(),
-            &o.children[x as usize][..],
-            "{ctx}: Topology({x}).children"
-        );
+        assert_eq!(t.parent(), o.parent[x as usize], "{ctx}: Topology({x}).parent");
+        assert_eq!(t.children(), &o.children[x as usize][..], "{ctx}: Topology({x}).children");
         assert_eq!(t.is_root(), x == 0, "{ctx}: Topology({x}).is_root");
         assert_eq!(t.depth(), o.depth[x as usize], "{ctx}: Topology({x}).depth");
         assert_eq!(t.height(), o.height(), "{ctx}: Topology({x}).height");
-        assert_eq!(
-            (t.epoch(), t.live_count()),
-            (0, n),
-            "{ctx}: Topology({x}) fresh state"
-        );
-        assert_eq!(
-            t.route_to(n),
-            Route::Unreachable,
-            "{ctx}: {x} routes to out-of-range {n}"
-        );
+        assert_eq!((t.epoch(), t.live_count()), (0, n), "{ctx}: Topology({x}) fresh state");
+        assert_eq!(t.route_to(n), Route::Unreachable, "{ctx}: {x} routes to out-of-range {n}");
     }
 
     // Every rank reachable by following routes, each hop asking its own Topology.
@@ -364,15 +300,8 @@ fn check_failure_free(radix: u32, n: u32, seed: u64) {
         }
         let lca_depth = o.depth[lca as usize];
         let path = (o.depth[src as usize] - lca_depth) + (o.depth[dst as usize] - lca_depth);
-        assert_eq!(
-            hops, path as usize,
-            "{ctx}: route {src}->{dst} is not the tree path"
-        );
-        assert_eq!(
-            tree.route(src, dst),
-            topos[src as usize].route_to(dst),
-            "{ctx}: Tree::route {src}->{dst}"
-        );
+        assert_eq!(hops, path as usize, "{ctx}: route {src}->{dst} is not the tree path");
+        assert_eq!(tree.route(src, dst), topos[src as usize].route_to(dst), "{ctx}: Tree::route {src}->{dst}");
     }
 }
 
@@ -405,50 +334,35 @@ fn scenario(zero: bool) -> impl Strategy<Value = Scenario> {
             let prefix = 0..=n.min(40);
             let subtree = prop::option::weighted(0.3, 1..n.max(2));
             let batches = 1usize..=3;
-            (
-                Just((radix, n)),
-                scattered,
-                prefix,
-                subtree,
-                batches,
-                any::<u64>(),
-                any::<bool>(),
-            )
+            (Just((radix, n)), scattered, prefix, subtree, batches, any::<u64>(), any::<bool>())
         })
-        .prop_map(
-            move |((radix, n), scattered, prefix, subtree, batches, seed, kill_zero)| {
-                let o = Oracle::new(radix, n);
-                let mut failed = scattered;
-                failed.extend(0..prefix);
-                if let Some(s) = subtree.filter(|&s| s < n) {
-                    failed.extend((0..n).filter(|&x| o.in_subtree(s, x)));
+        .prop_map(move |((radix, n), scattered, prefix, subtree, batches, seed, kill_zero)| {
+            let o = Oracle::new(radix, n);
+            let mut failed = scattered;
+            failed.extend(0..prefix);
+            if let Some(s) = subtree.filter(|&s| s < n) {
+                failed.extend((0..n).filter(|&x| o.in_subtree(s, x)));
+            }
+            if zero && kill_zero {
+                failed.insert(0);
+            }
+            if !zero || !kill_zero {
+                failed.remove(&0);
+            }
+            if failed.len() == n as usize {
+                // Keep someone alive: the last rank (or rank 0 when it may not fail).
+                failed.remove(&(n - 1));
+            }
+            let mut mix = Mix(seed);
+            let mut cumulative = vec![BTreeSet::new(); batches];
+            for &x in &failed {
+                let b = mix.below(batches as u32) as usize;
+                for set in &mut cumulative[b..] {
+                    set.insert(x);
                 }
-                if zero && kill_zero {
-                    failed.insert(0);
-                }
-                if !zero || !kill_zero {
-                    failed.remove(&0);
-                }
-                if failed.len() == n as usize {
-                    // Keep someone alive: the last rank (or rank 0 when it may not fail).
-                    failed.remove(&(n - 1));
-                }
-                let mut mix = Mix(seed);
-                let mut cumulative = vec![BTreeSet::new(); batches];
-                for &x in &failed {
-                    let b = mix.below(batches as u32) as usize;
-                    for set in &mut cumulative[b..] {
-                        set.insert(x);
-                    }
-                }
-                Scenario {
-                    radix,
-                    n,
-                    batches: cumulative,
-                    seed,
-                }
-            },
-        )
+            }
+            Scenario { radix, n, batches: cumulative, seed }
+        })
 }
 
 /// Every live daemon's view after applying `failed` in one repair from a fresh tree.
@@ -468,84 +382,35 @@ fn views_all_at_once(radix: u32, n: u32, failed: &BTreeSet<Rank>) -> BTreeMap<Ra
 /// The delta is exactly the difference between the views before and after the repair.
 fn check_delta(before: &Topology, after: &Topology, d: &RepairDelta, failed: &BTreeSet<Rank>) {
     let me = after.me();
-    let ctx = format!(
-        "radix {} N {} rank {me} failed {failed:?}",
-        after.radix(),
-        after.size()
-    );
-    let expected_parent =
-        (before.parent() != after.parent()).then_some((before.parent(), after.parent()));
+    let ctx = format!("radix {} N {} rank {me} failed {failed:?}", after.radix(), after.size());
+    let expected_parent = (before.parent() != after.parent()).then_some((before.parent(), after.parent()));
     assert_eq!(d.parent_changed, expected_parent, "{ctx}: parent_changed");
     let old: BTreeSet<Rank> = before.children().iter().copied().collect();
     let new: BTreeSet<Rank> = after.children().iter().copied().collect();
-    let added: Vec<Rank> = after
-        .children()
-        .iter()
-        .copied()
-        .filter(|c| !old.contains(c))
-        .collect();
-    let removed: Vec<Rank> = before
-        .children()
-        .iter()
-        .copied()
-        .filter(|c| !new.contains(c))
-        .collect();
-    let kept: Vec<Rank> = after
-        .children()
-        .iter()
-        .copied()
-        .filter(|c| old.contains(c))
-        .collect();
+    let added: Vec<Rank> = after.children().iter().copied().filter(|c| !old.contains(c)).collect();
+    let removed: Vec<Rank> = before.children().iter().copied().filter(|c| !new.contains(c)).collect();
+    let kept: Vec<Rank> = after.children().iter().copied().filter(|c| old.contains(c)).collect();
     assert_eq!(d.children_added, added, "{ctx}: children_added");
     assert_eq!(d.children_removed, removed, "{ctx}: children_removed");
     assert_eq!(d.children_kept, kept, "{ctx}: children_kept");
-    assert_eq!(
-        d.children_kept.len() + d.children_added.len(),
-        after.children().len(),
-        "{ctx}"
-    );
-    assert_eq!(
-        d.children_kept.len() + d.children_removed.len(),
-        before.children().len(),
-        "{ctx}"
-    );
+    assert_eq!(d.children_kept.len() + d.children_added.len(), after.children().len(), "{ctx}");
+    assert_eq!(d.children_kept.len() + d.children_removed.len(), before.children().len(), "{ctx}");
     // Promotion means taking a higher slot; slots are only ever gained.
-    assert!(
-        after.depth() <= before.depth(),
-        "{ctx}: repair demoted the daemon"
-    );
-    assert_eq!(
-        d.promoted,
-        after.depth() < before.depth(),
-        "{ctx}: promoted"
-    );
+    assert!(after.depth() <= before.depth(), "{ctx}: repair demoted the daemon");
+    assert_eq!(d.promoted, after.depth() < before.depth(), "{ctx}: promoted");
     let newly: Vec<Rank> = failed.difference(before.failed()).copied().collect();
     assert_eq!(d.newly_failed, newly, "{ctx}: newly_failed");
-    assert_eq!(
-        after.epoch(),
-        before.epoch() + u64::from(!newly.is_empty()),
-        "{ctx}: epoch"
-    );
+    assert_eq!(after.epoch(), before.epoch() + u64::from(!newly.is_empty()), "{ctx}: epoch");
     assert_eq!(
         d.is_empty(),
-        expected_parent.is_none()
-            && added.is_empty()
-            && removed.is_empty()
-            && !d.promoted
-            && newly.is_empty(),
+        expected_parent.is_none() && added.is_empty() && removed.is_empty() && !d.promoted && newly.is_empty(),
         "{ctx}: is_empty"
     );
 }
 
 /// The repaired views form one spanning tree of the live ranks, agree with each other and with
 /// the oracle, and route between live ranks through live ranks only.
-fn check_repaired(
-    radix: u32,
-    n: u32,
-    failed: &BTreeSet<Rank>,
-    views: &BTreeMap<Rank, Topology>,
-    seed: u64,
-) {
+fn check_repaired(radix: u32, n: u32, failed: &BTreeSet<Rank>, views: &BTreeMap<Rank, Topology>, seed: u64) {
     let ctx = format!("radix {radix} N {n} failed {failed:?}");
     let o = Oracle::new(radix, n);
     let ro = RepairOracle::new(&o, failed);
@@ -557,70 +422,30 @@ fn check_repaired(
     let first = views.values().next().unwrap().repaired().clone();
     let mut roots = Vec::new();
     for (&x, t) in views {
-        assert_eq!(
-            t.repaired(),
-            &first,
-            "{ctx}: daemon {x} computed a different tree"
-        );
+        assert_eq!(t.repaired(), &first, "{ctx}: daemon {x} computed a different tree");
         assert_eq!(t.failed(), failed, "{ctx}: daemon {x} failed set");
-        assert_eq!(
-            t.live_count() as usize,
-            live.len(),
-            "{ctx}: daemon {x} live_count"
-        );
-        assert_eq!(
-            t.parent(),
-            ro.parent[x as usize],
-            "{ctx}: parent of {x} vs oracle"
-        );
-        assert_eq!(
-            t.depth(),
-            o.depth[ro.top[x as usize] as usize],
-            "{ctx}: depth of {x} (top slot)"
-        );
+        assert_eq!(t.live_count() as usize, live.len(), "{ctx}: daemon {x} live_count");
+        assert_eq!(t.parent(), ro.parent[x as usize], "{ctx}: parent of {x} vs oracle");
+        assert_eq!(t.depth(), o.depth[ro.top[x as usize] as usize], "{ctx}: depth of {x} (top slot)");
         match t.parent() {
             None => roots.push(x),
             Some(p) => {
-                let pv = views
-                    .get(&p)
-                    .unwrap_or_else(|| panic!("{ctx}: {x} has failed parent {p}"));
+                let pv = views.get(&p).unwrap_or_else(|| panic!("{ctx}: {x} has failed parent {p}"));
                 let listed = pv.children().iter().filter(|&&c| c == x).count();
-                assert_eq!(
-                    listed, 1,
-                    "{ctx}: {x} listed {listed} times under its parent {p}"
-                );
+                assert_eq!(listed, 1, "{ctx}: {x} listed {listed} times under its parent {p}");
             }
         }
         for &c in t.children() {
-            let cv = views
-                .get(&c)
-                .unwrap_or_else(|| panic!("{ctx}: {x} has failed child {c}"));
-            assert_eq!(
-                cv.parent(),
-                Some(x),
-                "{ctx}: child {c} of {x} names parent {:?}",
-                cv.parent()
-            );
+            let cv = views.get(&c).unwrap_or_else(|| panic!("{ctx}: {x} has failed child {c}"));
+            assert_eq!(cv.parent(), Some(x), "{ctx}: child {c} of {x} names parent {:?}", cv.parent());
         }
-        let expected: BTreeSet<Rank> = live
-            .iter()
-            .copied()
-            .filter(|&c| ro.parent[c as usize] == Some(x))
-            .collect();
+        let expected: BTreeSet<Rank> = live.iter().copied().filter(|&c| ro.parent[c as usize] == Some(x)).collect();
         let got: BTreeSet<Rank> = t.children().iter().copied().collect();
-        assert_eq!(
-            got.len(),
-            t.children().len(),
-            "{ctx}: duplicate children at {x}"
-        );
+        assert_eq!(got.len(), t.children().len(), "{ctx}: duplicate children at {x}");
         assert_eq!(got, expected, "{ctx}: children of {x} vs oracle");
     }
     let min_live = live[0];
-    assert_eq!(
-        roots,
-        vec![min_live],
-        "{ctx}: roots {roots:?}, expected the lowest live rank"
-    );
+    assert_eq!(roots, vec![min_live], "{ctx}: roots {roots:?}, expected the lowest live rank");
     assert_eq!(first.root(), Some(min_live), "{ctx}: RepairedTree::root");
     assert_eq!(views[&min_live].depth(), 0, "{ctx}: root occupies slot 0");
 
@@ -639,45 +464,20 @@ fn check_repaired(
     // Dead slots go to a live rank of their own failure-free subtree: the lowest one.
     for &s in failed {
         let occ = first.occupant(s);
-        assert_eq!(
-            occ, ro.occupant[s as usize],
-            "{ctx}: occupant of dead slot {s}"
-        );
+        assert_eq!(occ, ro.occupant[s as usize], "{ctx}: occupant of dead slot {s}");
         if let Some(x) = occ {
-            assert!(
-                views.contains_key(&x) && o.in_subtree(s, x),
-                "{ctx}: slot {s} to {x}"
-            );
-            assert!(
-                first.chain(x).contains(&s),
-                "{ctx}: chain of {x} misses slot {s}"
-            );
+            assert!(views.contains_key(&x) && o.in_subtree(s, x), "{ctx}: slot {s} to {x}");
+            assert!(first.chain(x).contains(&s), "{ctx}: chain of {x} misses slot {s}");
         }
     }
     for &x in &live {
-        assert_eq!(
-            first.occupant(x),
-            Some(x),
-            "{ctx}: live {x} does not occupy its own slot"
-        );
+        assert_eq!(first.occupant(x), Some(x), "{ctx}: live {x} does not occupy its own slot");
         let chain = first.chain(x);
         assert_eq!(chain[0], x, "{ctx}: chain of {x}");
-        assert_eq!(
-            *chain.last().unwrap(),
-            ro.top[x as usize],
-            "{ctx}: top slot of {x}"
-        );
+        assert_eq!(*chain.last().unwrap(), ro.top[x as usize], "{ctx}: top slot of {x}");
         for w in chain.windows(2) {
-            assert_eq!(
-                o.parent[w[0] as usize],
-                Some(w[1]),
-                "{ctx}: chain of {x} is not a path"
-            );
-            assert!(
-                failed.contains(&w[1]),
-                "{ctx}: {x} occupies live slot {}",
-                w[1]
-            );
+            assert_eq!(o.parent[w[0] as usize], Some(w[1]), "{ctx}: chain of {x} is not a path");
+            assert!(failed.contains(&w[1]), "{ctx}: {x} occupies live slot {}", w[1]);
         }
     }
 
@@ -687,16 +487,8 @@ fn check_repaired(
     for &me in &probes {
         let t = &views[&me];
         for &x in &xs {
-            assert_eq!(
-                t.in_subtree(x),
-                ro.in_subtree(me, x),
-                "{ctx}: {me}.in_subtree({x})"
-            );
-            assert_eq!(
-                first.in_subtree_of(me, x),
-                ro.in_subtree(me, x),
-                "{ctx}: in_subtree_of({me}, {x})"
-            );
+            assert_eq!(t.in_subtree(x), ro.in_subtree(me, x), "{ctx}: {me}.in_subtree({x})");
+            assert_eq!(first.in_subtree_of(me, x), ro.in_subtree(me, x), "{ctx}: in_subtree_of({me}, {x})");
         }
     }
 
@@ -705,21 +497,10 @@ fn check_repaired(
     let view = |x: Rank| views[&x].clone();
     for (src, dst) in sample_pairs(&live, 128, &mut mix) {
         follow_route(&view, src, dst, &ctx);
-        assert_eq!(
-            first.route(src, dst),
-            views[&src].route_to(dst),
-            "{ctx}: RepairedTree::route {src}->{dst}"
-        );
+        assert_eq!(first.route(src, dst), views[&src].route_to(dst), "{ctx}: RepairedTree::route {src}->{dst}");
     }
-    for (&src, &dead) in sample_ranks(&live, 8, &mut mix)
-        .iter()
-        .zip(failed.iter().chain([&n]))
-    {
-        assert_eq!(
-            views[&src].route_to(dead),
-            Route::Unreachable,
-            "{ctx}: {src} routes to dead {dead}"
-        );
+    for (&src, &dead) in sample_ranks(&live, 8, &mut mix).iter().zip(failed.iter().chain([&n])) {
+        assert_eq!(views[&src].route_to(dead), Route::Unreachable, "{ctx}: {src} routes to dead {dead}");
     }
 }
 
@@ -729,9 +510,7 @@ fn check_repair(s: &Scenario) {
     check_repaired(radix, n, failed, &all_at_once, s.seed);
 
     // The same failures in batches reach the same tree, step by step.
-    let mut views: BTreeMap<Rank, Topology> = (0..n)
-        .map(|x| (x, Topology::new(x, radix, n).unwrap()))
-        .collect();
+    let mut views: BTreeMap<Rank, Topology> = (0..n).map(|x| (x, Topology::new(x, radix, n).unwrap())).collect();
     let mut epochs = 0;
     let mut prev = BTreeSet::new();
     for batch in &s.batches {
@@ -751,11 +530,7 @@ fn check_repair(s: &Scenario) {
                     check_delta(&before, &t, &delta, batch);
                     let r = &reference[&x];
                     assert_eq!(t.parent(), r.parent(), "{ctx}: stepwise parent of {x}");
-                    assert_eq!(
-                        t.children(),
-                        r.children(),
-                        "{ctx}: stepwise children of {x}"
-                    );
+                    assert_eq!(t.children(), r.children(), "{ctx}: stepwise children of {x}");
                     assert_eq!(t.repaired(), r.repaired(), "{ctx}: stepwise tree at {x}");
                     assert_eq!(t.depth(), r.depth(), "{ctx}: stepwise depth of {x}");
                     assert_eq!(t.epoch(), epochs, "{ctx}: epoch of {x}");
@@ -772,11 +547,7 @@ fn check_repair(s: &Scenario) {
     if let Some(t) = views.values_mut().next() {
         let before = t.clone();
         let d = t.repair(failed).unwrap();
-        assert!(
-            d.is_empty(),
-            "radix {radix} N {n}: repeated repair changed {}: {d:?}",
-            t.me()
-        );
+        assert!(d.is_empty(), "radix {radix} N {n}: repeated repair changed {}: {d:?}", t.me());
         assert_eq!(t.epoch(), before.epoch());
     }
 }
@@ -813,27 +584,12 @@ proptest! {
 #[test]
 fn invalid_geometry_and_repairs_are_typed_errors() {
     assert_eq!(Tree::new(2, 0), Err(TopologyError::Empty));
-    assert_eq!(
-        Tree::new(2, MAX_DAEMONS + 1),
-        Err(TopologyError::TooLarge {
-            size: MAX_DAEMONS + 1,
-            max: MAX_DAEMONS
-        })
-    );
+    assert_eq!(Tree::new(2, MAX_DAEMONS + 1), Err(TopologyError::TooLarge { size: MAX_DAEMONS + 1, max: MAX_DAEMONS }));
     assert!(Tree::new(64, MAX_DAEMONS).is_ok());
-    assert_eq!(
-        Topology::new(7, 4, 7).err(),
-        Some(TopologyError::RankOutOfRange { rank: 7, size: 7 })
-    );
+    assert_eq!(Topology::new(7, 4, 7).err(), Some(TopologyError::RankOutOfRange { rank: 7, size: 7 }));
     let mut t = Topology::new(3, 4, 20).unwrap();
-    assert_eq!(
-        t.repair(&BTreeSet::from([3])),
-        Err(TopologyError::RankFailed { rank: 3 })
-    );
-    assert_eq!(
-        t.repair(&BTreeSet::from([20])),
-        Err(TopologyError::RankOutOfRange { rank: 20, size: 20 })
-    );
+    assert_eq!(t.repair(&BTreeSet::from([3])), Err(TopologyError::RankFailed { rank: 3 }));
+    assert_eq!(t.repair(&BTreeSet::from([20])), Err(TopologyError::RankOutOfRange { rank: 20, size: 20 }));
     // A refused repair leaves the view untouched.
     assert!(t.failed().is_empty());
     assert_eq!(t.epoch(), 0);
@@ -912,17 +668,10 @@ fn big_dvm_spot_checks() {
             let mut steps = 0;
             while let Some(p) = cur.parent() {
                 let pv = repaired(p);
-                assert!(
-                    pv.children().contains(&cur.me()),
-                    "{ctx}: {} not under {p}",
-                    cur.me()
-                );
+                assert!(pv.children().contains(&cur.me()), "{ctx}: {} not under {p}", cur.me());
                 cur = pv;
                 steps += 1;
-                assert!(
-                    steps <= cur.height() as usize + 1,
-                    "{ctx}: climb from {src} too long"
-                );
+                assert!(steps <= cur.height() as usize + 1, "{ctx}: climb from {src} too long");
             }
             assert_eq!(cur.me(), root, "{ctx}: {src} climbs to {}", cur.me());
         }

@@ -88,7 +88,11 @@ async fn run(args: Args) -> Result<()> {
     let mut c = Client::connect(uri).await?;
     if let Some(n) = args.check_fences {
         let r = bench(&mut c, BenchKind::Alternate, n, 64).await?;
-        println!("{} alternating barrier/modex fences on {} daemons: all results identical and correct", r.latencies_ns.len(), r.daemons);
+        println!(
+            "{} alternating barrier/modex fences on {} daemons: all results identical and correct",
+            r.latencies_ns.len(),
+            r.daemons
+        );
         return Ok(());
     }
     // α from small round trips, β from 1 MiB round trips, both HNP <-> daemon 1.
@@ -97,7 +101,12 @@ async fn run(args: Args) -> Result<()> {
     let alpha_ns = hist(&ping).value_at_quantile(0.5) as f64 / 2.0;
     let beta_ns_per_byte = ((hist(&big).value_at_quantile(0.5) as f64 / 2.0 - alpha_ns) / (1 << 20) as f64).max(0.0);
     let (n, r, d) = (ping.daemons, ping.radix.min(ping.daemons.saturating_sub(1)).max(1), ping.depth as f64);
-    println!("# DVM: {n} daemons, radix {}, depth {d}; measured alpha = {:.1} us, beta = {:.3} ns/B", ping.radix, alpha_ns / 1e3, beta_ns_per_byte);
+    println!(
+        "# DVM: {n} daemons, radix {}, depth {d}; measured alpha = {:.1} us, beta = {:.3} ns/B",
+        ping.radix,
+        alpha_ns / 1e3,
+        beta_ns_per_byte
+    );
     let r = r as f64;
     let mut rows = vec![Row {
         op: "ping".into(),

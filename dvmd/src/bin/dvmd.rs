@@ -159,7 +159,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     let (nodes, local): (Vec<HostEntry>, bool) = match (&args.local, &args.hostfile, &args.host) {
         (Some(0), _, _) => bail!("--local 0: a DVM needs at least one daemon"),
         (Some(n), _, _) => {
-            let me = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+            let me = nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "localhost".into());
             ((0..*n).map(|_| HostEntry { name: me.clone(), slots: args.slots }).collect(), true)
         }
         (None, Some(f), _) => (hostfile::read(f)?, false),
@@ -168,7 +170,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     };
     let mut nodes = nodes;
     if !local {
-        let me = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+        let me =
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
         nodes.insert(0, HostEntry { name: me, slots: 0 });
     }
     let size = nodes.len() as u32;
@@ -183,8 +186,11 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             let resolved = std::net::ToSocketAddrs::to_socket_addrs(&(first.as_str(), 1))
                 .ok()
                 .and_then(|mut a| a.next())
-                .ok_or_else(|| anyhow!("cannot resolve host '{first}' to choose the HNP address; pass --bind-address IP"))?;
-            launch::source_addr_toward(resolved).ok_or_else(|| anyhow!("no route to host '{first}' ({resolved}); pass --bind-address IP"))?
+                .ok_or_else(|| {
+                    anyhow!("cannot resolve host '{first}' to choose the HNP address; pass --bind-address IP")
+                })?;
+            launch::source_addr_toward(resolved)
+                .ok_or_else(|| anyhow!("no route to host '{first}' ({resolved}); pass --bind-address IP"))?
         }
     };
 
@@ -205,7 +211,13 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         .context("cannot bind the control API listener")?;
     let uri = DvmUri { control: control_listener.local_addr()?, session: session.dir().to_path_buf() };
 
-    let own = Contact { rank: 0, host: nodes[0].name.clone(), addr: hnp_addr.to_string(), pid: std::process::id(), slots: nodes[0].slots };
+    let own = Contact {
+        rank: 0,
+        host: nodes[0].name.clone(),
+        addr: hnp_addr.to_string(),
+        pid: std::process::id(),
+        slots: nodes[0].slots,
+    };
     let mut hnp = Hnp::new(size, own, session.dir().display().to_string());
     let (ready_tx, ready_rx) = oneshot::channel();
     hnp.ready = Some(ready_tx);
@@ -213,7 +225,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     // Launch the other daemons.
     let (exit_tx, mut exit_rx) = mpsc::unbounded_channel();
     let exe = std::env::current_exe().context("cannot find the dvmd executable")?.display().to_string();
-    let wrong_secret_rank: Option<Rank> = std::env::var("DVMD_FAULT_WRONG_SECRET_RANK").ok().and_then(|v| v.parse().ok());
+    let wrong_secret_rank: Option<Rank> =
+        std::env::var("DVMD_FAULT_WRONG_SECRET_RANK").ok().and_then(|v| v.parse().ok());
     let mut pids = Vec::new();
     for (r, node) in nodes.iter().enumerate().skip(1) {
         let r = r as Rank;
@@ -390,7 +403,13 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
     let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
-    daemon.check_in(Contact { rank, host: host.clone(), addr: addr.to_string(), pid: std::process::id(), slots: args.slots });
+    daemon.check_in(Contact {
+        rank,
+        host: host.clone(),
+        addr: addr.to_string(),
+        pid: std::process::id(),
+        slots: args.slots,
+    });
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;
