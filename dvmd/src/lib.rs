@@ -23,3 +23,28 @@ pub fn init_logging() {
         .with_target(false)
         .try_init();
 }
+
+/// Entry point shared by the tools: parse the command line (usage errors exit 1), run `body`
+/// on a single-threaded runtime, print an error as `name: message` and exit 1.
+pub fn tool_main<A, F>(name: &str, body: impl FnOnce(A) -> F) -> std::process::ExitCode
+where
+    A: clap::Parser,
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    init_logging();
+    let args = match A::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { std::process::ExitCode::from(1) } else { std::process::ExitCode::SUCCESS };
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(body(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

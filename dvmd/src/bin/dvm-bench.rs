@@ -35,22 +35,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    dvmd::init_logging();
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
-        }
-    };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("dvm-bench: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    dvmd::tool_main("dvm-bench", run)
 }
 
 struct Row {
