@@ -14,6 +14,9 @@ pub mod grpcomm {
 pub mod daemon {
     include!(concat!(env!("OUT_DIR"), "/dvm.daemon.rs"));
 }
+pub mod job {
+    include!(concat!(env!("OUT_DIR"), "/dvm.job.rs"));
+}
 pub mod control {
     include!(concat!(env!("OUT_DIR"), "/dvm.control.rs"));
 }
