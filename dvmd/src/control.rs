@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use dvm_proto::control::control_client::ControlClient;
 use dvm_proto::control::control_server::{Control, ControlServer};
 use dvm_proto::control::*;
+use dvm_proto::job::JobSpec;
 use dvm_rml::DvmSecret;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -40,6 +41,11 @@ pub enum ControlCmd {
     Terminate(oneshot::Sender<TerminateReply>),
     TreeViews(oneshot::Sender<Result<TreeViewsReply, String>>),
     Bench(BenchRequest, oneshot::Sender<Result<BenchReply, String>>),
+    /// Launch a job; its events go to the stream until `JobEnded`.
+    Launch(JobSpec, mpsc::Sender<Result<JobEvent, Status>>),
+    LaunchPlan(JobSpec, oneshot::Sender<Result<LaunchPlanReply, String>>),
+    Stdin(StdinMsg),
+    Signal(SignalRequest, oneshot::Sender<SignalReply>),
 }
 
 /// The gRPC service; forwards each authenticated call to the actor.
@@ -118,6 +124,37 @@ impl Control for ControlService {
         self.ask(ControlCmd::TreeViews).await?.map(Response::new).map_err(Status::internal)
     }
 
+    type LaunchStream = tokio_stream::wrappers::ReceiverStream<Result<JobEvent, Status>>;
+
+    async fn launch(&self, req: Request<LaunchRequest>) -> Result<Response<Self::LaunchStream>, Status> {
+        self.check(&req)?;
+        let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("launch request without a job"))?;
+        let (tx, rx) = mpsc::channel(64);
+        self.actor.send(ControlCmd::Launch(spec, tx)).await.map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    async fn launch_plan(&self, req: Request<LaunchRequest>) -> Result<Response<LaunchPlanReply>, Status> {
+        self.check(&req)?;
+        let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("launch request without a job"))?;
+        self.ask(|tx| ControlCmd::LaunchPlan(spec, tx)).await?.map(Response::new).map_err(Status::invalid_argument)
+    }
+
+    async fn stdin(&self, req: Request<tonic::Streaming<StdinMsg>>) -> Result<Response<StdinReply>, Status> {
+        self.check(&req)?;
+        let mut stream = req.into_inner();
+        while let Some(msg) = stream.message().await? {
+            self.actor.send(ControlCmd::Stdin(msg)).await.map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+        }
+        Ok(Response::new(StdinReply {}))
+    }
+
+    async fn signal(&self, req: Request<SignalRequest>) -> Result<Response<SignalReply>, Status> {
+        self.check(&req)?;
+        let body = req.into_inner();
+        Ok(Response::new(self.ask(|tx| ControlCmd::Signal(body, tx)).await?))
+    }
+
     async fn bench(&self, req: Request<BenchRequest>) -> Result<Response<BenchReply>, Status> {
         self.check(&req)?;
         let body = req.into_inner();
@@ -183,6 +220,23 @@ impl Client {
     pub async fn tree_views(&mut self) -> Result<TreeViewsReply> {
         let req = self.authed(TreeViewsRequest {}).await?;
         Ok(self.inner.tree_views(req).await?.into_inner())
+    }
+    pub async fn launch(&mut self, spec: JobSpec) -> Result<tonic::Streaming<JobEvent>> {
+        let req = self.authed(LaunchRequest { spec: Some(spec) }).await?;
+        Ok(self.inner.launch(req).await?.into_inner())
+    }
+    pub async fn launch_plan(&mut self, spec: JobSpec) -> Result<LaunchPlanReply> {
+        let req = self.authed(LaunchRequest { spec: Some(spec) }).await?;
+        Ok(self.inner.launch_plan(req).await?.into_inner())
+    }
+    pub async fn stdin(&mut self, input: impl tokio_stream::Stream<Item = StdinMsg> + Send + 'static) -> Result<()> {
+        let req = self.authed(input).await?;
+        self.inner.stdin(req).await?;
+        Ok(())
+    }
+    pub async fn signal(&mut self, jobid: u32, signal: i32) -> Result<bool> {
+        let req = self.authed(SignalRequest { jobid, signal }).await?;
+        Ok(self.inner.signal(req).await?.into_inner().ok)
     }
     pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {
         let req = self.authed(body).await?;

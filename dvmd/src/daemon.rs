@@ -730,12 +730,16 @@ impl Daemon {
                 }
             }
             daemon_cmd::Body::DaemonLost(l) => self.on_daemon_lost(l),
+            other => self.on_job_cmd(origin, other),
         }
     }
 
     fn on_control(&mut self, cmd: ControlCmd) {
         let size = self.g.topology().size();
         match cmd {
+            ControlCmd::Launch(..) | ControlCmd::LaunchPlan(..) | ControlCmd::Stdin(..) | ControlCmd::Signal(..) => {
+                self.on_job_control(cmd)
+            }
             ControlCmd::Status(tx) => {
                 let Some(hnp) = self.hnp.as_ref() else { return };
                 let repaired = self.g.topology().repaired();

@@ -10,6 +10,7 @@
 pub mod control;
 pub mod daemon;
 pub mod hostfile;
+pub mod jobs;
 pub mod launch;
 pub mod session;
 
