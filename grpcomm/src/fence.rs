@@ -188,6 +188,21 @@ impl SigRecord {
     }
 }
 
+impl FenceState {
+    /// Forget a signature that will never be used again (its job ended): its counters and
+    /// the results kept for repairs. Refused (false) while a fence over it is in flight.
+    pub fn forget(&mut self, sig: &FenceSignature) -> bool {
+        match self.sigs.get(sig) {
+            Some(rec) if !rec.trackers.is_empty() => false,
+            Some(_) => {
+                self.sigs.remove(sig);
+                true
+            }
+            None => true,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct FenceState {
     sigs: BTreeMap<FenceSignature, SigRecord>,

@@ -195,6 +195,12 @@ impl Grpcomm {
         f.start(&mut ctx, req)
     }
 
+    /// Forget a fence signature whose owner (a job) is gone: its sequence counter and the
+    /// results kept to answer repairs. False while a fence over it is still in flight.
+    pub fn forget_fence_signature(&mut self, sig: &FenceSignature) -> bool {
+        self.fence.forget(sig)
+    }
+
     /// Hand each destination daemon its slice; returns the scatter id.
     pub fn scatter(&mut self, tag: u32, slices: Vec<(Rank, Bytes)>) -> u64 {
         let (mut ctx, _, _, s) = self.split();
