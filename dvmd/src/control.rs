@@ -130,7 +130,10 @@ impl Control for ControlService {
         self.check(&req)?;
         let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("launch request without a job"))?;
         let (tx, rx) = mpsc::channel(64);
-        self.actor.send(ControlCmd::Launch(spec, tx)).await.map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+        self.actor
+            .send(ControlCmd::Launch(spec, tx))
+            .await
+            .map_err(|_| Status::unavailable("the DVM is shutting down"))?;
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
@@ -144,7 +147,10 @@ impl Control for ControlService {
         self.check(&req)?;
         let mut stream = req.into_inner();
         while let Some(msg) = stream.message().await? {
-            self.actor.send(ControlCmd::Stdin(msg)).await.map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+            self.actor
+                .send(ControlCmd::Stdin(msg))
+                .await
+                .map_err(|_| Status::unavailable("the DVM is shutting down"))?;
         }
         Ok(Response::new(StdinReply {}))
     }

@@ -44,6 +44,12 @@ pub enum Input {
     ChildExited(Rank, String),
     /// The boot deadline passed.
     StartupTimeout,
+    /// HNP: a job's --timeout expired.
+    JobTimeout(u32),
+    /// HNP: the prun of a job went away.
+    JobClientGone(u32),
+    /// HNP: prun took `bytes` of a daemon's output (its credit can be returned).
+    IofDelivered { jobid: u32, daemon: Rank, bytes: u64 },
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
@@ -106,6 +112,20 @@ struct FenceBench {
     next: u64,
     errors: u64,
     first_error: String,
+    /// Each daemon's contribution pattern, built once per benchmark.
+    base: BTreeMap<Rank, Bytes>,
+}
+
+impl FenceBench {
+    /// Daemon `rank`'s contribution to fence `i`: its pattern with `i` stamped in front.
+    fn data(&mut self, rank: Rank, i: u64) -> Bytes {
+        let bytes = self.bytes;
+        let base = self.base.entry(rank).or_insert_with(|| bench_data(rank, 0, bytes));
+        let mut v = base.to_vec();
+        let n = v.len().min(8);
+        v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+        Bytes::from(v)
+    }
 }
 
 pub struct Daemon {
@@ -123,22 +143,29 @@ pub struct Daemon {
     bench: Option<FenceBench>,
     last_encoded: Option<(GrpcommMsg, Bytes)>,
     exit: Option<Exit>,
+    pub(crate) jobs: crate::jobs::Jobs,
+    odls: crate::odls::Odls,
+    odls_rx: Option<mpsc::UnboundedReceiver<crate::odls::OdlsEvent>>,
+    input_tx: mpsc::UnboundedSender<Input>,
+    input_rx: Option<mpsc::UnboundedReceiver<Input>>,
 }
 
 fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
-    // Incompressible (xorshift), so an xcast benchmark moves the bytes it claims to.
-    let mut x =
-        (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
-    Bytes::from(
-        (0..bytes)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect::<Vec<u8>>(),
-    )
+    // Incompressible (xorshift), so an xcast benchmark moves the bytes it claims to; the
+    // fence index is stamped in front so results of different fences never match.
+    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v: Vec<u8> = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let stamp = i.to_le_bytes();
+    let n = v.len().min(8);
+    v[..n].copy_from_slice(&stamp[..n]);
+    Bytes::from(v)
 }
 
 fn bench_collect(kind: i32, i: u64) -> bool {
@@ -151,6 +178,9 @@ fn bench_collect(kind: i32, i: u64) -> bool {
 
 impl Daemon {
     pub fn new(me: Rank, host: String, topo: Topology, t: Transport, epoch: u64, hnp: Option<Hnp>) -> Daemon {
+        let (odls_tx, odls_rx) = mpsc::unbounded_channel();
+        let (input_tx, input_rx) = mpsc::unbounded_channel();
+        let host_for_odls = host.clone();
         Daemon {
             me,
             host,
@@ -166,6 +196,11 @@ impl Daemon {
             bench: None,
             last_encoded: None,
             exit: None,
+            jobs: Default::default(),
+            odls: crate::odls::Odls::new(host_for_odls, odls_tx, crate::jobs::IOF_WINDOW as usize),
+            odls_rx: Some(odls_rx),
+            input_tx,
+            input_rx: Some(input_rx),
         }
     }
 
@@ -234,7 +269,9 @@ impl Daemon {
         mut control: mpsc::Receiver<ControlCmd>,
         mut inputs: mpsc::UnboundedReceiver<Input>,
     ) -> Exit {
-        loop {
+        let mut own_inputs = self.input_rx.take().expect("run is called once");
+        let mut odls_rx = self.odls_rx.take().expect("run is called once");
+        let exit = loop {
             let sleep = match self.timer {
                 Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
                 None => Duration::from_secs(3600),
@@ -246,6 +283,8 @@ impl Daemon {
                 },
                 Some(cmd) = control.recv() => { self.on_control(cmd); None }
                 Some(inp) = inputs.recv() => self.on_input(inp),
+                Some(inp) = own_inputs.recv() => self.on_input(inp),
+                Some(ev) = odls_rx.recv() => { self.on_odls(ev); None }
                 _ = tokio::time::sleep(sleep), if self.timer.is_some() => {
                     self.timer = None;
                     let now = self.now();
@@ -255,12 +294,15 @@ impl Daemon {
                 }
             };
             if let Some(exit) = exit {
-                return exit;
+                break exit;
             }
             if let Some(exit) = self.finished() {
-                return exit;
+                break exit;
             }
-        }
+        };
+        // Nothing this daemon started outlives it.
+        self.odls.kill_all();
+        exit
     }
 
     fn finished(&mut self) -> Option<Exit> {
@@ -269,6 +311,18 @@ impl Daemon {
 
     fn on_input(&mut self, inp: Input) -> Option<Exit> {
         match inp {
+            Input::JobTimeout(j) => {
+                self.on_job_timeout(j);
+                None
+            }
+            Input::JobClientGone(j) => {
+                self.on_client_gone(j);
+                None
+            }
+            Input::IofDelivered { jobid, daemon, bytes } => {
+                self.on_iof_delivered(jobid, daemon, bytes);
+                None
+            }
             Input::ChildExited(rank, how) => {
                 let hnp = self.hnp.as_ref()?;
                 let (host, out) = hnp.launched_hosts.get(&rank).cloned().unwrap_or_default();
@@ -468,7 +522,11 @@ impl Daemon {
             Effect::Deliver { op_id, origin, tag, payload } => self.on_deliver(op_id, origin, tag, payload),
             Effect::XcastComplete { id, .. } => self.on_xcast_complete(id),
             Effect::FenceComplete { id, result } => self.on_fence_complete(id.seq, result),
-            Effect::ScatterDeliver { .. } => {}
+            Effect::ScatterDeliver { tag, data, .. } => {
+                if tag == tags::LAUNCH_RESIDUALS {
+                    self.on_launch_residual(data);
+                }
+            }
             Effect::ArmTimer { at } => {
                 self.timer = Some(self.timer.map_or(at, |t| t.min(at)));
             }
@@ -490,11 +548,16 @@ impl Daemon {
                         if let Err(e) = self.g.topology_changed(&failed) {
                             error!("cannot repair the tree: {e}");
                         }
+                        if self.hnp.is_some() {
+                            self.jobs_lost_daemons(&failed);
+                        }
                     }
                     Err(e) => error!("undecodable DAEMON_DIED: {e}"),
                 }
                 self.g.xcast_processed(op_id);
             }
+            tags::LAUNCH => self.on_launch_map(payload),
+            tags::JOB_CONTROL => self.on_job_control_xcast(payload),
             tags::TERMINATE => {
                 info!("DVM terminating");
                 self.terminating = true;
@@ -524,6 +587,7 @@ impl Daemon {
                         next: 0,
                         errors: 0,
                         first_error: String::new(),
+                        base: BTreeMap::new(),
                     });
                     self.next_bench_fence();
                 }
@@ -536,6 +600,9 @@ impl Daemon {
     fn next_bench_fence(&mut self) {
         let Some(b) = self.bench.as_mut() else { return };
         if b.next == b.count {
+            let topo = self.g.topology();
+            let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+            let sig = FenceSignature::new(format!("bench-{}", b.id).into_bytes(), Participants::Daemons(live));
             let done = BenchDone {
                 bench: b.id,
                 rank: self.me,
@@ -544,13 +611,15 @@ impl Daemon {
                 first_error: b.first_error.clone(),
             };
             self.bench = None;
+            self.g.forget_fence_signature(&sig);
             self.send_cmd(0, daemon_cmd::Body::BenchDone(done));
             return;
         }
         let i = b.next;
         b.next += 1;
         let collect = bench_collect(b.kind, i);
-        let data = if collect { bench_data(self.me, i, b.bytes) } else { Bytes::new() };
+        let me = self.me;
+        let data = if collect { b.data(me, i) } else { Bytes::new() };
         // Every live daemon, as this daemon's topology says (identical everywhere: repairs are
         // xcasts, processed in op order before the benchmark's own start).
         let topo = self.g.topology();
@@ -567,6 +636,12 @@ impl Daemon {
     }
 
     fn on_fence_complete(&mut self, seq: u64, result: Result<Bytes, dvm_grpcomm::FenceError>) {
+        // Time first: the check below is not part of the fence.
+        if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
+            if let Some(t0) = hb.started_at.take() {
+                hb.latencies.push(t0.elapsed().as_nanos() as u64);
+            }
+        }
         let live: Vec<Rank> = (0..self.g.topology().size()).filter(|&r| self.g.topology().is_alive(r)).collect();
         let Some(b) = self.bench.as_mut() else {
             debug!(seq, "fence completed with no benchmark running");
@@ -577,7 +652,7 @@ impl Daemon {
             Err(e) => Some(format!("daemon {}: fence {i} failed: {e}", self.me)),
             Ok(bytes) => {
                 let expect: Vec<u8> = if bench_collect(b.kind, i) {
-                    live.iter().flat_map(|&r| bench_data(r, i, b.bytes)).collect()
+                    live.iter().flat_map(|&r| b.data(r, i)).collect()
                 } else {
                     Vec::new()
                 };
@@ -596,11 +671,6 @@ impl Daemon {
                 b.first_error = e;
             }
             b.errors += 1;
-        }
-        if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
-            if let Some(t0) = hb.started_at.take() {
-                hb.latencies.push(t0.elapsed().as_nanos() as u64);
-            }
         }
         self.next_bench_fence();
     }
@@ -828,6 +898,33 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    pub(crate) fn input_tx(&self) -> mpsc::UnboundedSender<Input> {
+        self.input_tx.clone()
+    }
+    pub(crate) fn grpcomm_mut(&mut self) -> &mut Grpcomm {
+        &mut self.g
+    }
+    /// Carry out every effect the state machines produced.
+    pub(crate) fn pump(&mut self) {
+        self.run_effects();
+    }
+    pub(crate) fn odls(&self) -> &crate::odls::Odls {
+        &self.odls
+    }
+    pub(crate) fn odls_mut(&mut self) -> &mut crate::odls::Odls {
+        &mut self.odls
+    }
+    pub(crate) fn send_job_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
+        self.send_cmd(dst, body);
+    }
+    /// Host name of a daemon, as the HNP knows it.
+    pub(crate) fn host_of(&self, rank: Rank) -> String {
+        self.hnp
+            .as_ref()
+            .and_then(|h| h.contacts.get(&rank))
+            .map_or_else(|| format!("daemon-{rank}"), |c| c.host.clone())
     }
 
     /// A one-daemon DVM: nothing to wait for.

@@ -1,20 +1,554 @@
-//! Jobs on the DVM: the HNP's job table (launch, exits, output, kill, timeout) and each
-//! daemon's local part (launch message in, procs out). Placement comes from `jobmap`,
+//! Jobs on the DVM: the HNP's job table (map, launch, exits, output, kill, timeout) and each
+//! daemon's local part (launch message in, processes out). Placement comes from `jobmap`,
 //! processes from `odls`; this module decides and routes.
+//!
+//! Launch: the HNP maps the job, xcasts the maps (`LAUNCH`) and scatters the residuals
+//! (`LAUNCH_RESIDUALS`) to the daemons that fork procs; each daemon starts its procs once it
+//! holds both (they may arrive in either order). Procs report their exit to the HNP; the first
+//! failure names rank, node, pid and status and kills the rest of the job (never the DVM).
+//! Output travels daemon -> HNP -> prun with a credit window per daemon and job, so a slow
+//! prun stalls the procs' pipes instead of making any daemon buffer without bound.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dvm_grpcomm::tags;
+use dvm_proto::control::{
+    job_event, JobEnded, JobEvent, JobNotice, JobOutput, JobStarted, LaunchPlanReply, SignalReply,
+};
 use dvm_proto::daemon::daemon_cmd;
+use dvm_proto::job::{IofAck, IofChunk, JobControl, JobMap, JobSpec, ProcStatus, Residual, StdinChunk, StdinTarget};
+use dvm_proto::Message;
 use dvm_rml::Rank;
-use tracing::warn;
+use tokio::sync::mpsc;
+use tonic::Status;
+use tracing::{debug, info, warn};
 
 use crate::control::ControlCmd;
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, Input};
+use crate::jobmap::{self, NodeSlots, Placement};
+use crate::odls::{ExitKind, OdlsEvent, ProcSpec, Stream};
+
+/// Output bytes a daemon may have in flight to the HNP per job before it stops reading.
+pub const IOF_WINDOW: u32 = 1 << 20;
+/// Grace between SIGTERM and SIGKILL when a job is killed.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Exit status of a job ended by `--timeout`.
+pub const TIMEOUT_EXIT: i32 = 124;
+
+type EventTx = mpsc::Sender<Result<JobEvent, Status>>;
+
+/// What the per-job forwarder task carries to prun, in order.
+#[derive(Debug)]
+enum Forward {
+    Output { daemon: Rank, chunk: IofChunk },
+    Event(JobEvent),
+}
+
+/// HNP: one running job.
+pub(crate) struct HnpJob {
+    placement: Placement,
+    /// Where prun's stdin goes: None nowhere, Some(None) every proc, Some(Some(r)) rank r.
+    stdin: Option<Option<u32>>,
+    spec_timeout: f64,
+    reported: BTreeSet<u32>,
+    first_failure: Option<(i32, String)>,
+    killing: bool,
+    forward: mpsc::UnboundedSender<Forward>,
+}
+
+/// Daemon: this daemon's part of a job.
+#[derive(Default)]
+pub(crate) struct LocalJob {
+    map: Option<JobMap>,
+    residual: Option<Residual>,
+    started: bool,
+    live: u32,
+}
+
+/// Job state of one daemon (HNP part empty elsewhere).
+#[derive(Default)]
+pub(crate) struct Jobs {
+    hnp: BTreeMap<u32, HnpJob>,
+    next_jobid: u32,
+    local: BTreeMap<u32, LocalJob>,
+}
+
+fn event(e: job_event::Event) -> JobEvent {
+    JobEvent { event: Some(e) }
+}
+
+fn describe_exit(st: &ProcStatus) -> Option<(i32, String)> {
+    if !st.error.is_empty() {
+        return Some((127, st.error.clone()));
+    }
+    if st.signal != 0 {
+        let name = nix::sys::signal::Signal::try_from(st.signal).map(|s| s.as_str()).unwrap_or("unknown signal");
+        return Some((128 + st.signal, format!("was killed by signal {} ({name})", st.signal)));
+    }
+    (st.exit_code != 0).then(|| (st.exit_code, format!("exited with status {}", st.exit_code)))
+}
+
+/// The daemon's own environment minus its DVM_* variables, for the procs it starts.
+fn base_env() -> Vec<(String, String)> {
+    std::env::vars().filter(|(k, _)| !k.starts_with("DVM_") && k != "RUST_LOG").collect()
+}
 
 impl Daemon {
-    pub(crate) fn on_job_cmd(&mut self, origin: Rank, cmd: daemon_cmd::Body) {
-        warn!(origin, "job command not handled yet: {cmd:?}");
+    // ---------------------------------------------------------------- HNP side
+
+    fn candidate_nodes(&self) -> Vec<NodeSlots> {
+        let Some(hnp) = self.hnp.as_ref() else { return Vec::new() };
+        let topo = self.topology();
+        hnp.contacts
+            .values()
+            .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
+            .map(|c| NodeSlots { daemon: c.rank, host: c.host.clone(), slots: c.slots })
+            .collect()
     }
 
     pub(crate) fn on_job_control(&mut self, cmd: ControlCmd) {
-        warn!("job control not handled yet: {cmd:?}");
+        match cmd {
+            ControlCmd::Launch(spec, tx) => self.launch(spec, tx),
+            ControlCmd::LaunchPlan(spec, tx) => {
+                let nodes = self.candidate_nodes();
+                let receivers = self.topology().live_count();
+                let reply = jobmap::map_job(&spec, &nodes).map_err(|e| e.to_string()).map(|p| {
+                    let (map, residuals) = jobmap::encode(0, &spec, &p);
+                    let sizes = jobmap::launch_sizes(&map, &residuals, receivers);
+                    LaunchPlanReply {
+                        nprocs: p.nprocs(),
+                        nodes: p.num_nodes(),
+                        map_bytes: sizes.map_bytes as u64,
+                        residual_bytes: sizes.residual_bytes as u64,
+                        bytes_per_proc: sizes.bytes_per_proc(),
+                        max_daemon_bytes: sizes.per_daemon_max as u64,
+                        placement: format!("{:?}", p.layout()),
+                    }
+                });
+                let _ = tx.send(reply);
+            }
+            ControlCmd::Stdin(msg) => self.route_stdin(msg.jobid, msg.data, msg.eof),
+            ControlCmd::Signal(req, tx) => {
+                let known = self.jobs.hnp.contains_key(&req.jobid);
+                if known {
+                    let term = req.signal == libc::SIGINT || req.signal == libc::SIGTERM;
+                    if term {
+                        self.fail_job(
+                            req.jobid,
+                            128 + req.signal,
+                            format!("prun received signal {}: job killed", req.signal),
+                        );
+                    } else {
+                        self.job_control(JobControl { jobid: req.jobid, signal: req.signal, ..Default::default() });
+                    }
+                }
+                let _ = tx.send(SignalReply { ok: known });
+            }
+            _ => {}
+        }
+    }
+
+    fn launch(&mut self, spec: JobSpec, tx: EventTx) {
+        let nodes = self.candidate_nodes();
+        let placement = match jobmap::map_job(&spec, &nodes) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ =
+                    tx.try_send(Ok(event(job_event::Event::Ended(JobEnded { exit_code: 1, message: e.to_string() }))));
+                return;
+            }
+        };
+        self.jobs.next_jobid += 1;
+        let jobid = self.jobs.next_jobid;
+        let (mut map, residuals) = jobmap::encode(jobid, &spec, &placement);
+        map.hnp_iof_window = IOF_WINDOW;
+        info!(jobid, nprocs = placement.nprocs(), nodes = placement.num_nodes(), "launching job");
+        let (ftx, frx) = mpsc::unbounded_channel();
+        let _ = ftx.send(Forward::Event(event(job_event::Event::Started(JobStarted {
+            jobid,
+            nprocs: placement.nprocs(),
+            nodes: placement.num_nodes(),
+        }))));
+        tokio::spawn(forwarder(jobid, frx, tx, self.input_tx()));
+        if spec.timeout_s > 0.0 {
+            let itx = self.input_tx();
+            let t = spec.timeout_s;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs_f64(t)).await;
+                let _ = itx.send(Input::JobTimeout(jobid));
+            });
+        }
+        let stdin = match StdinTarget::try_from(spec.stdin_target) {
+            Ok(StdinTarget::All) => Some(None),
+            Ok(StdinTarget::None) => None,
+            _ => Some(Some(spec.stdin_rank)),
+        };
+        self.jobs.hnp.insert(
+            jobid,
+            HnpJob {
+                placement,
+                stdin,
+                spec_timeout: spec.timeout_s,
+                reported: BTreeSet::new(),
+                first_failure: None,
+                killing: false,
+                forward: ftx,
+            },
+        );
+        self.grpcomm_mut().xcast(tags::LAUNCH, Bytes::from(map.encode_to_vec()));
+        let slices = residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
+        self.grpcomm_mut().scatter(tags::LAUNCH_RESIDUALS, slices);
+        self.pump();
+    }
+
+    /// First failure of a job: remember why, tell prun, kill the rest.
+    fn fail_job(&mut self, jobid: u32, code: i32, why: String) {
+        let Some(job) = self.jobs.hnp.get_mut(&jobid) else { return };
+        if job.first_failure.is_none() {
+            let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text: why.clone() }))));
+            job.first_failure = Some((code, why));
+        }
+        if !job.killing {
+            job.killing = true;
+            self.job_control(JobControl {
+                jobid,
+                kill: true,
+                grace_ms: KILL_GRACE.as_millis() as u32,
+                ..Default::default()
+            });
+        }
+    }
+
+    fn job_control(&mut self, ctl: JobControl) {
+        self.grpcomm_mut().xcast(tags::JOB_CONTROL, Bytes::from(ctl.encode_to_vec()));
+        self.pump();
+    }
+
+    fn on_proc_status(&mut self, st: ProcStatus) {
+        let host = self.host_of(st.daemon);
+        let Some(job) = self.jobs.hnp.get_mut(&st.jobid) else { return };
+        if !job.reported.insert(st.rank) {
+            return;
+        }
+        debug!(jobid = st.jobid, rank = st.rank, code = st.exit_code, signal = st.signal, "proc ended");
+        if let Some((code, how)) = describe_exit(&st) {
+            if job.first_failure.is_none() && !job.killing {
+                let why = if st.error.is_empty() {
+                    format!("rank {} on node {host} (pid {}) {how}", st.rank, st.pid)
+                } else {
+                    how
+                };
+                self.fail_job(st.jobid, code, why);
+            }
+        }
+        self.maybe_end(st.jobid);
+    }
+
+    fn maybe_end(&mut self, jobid: u32) {
+        let Some(job) = self.jobs.hnp.get(&jobid) else { return };
+        if (job.reported.len() as u32) < job.placement.nprocs() {
+            return;
+        }
+        let job = self.jobs.hnp.remove(&jobid).expect("checked above");
+        let (exit_code, message) = job.first_failure.unwrap_or((0, String::new()));
+        info!(jobid, exit_code, "job ended");
+        let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
+        self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
+    }
+
+    pub(crate) fn on_job_timeout(&mut self, jobid: u32) {
+        let Some(job) = self.jobs.hnp.get(&jobid) else { return };
+        let t = job.spec_timeout;
+        self.fail_job(jobid, TIMEOUT_EXIT, format!("job {jobid} exceeded its --timeout of {t} s and was killed"));
+    }
+
+    pub(crate) fn on_client_gone(&mut self, jobid: u32) {
+        if self.jobs.hnp.contains_key(&jobid) {
+            warn!(jobid, "prun went away: killing its job");
+            self.fail_job(jobid, 1, format!("job {jobid}: prun went away"));
+        }
+    }
+
+    /// HNP: daemons died; their procs are lost and their jobs fail.
+    pub(crate) fn jobs_lost_daemons(&mut self, failed: &BTreeSet<Rank>) {
+        let mut hits = Vec::new();
+        for (&jobid, job) in &self.jobs.hnp {
+            for &d in failed {
+                let ranks: Vec<u32> = job.placement.procs_on(d).iter().filter(|r| !job.reported.contains(r)).collect();
+                if !ranks.is_empty() {
+                    hits.push((jobid, d, ranks));
+                }
+            }
+        }
+        for (jobid, d, ranks) in hits {
+            let host = self.host_of(d);
+            self.fail_job(jobid, 1, format!("daemon {d} on node {host} was lost with ranks {ranks:?} of job {jobid}"));
+            if let Some(job) = self.jobs.hnp.get_mut(&jobid) {
+                job.reported.extend(ranks);
+            }
+            self.maybe_end(jobid);
+        }
+    }
+
+    fn route_stdin(&mut self, jobid: u32, data: Bytes, eof: bool) {
+        let Some(job) = self.jobs.hnp.get(&jobid) else { return };
+        let chunk = StdinChunk { jobid, data, eof };
+        let targets: Vec<Rank> = match job.stdin {
+            Some(Some(rank)) => job.placement.node_of(rank).into_iter().collect(),
+            Some(None) => job.placement.daemons().collect(),
+            None => Vec::new(),
+        };
+        for d in targets {
+            self.send_job_cmd(d, daemon_cmd::Body::Stdin(chunk.clone()));
+        }
+    }
+
+    /// HNP: output a daemon sent; forward it to prun (acked once prun took it).
+    fn on_iof(&mut self, daemon: Rank, chunk: IofChunk) {
+        match self.jobs.hnp.get(&chunk.jobid) {
+            Some(job) => {
+                let _ = job.forward.send(Forward::Output { daemon, chunk });
+            }
+            None => {
+                // Job already ended (or unknown): ack so the daemon never stalls.
+                let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };
+                self.send_job_cmd(daemon, daemon_cmd::Body::IofAck(ack));
+            }
+        }
+    }
+
+    pub(crate) fn on_iof_delivered(&mut self, jobid: u32, daemon: Rank, bytes: u64) {
+        self.send_job_cmd(daemon, daemon_cmd::Body::IofAck(IofAck { jobid, bytes }));
+    }
+
+    // ---------------------------------------------------------------- every daemon
+
+    pub(crate) fn on_job_cmd(&mut self, origin: Rank, cmd: daemon_cmd::Body) {
+        match cmd {
+            daemon_cmd::Body::ProcStatus(st) => self.on_proc_status(st),
+            daemon_cmd::Body::Iof(chunk) => self.on_iof(origin, chunk),
+            daemon_cmd::Body::IofAck(ack) => self.odls().ack_output(ack.jobid, ack.bytes as usize),
+            daemon_cmd::Body::Stdin(chunk) => self.local_stdin(chunk),
+            other => warn!(origin, "unexpected daemon command {other:?}"),
+        }
+    }
+
+    pub(crate) fn on_launch_map(&mut self, payload: Bytes) {
+        match JobMap::decode(payload) {
+            Ok(map) => {
+                let jobid = map.jobid;
+                self.jobs.local.entry(jobid).or_default().map = Some(map);
+                self.maybe_start(jobid);
+            }
+            Err(e) => warn!("undecodable launch map: {e}"),
+        }
+    }
+
+    pub(crate) fn on_launch_residual(&mut self, data: Bytes) {
+        match Residual::decode(data) {
+            Ok(r) => {
+                let jobid = r.jobid;
+                self.jobs.local.entry(jobid).or_default().residual = Some(r);
+                self.maybe_start(jobid);
+            }
+            Err(e) => warn!("undecodable launch residual: {e}"),
+        }
+    }
+
+    fn maybe_start(&mut self, jobid: u32) {
+        let me = self.me;
+        let Some(lj) = self.jobs.local.get(&jobid) else { return };
+        if lj.started {
+            return;
+        }
+        let Some(map) = lj.map.clone() else { return };
+        let Some(residual) = lj.residual.clone() else {
+            return;
+        };
+        let procs = match jobmap::local_procs(&map, &residual, me) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(jobid, "cannot start job {jobid}: {e}");
+                return;
+            }
+        };
+        let lj = self.jobs.local.get_mut(&jobid).expect("present");
+        lj.started = true;
+        lj.live = procs.len() as u32;
+        let env = base_env();
+        let stdin_rank = match StdinTarget::try_from(map.stdin_target) {
+            Ok(StdinTarget::All) => None,
+            Ok(StdinTarget::None) => Some(u32::MAX),
+            _ => Some(map.stdin_rank),
+        };
+        for p in procs {
+            let app = &map.apps[p.app as usize];
+            let mut penv = env.clone();
+            for kv in &app.env {
+                if let Some((k, v)) = kv.split_once('=') {
+                    penv.retain(|(ek, _)| ek != k);
+                    penv.push((k.to_string(), v.to_string()));
+                }
+            }
+            for (k, v) in [
+                ("DVM_JOBID", jobid.to_string()),
+                ("DVM_RANK", p.rank.to_string()),
+                ("DVM_SIZE", map.nprocs.to_string()),
+                ("DVM_LOCAL_RANK", p.local_rank.to_string()),
+                ("DVM_NODE_RANK", p.node_rank.to_string()),
+                ("DVM_APPNUM", p.app.to_string()),
+                ("DVM_NODE", self.host.clone()),
+                ("DVM_DAEMON", me.to_string()),
+            ] {
+                penv.push((k.to_string(), v));
+            }
+            let spec = ProcSpec {
+                jobid,
+                rank: p.rank,
+                argv: app.argv.clone(),
+                env: penv,
+                wdir: app.wdir.clone().into(),
+                stdin: stdin_rank.is_none_or(|r| r == p.rank),
+            };
+            self.odls_mut().spawn(spec);
+        }
+        if self.jobs.local.get(&jobid).is_some_and(|j| j.live == 0) {
+            self.jobs.local.remove(&jobid);
+        }
+    }
+
+    pub(crate) fn on_job_control_xcast(&mut self, payload: Bytes) {
+        let Ok(ctl) = JobControl::decode(payload) else {
+            warn!("undecodable job control");
+            return;
+        };
+        if ctl.cleanup {
+            self.jobs.local.remove(&ctl.jobid);
+            return;
+        }
+        if ctl.kill {
+            self.odls_mut().kill_job(ctl.jobid, Duration::from_millis(ctl.grace_ms as u64));
+        } else if ctl.signal != 0 {
+            self.odls().signal_job(ctl.jobid, ctl.signal);
+        }
+    }
+
+    fn local_stdin(&mut self, chunk: StdinChunk) {
+        let Some(map) = self.jobs.local.get(&chunk.jobid).and_then(|j| j.map.clone()) else { return };
+        let ranks: Vec<u32> = match StdinTarget::try_from(map.stdin_target) {
+            Ok(StdinTarget::All) => self.jobs_local_ranks(chunk.jobid),
+            Ok(StdinTarget::None) => Vec::new(),
+            _ => vec![map.stdin_rank],
+        };
+        for r in ranks {
+            if chunk.eof {
+                self.odls_mut().close_stdin(chunk.jobid, r);
+            } else {
+                self.odls_mut().write_stdin(chunk.jobid, r, chunk.data.clone());
+            }
+        }
+    }
+
+    fn jobs_local_ranks(&self, jobid: u32) -> Vec<u32> {
+        let Some(lj) = self.jobs.local.get(&jobid) else { return Vec::new() };
+        lj.residual
+            .as_ref()
+            .map(|r| r.ranks.iter().flat_map(|nr| nr.first..nr.first + nr.count).collect())
+            .unwrap_or_default()
+    }
+
+    /// Events of this daemon's processes.
+    pub(crate) fn on_odls(&mut self, ev: OdlsEvent) {
+        match ev {
+            OdlsEvent::Started { jobid, rank, pid } => debug!(jobid, rank, pid, "proc started"),
+            OdlsEvent::Output { jobid, rank, stream, data } => {
+                let stream = match stream {
+                    Stream::Stdout => 1,
+                    Stream::Stderr => 2,
+                };
+                let chunk = IofChunk { jobid, rank, stream, data, eof: false };
+                self.send_job_cmd(0, daemon_cmd::Body::Iof(chunk));
+            }
+            OdlsEvent::OutputClosed { .. } => {}
+            OdlsEvent::Exited { jobid, rank, pid, status } => {
+                let (exit_code, signal) = match status {
+                    ExitKind::Code(c) => (c, 0),
+                    ExitKind::Signal(s) => (0, s),
+                };
+                self.proc_done(ProcStatus {
+                    jobid,
+                    rank,
+                    pid,
+                    exit_code,
+                    signal,
+                    error: String::new(),
+                    daemon: self.me,
+                });
+            }
+            OdlsEvent::LaunchFailed { jobid, rank, error } => {
+                self.proc_done(ProcStatus { jobid, rank, pid: 0, exit_code: 127, signal: 0, error, daemon: self.me });
+            }
+        }
+    }
+
+    fn proc_done(&mut self, st: ProcStatus) {
+        if let Some(lj) = self.jobs.local.get_mut(&st.jobid) {
+            lj.live = lj.live.saturating_sub(1);
+        }
+        self.send_job_cmd(0, daemon_cmd::Body::ProcStatus(st));
+    }
+}
+
+/// Per-job task: hands output and events to prun's stream in order, then tells the actor the
+/// bytes were delivered (the credit the daemon waits for).
+async fn forwarder(
+    jobid: u32,
+    mut rx: mpsc::UnboundedReceiver<Forward>,
+    tx: EventTx,
+    actor: mpsc::UnboundedSender<Input>,
+) {
+    let mut client_alive = true;
+    loop {
+        let item = tokio::select! {
+            item = rx.recv() => match item {
+                Some(i) => i,
+                None => return,
+            },
+            // prun went away (Ctrl-C'd hard, killed, lost): the job must not outlive it.
+            _ = tx.closed(), if client_alive => {
+                client_alive = false;
+                let _ = actor.send(Input::JobClientGone(jobid));
+                continue;
+            }
+        };
+        match item {
+            Forward::Output { daemon, chunk } => {
+                let bytes = chunk.data.len() as u64;
+                if client_alive {
+                    let ev = event(job_event::Event::Output(JobOutput {
+                        rank: chunk.rank,
+                        stream: chunk.stream,
+                        data: chunk.data,
+                    }));
+                    if tx.send(Ok(ev)).await.is_err() {
+                        client_alive = false;
+                        let _ = actor.send(Input::JobClientGone(jobid));
+                    }
+                }
+                let _ = actor.send(Input::IofDelivered { jobid, daemon, bytes });
+            }
+            Forward::Event(ev) => {
+                let last = matches!(ev.event, Some(job_event::Event::Ended(_)));
+                if client_alive && tx.send(Ok(ev)).await.is_err() {
+                    client_alive = false;
+                    let _ = actor.send(Input::JobClientGone(jobid));
+                }
+                if last {
+                    return;
+                }
+            }
+        }
     }
 }

@@ -10,8 +10,11 @@
 pub mod control;
 pub mod daemon;
 pub mod hostfile;
+pub mod jobmap;
 pub mod jobs;
 pub mod launch;
+pub mod odls;
+pub mod prun_cli;
 pub mod session;
 
 /// Initialise logging to stderr; `DVM_LOG` (or `RUST_LOG`) sets the filter, default `warn`.

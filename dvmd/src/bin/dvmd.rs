@@ -162,7 +162,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             let me = nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_else(|_| "localhost".into());
-            ((0..*n).map(|_| HostEntry { name: me.clone(), slots: args.slots }).collect(), true)
+            // Every local daemon gets its own name, so messages say which one.
+            ((0..*n).map(|r| HostEntry { name: format!("{me}-{r}"), slots: args.slots }).collect(), true)
         }
         (None, Some(f), _) => (hostfile::read(f)?, false),
         (None, None, Some(h)) => (hostfile::parse_host_list(h)?, false),

@@ -1,0 +1,352 @@
+//! Jobs through `prun` on real local DVMs (radix 2 and 64): placement against an independent
+//! computation, tagged output, exit statuses, launch errors, timeout, IOF, stdin, signals,
+//! many jobs in a row, one-shot mode. Every process started is stopped by PID.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
+const PRUN: &str = env!("CARGO_BIN_EXE_prun");
+const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+
+struct Dvm {
+    hnp: Child,
+    root: PathBuf,
+    uri: String,
+    pids: Vec<u32>,
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Pids of every process whose command line contains `needle`.
+fn procs_with(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) && alive(pid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && alive(p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+impl Dvm {
+    fn start(name: &str, n: u32, slots: u32, radix: u32) -> Dvm {
+        let root = std::env::temp_dir().join(format!("dvm-prun-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let uri_file = root.join("uri");
+        let mut hnp = Command::new(DVMD)
+            .args(["--local", &n.to_string(), "--slots", &slots.to_string(), "--radix", &radix.to_string()])
+            .arg("--report-uri")
+            .arg(&uri_file)
+            .env("DVM_TMPDIR", &root)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l == "DVM ready" => break,
+                Some(Ok(_)) => {}
+                _ => panic!("dvmd did not start"),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let uri = format!("file:{}", uri_file.display());
+        let mut dvm = Dvm { hnp, root, uri, pids: Vec::new() };
+        dvm.pids = std::iter::once(dvm.hnp.id()).chain(children_of(dvm.hnp.id())).collect();
+        dvm
+    }
+
+    fn prun(&self, args: &[&str]) -> Output {
+        self.prun_with_stdin(args, None)
+    }
+
+    fn prun_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> Output {
+        let mut cmd = Command::new(PRUN);
+        cmd.arg("--dvm-uri").arg(&self.uri).args(args).env("DVM_TMPDIR", &self.root);
+        cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let Some(data) = input {
+            let mut stdin = child.stdin.take().unwrap();
+            let data = data.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&data);
+            });
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// The DVM is still up and every daemon answers.
+    fn assert_up(&self) {
+        let out = self.prun(&["-n", "1", "true"]);
+        assert!(out.status.success(), "DVM no longer runs jobs: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn stop(mut self) {
+        let st = Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.hnp.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "dvmd did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
+        let mut left = Vec::new();
+        for u in std::fs::read_dir(&self.root).unwrap().flatten().filter(|e| e.path().is_dir()) {
+            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
+        }
+        assert!(left.is_empty(), "session dirs left: {left:?}");
+        self.pids.clear();
+    }
+}
+
+impl Drop for Dvm {
+    fn drop(&mut self) {
+        let _ = self.hnp.kill();
+        let _ = self.hnp.wait();
+        for &p in &self.pids {
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// rank -> daemon from `echo $DVM_RANK $DVM_DAEMON` output.
+fn placement(o: &Output) -> BTreeMap<u32, u32> {
+    text(o)
+        .0
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Independent placement: per-daemon counts, then consecutive ranks (block) or r mod k.
+fn expected(policy: &str, np: u32, daemons: u32, slots: u32) -> BTreeMap<u32, u32> {
+    let mut m = BTreeMap::new();
+    match policy {
+        "slot" => {
+            for r in 0..np {
+                m.insert(r, r / slots);
+            }
+        }
+        "node" => {
+            for r in 0..np {
+                m.insert(r, r % daemons);
+            }
+        }
+        ppr => {
+            let n: u32 = ppr.split(':').nth(1).unwrap().parse().unwrap();
+            for r in 0..np {
+                m.insert(r, r / n);
+            }
+        }
+    }
+    m
+}
+
+fn run_suite(radix: u32) {
+    let dvm = Dvm::start(&format!("suite{radix}"), 8, 8, radix);
+    let show = ["sh", "-c", "echo $DVM_RANK $DVM_DAEMON"];
+
+    // Placement for each policy against an independent computation.
+    for (policy, np) in [("slot", 20u32), ("node", 20), ("ppr:2:node", 16)] {
+        let np_s = np.to_string();
+        let mut args = vec!["--map-by", policy, "-n", &np_s];
+        args.extend_from_slice(&show);
+        let out = dvm.prun(&args);
+        assert!(out.status.success(), "{policy}: {}", text(&out).1);
+        assert_eq!(placement(&out), expected(policy, np, 8, 8), "--map-by {policy}");
+    }
+    let out = dvm.prun(&["-N", "3", "sh", "-c", "echo $DVM_RANK $DVM_DAEMON"]);
+    assert_eq!(placement(&out), expected("ppr:3:node", 24, 8, 8), "-N 3 fills every node");
+
+    // 64 procs over 8 daemons, tagged: every line present and right.
+    let out = dvm.prun(&["-n", "64", "--output", "tag", "sh", "-c", "echo host=$DVM_NODE rank=$DVM_RANK"]);
+    assert!(out.status.success());
+    let (so, _) = text(&out);
+    let mut lines: Vec<&str> = so.lines().collect();
+    lines.sort();
+    let mut want: Vec<String> = (0..64)
+        .map(|r| {
+            let jobid: String = lines[0].trim_start_matches('[').split(',').next().unwrap().to_string();
+            format!("[{jobid},{r}]<stdout>: host={}-{} rank={r}", hostname(), r / 8)
+        })
+        .collect();
+    want.sort();
+    assert_eq!(lines, want);
+
+    // Exit statuses.
+    assert_eq!(dvm.prun(&["-n", "2", "sh", "-c", "exit 3"]).status.code(), Some(3));
+    let out = dvm.prun(&["-n", "1", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143));
+    assert!(text(&out).1.contains("killed by signal 15"), "{}", text(&out).1);
+    // A failing rank kills the rest of the job (not the DVM), named by rank, node and pid.
+    let out = dvm.prun(&["-n", "4", "sh", "-c", "if [ $DVM_RANK = 2 ]; then exit 5; fi; sleep 100"]);
+    assert_eq!(out.status.code(), Some(5));
+    let err = text(&out).1;
+    assert!(err.contains("rank 2 on node") && err.contains("(pid ") && err.contains("status 5"), "{err}");
+
+    // Launch errors: one sentence each, the DVM stays up.
+    let out = dvm.prun(&["-n", "2", "/no/such/exe"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out).1.contains("'/no/such/exe' not found"), "{}", text(&out).1);
+    let out = dvm.prun(&["-n", "1", "--wdir", "/no/such/dir", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out).1.contains("/no/such/dir"), "{}", text(&out).1);
+    let out = dvm.prun(&["-n", "65", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("only 64 slots"), "{}", text(&out).1);
+    let out = dvm.prun(&["-n", "65", "--map-by", "slot:oversubscribe", "true"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let out = dvm.prun(&["--bogus", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    dvm.assert_up();
+
+    // --timeout kills and says so.
+    let out = dvm.prun(&["-n", "2", "--timeout", "1", "sleep", "100"]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(text(&out).1.contains("--timeout"), "{}", text(&out).1);
+
+    // 10 MiB from a proc on another daemon arrives byte-exact.
+    let blob = std::env::temp_dir().join(format!("dvm-blob-{}-{radix}", std::process::id()));
+    let data: Vec<u8> = (0..10u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&blob, &data).unwrap();
+    let host = format!("{}-5", hostname());
+    let out = dvm.prun(&["-n", "1", "--host", &host, "cat", blob.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&blob);
+    assert!(out.status.success());
+    assert!(out.stdout == data, "10 MiB output differs ({} bytes received)", out.stdout.len());
+
+    // stdin to rank 0 by default, to everyone with --stdin all.
+    let out = dvm.prun_with_stdin(&["-n", "2", "sh", "-c", "read x; echo $DVM_RANK:$x"], Some(b"hello\n"));
+    let (so, _) = text(&out);
+    assert!(so.contains("0:hello") && so.contains("1:"), "{so}");
+    assert!(!so.contains("1:hello"), "{so}");
+    let out =
+        dvm.prun_with_stdin(&["-n", "3", "--stdin", "all", "sh", "-c", "read x; echo $DVM_RANK:$x"], Some(b"hi\n"));
+    let (so, _) = text(&out);
+    for r in 0..3 {
+        assert!(so.contains(&format!("{r}:hi")), "rank {r} missed stdin: {so}");
+    }
+
+    // MPMD.
+    let out = dvm.prun(&["-n", "1", "sh", "-c", "echo A$DVM_APPNUM", ":", "-n", "2", "sh", "-c", "echo B$DVM_APPNUM"]);
+    let (so, _) = text(&out);
+    assert_eq!((so.matches("A0").count(), so.matches("B1").count()), (1, 2), "{so}");
+
+    // Ctrl-C on prun ends the job and leaves nothing.
+    let marker = format!("100.{}{radix}", std::process::id());
+    let mut prun = Command::new(PRUN)
+        .args(["--dvm-uri", &dvm.uri, "-n", "4", "sleep", &marker])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while procs_with(&marker).len() < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe {
+        libc::kill(prun.id() as i32, libc::SIGINT);
+    }
+    let st = prun.wait().unwrap();
+    assert_eq!(st.code(), Some(130), "prun exit after Ctrl-C");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !procs_with(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(procs_with(&marker).is_empty(), "procs outlived Ctrl-C");
+    let mut e = String::new();
+    prun.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+
+    // 50 jobs in a row: nothing left behind.
+    for i in 0..50 {
+        let out = dvm.prun(&["-n", "4", "true"]);
+        assert!(out.status.success(), "job {i}: {}", text(&out).1);
+    }
+    let leftovers: Vec<u32> = dvm.pids.iter().flat_map(|&d| children_of(d)).filter(|p| !dvm.pids.contains(p)).collect();
+    assert!(leftovers.is_empty(), "processes left under the daemons: {leftovers:?}");
+    dvm.stop();
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn jobs_radix_2() {
+    run_suite(2);
+}
+
+#[test]
+fn jobs_radix_64() {
+    run_suite(64);
+}
+
+#[test]
+fn one_shot_runs_a_job_and_tears_down() {
+    let root = std::env::temp_dir().join(format!("dvm-oneshot-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let out = Command::new(PRUN)
+        .args(["--local", "4", "-n", "4", "sh", "-c", "echo r$DVM_RANK"])
+        .env("DVM_TMPDIR", &root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches('r').count(), 4);
+    let out = Command::new(PRUN)
+        .args(["--local", "2", "-n", "1", "sh", "-c", "exit 7"])
+        .env("DVM_TMPDIR", &root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    let left: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .flat_map(|u| std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .collect();
+    assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = Path::new("");
+}
