@@ -14,6 +14,7 @@ use dvmd::session::DvmUri;
 
 const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
 const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+const PRUN: &str = env!("CARGO_BIN_EXE_prun");
 
 struct NetnsDvm {
     cluster: FakeCluster,
@@ -117,6 +118,28 @@ async fn four_fake_nodes(radix: u32) {
     assert_eq!(x.errors, 0);
     let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 1000, bytes: 64 }).await.unwrap();
     assert_eq!(f.errors, 0, "{}", f.first_error);
+
+    // Jobs on the fake nodes: every rank runs on the node the map says, seen by its hostname.
+    let uri = format!("file:{}", dvm.uri_file.display());
+    let prun = |args: &[&str]| Command::new(PRUN).arg("--dvm-uri").arg(&uri).args(args).output().unwrap();
+    let out = prun(&["-n", "8", "--output", "tag", "sh", "-c", "echo $(hostname) $DVM_RANK"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let names = dvm.cluster.node_names();
+    for r in 0..8usize {
+        // Two slots per node, block mapping: ranks 2i and 2i+1 on node i.
+        let want = format!("<stdout>: {} {r}", names[r / 2]);
+        assert!(text.lines().any(|l| l.starts_with(&format!("[1,{r}]")) && l.ends_with(&want)), "rank {r}: {text}");
+    }
+    // 10 MiB from a proc on the last node arrives byte-exact; a failure is named.
+    let blob = dvm.dir.join("blob");
+    let data: Vec<u8> = (0..10u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(&blob, &data).unwrap();
+    let out = prun(&["-n", "1", "--host", names[3], "cat", blob.to_str().unwrap()]);
+    assert!(out.status.success() && out.stdout == data, "10 MiB over the fake network differs");
+    let out = prun(&["-n", "8", "sh", "-c", "[ $DVM_RANK = 7 ] && exit 3; sleep 30"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("rank 7 on node {}", names[3])));
     dvm.pterm();
     dvm.assert_clean();
 }
