@@ -261,6 +261,20 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     drop(exit_tx);
 
     let (ctl_tx, ctl_rx) = mpsc::channel(64);
+    // SIGINT/SIGTERM on the HNP: an orderly termination, like pterm.
+    let sig_tx = ctl_tx.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        let (tx, _rx) = oneshot::channel();
+        let _ = sig_tx.send(dvmd::control::ControlCmd::Terminate(tx)).await;
+    });
     let (in_tx, in_rx) = mpsc::unbounded_channel();
     let fwd = in_tx.clone();
     tokio::spawn(async move {
