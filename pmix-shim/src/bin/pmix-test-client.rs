@@ -1,0 +1,135 @@
+//! A tiny PMIx client for this crate's integration tests (the client half of libpmix through
+//! the same bindings). Usage: `pmix-test-client fence|abort|log`. It prints `key=value` lines
+//! the tests check and exits non-zero on any PMIx failure.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::process::exit;
+
+use pmix_shim::{status_name, sys};
+
+fn check(what: &str, rc: sys::pmix_status_t) {
+    if rc != sys::PMIX_SUCCESS as i32 {
+        eprintln!("pmix-test-client: {what} failed: {} ({rc})", status_name(rc));
+        exit(3);
+    }
+}
+
+fn key(k: &[u8]) -> *const c_char {
+    k.as_ptr() as *const c_char
+}
+
+fn proc_of(ns: &sys::pmix_nspace_t, rank: u32) -> sys::pmix_proc_t {
+    sys::pmix_proc_t { nspace: *ns, rank }
+}
+
+/// PMIx_Get, returning the value as a string (strings verbatim, integers in decimal).
+fn get(p: &sys::pmix_proc_t, k: &[u8]) -> String {
+    let mut val: *mut sys::pmix_value_t = std::ptr::null_mut();
+    // SAFETY: p and k are valid; val receives a malloc'ed value we release below.
+    let rc = unsafe { sys::PMIx_Get(p, key(k), std::ptr::null(), 0, &mut val) };
+    check(&format!("PMIx_Get({})", String::from_utf8_lossy(k)), rc);
+    // SAFETY: PMIx_Get succeeded, val is a valid value.
+    unsafe {
+        let v = &*val;
+        let s = match u32::from(v.type_) {
+            sys::PMIX_STRING => CStr::from_ptr(v.data.string).to_string_lossy().into_owned(),
+            sys::PMIX_UINT32 => v.data.uint32.to_string(),
+            sys::PMIX_UINT16 => v.data.uint16.to_string(),
+            sys::PMIX_INT32 | sys::PMIX_INT => v.data.int32.to_string(),
+            sys::PMIX_PROC_RANK => v.data.rank.to_string(),
+            t => format!("<type {t}>"),
+        };
+        sys::PMIx_Value_destruct(val);
+        libc::free(val as *mut c_void);
+        s
+    }
+}
+
+fn fence(ns: &sys::pmix_nspace_t, collect: bool) {
+    let all = proc_of(ns, sys::PMIX_RANK_WILDCARD);
+    // SAFETY: zeroed info is the constructed state; PMIx_Info_load copies the bool.
+    unsafe {
+        let mut info: sys::pmix_info_t = std::mem::zeroed();
+        let (ip, n) = if collect {
+            let t = true;
+            check(
+                "PMIx_Info_load",
+                sys::PMIx_Info_load(
+                    &mut info,
+                    key(sys::PMIX_COLLECT_DATA),
+                    &t as *const bool as *const c_void,
+                    sys::PMIX_BOOL as u16,
+                ),
+            );
+            (&info as *const sys::pmix_info_t, 1)
+        } else {
+            (std::ptr::null(), 0)
+        };
+        check("PMIx_Fence", sys::PMIx_Fence(&all, 1, ip, n));
+    }
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "fence".into());
+    // SAFETY: plain FFI calls with valid, zero-initialized arguments.
+    unsafe {
+        let mut me: sys::pmix_proc_t = std::mem::zeroed();
+        check("PMIx_Init", sys::PMIx_Init(&mut me, std::ptr::null_mut(), 0));
+        let rank = me.rank;
+        let ns = me.nspace;
+        let wild = proc_of(&ns, sys::PMIX_RANK_WILDCARD);
+        println!("rank={rank}");
+        match mode.as_str() {
+            "fence" => {
+                let size: u32 = get(&wild, sys::PMIX_JOB_SIZE).parse().expect("job size");
+                println!("job_size={size}");
+                println!("local_rank={}", get(&me, sys::PMIX_LOCAL_RANK));
+                println!("node_rank={}", get(&me, sys::PMIX_NODE_RANK));
+                println!("hostname={}", get(&me, sys::PMIX_HOSTNAME));
+                println!("appnum={}", get(&wild, sys::PMIX_APPNUM));
+                println!("univ_size={}", get(&wild, sys::PMIX_UNIV_SIZE));
+                let mine = CString::new(format!("value-from-rank-{rank}")).unwrap();
+                let mut v: sys::pmix_value_t = std::mem::zeroed();
+                check(
+                    "PMIx_Value_load",
+                    sys::PMIx_Value_load(&mut v, mine.as_ptr() as *const c_void, sys::PMIX_STRING as u16),
+                );
+                check("PMIx_Put", sys::PMIx_Put(sys::PMIX_GLOBAL as u8, key(b"dvm.test.key\0"), &mut v));
+                sys::PMIx_Value_destruct(&mut v);
+                check("PMIx_Commit", sys::PMIx_Commit());
+                fence(&ns, true);
+                let peer = (rank + 1) % size;
+                println!("peer_value={}", get(&proc_of(&ns, peer), b"dvm.test.key\0"));
+                fence(&ns, false);
+            }
+            "abort" => {
+                let msg = CString::new(format!("test abort from rank {rank}")).unwrap();
+                let rc = sys::PMIx_Abort(7, msg.as_ptr(), std::ptr::null_mut(), 0);
+                println!("abort_rc={rc}");
+                exit(7);
+            }
+            "log" => {
+                let text = CString::new(format!("log line from rank {rank}")).unwrap();
+                let mut info: sys::pmix_info_t = std::mem::zeroed();
+                check(
+                    "PMIx_Info_load",
+                    sys::PMIx_Info_load(
+                        &mut info,
+                        key(sys::PMIX_LOG_STDERR),
+                        text.as_ptr() as *const c_void,
+                        sys::PMIX_STRING as u16,
+                    ),
+                );
+                let rc = sys::PMIx_Log(&info, 1, std::ptr::null(), 0);
+                println!("log_rc={rc}");
+                sys::PMIx_Value_destruct(&mut info.value);
+            }
+            m => {
+                eprintln!("pmix-test-client: unknown mode {m}");
+                exit(2);
+            }
+        }
+        check("PMIx_Finalize", sys::PMIx_Finalize(std::ptr::null(), 0));
+        println!("finalize=ok");
+    }
+}

@@ -1,0 +1,81 @@
+//! Owned events posted by the upcalls. Every field is a copy; the replies are the only link
+//! back into libpmix.
+
+use crate::error::Status;
+use crate::reply::{FenceReply, InfoReply, ModexReply, Reply};
+use crate::sys;
+use crate::types::{find_info, Info, ProcId};
+
+/// A `fence_nb` upcall: all local participants of a fence have contributed.
+///
+/// With one server for every participant libpmix calls this once for the local collective,
+/// with the local procs' data already concatenated in `data`.
+#[derive(Debug)]
+pub struct FenceRequest {
+    /// The fence's participants (Open MPI: one entry, `{nspace, Wildcard}`).
+    pub procs: Vec<ProcId>,
+    /// `PMIX_COLLECT_DATA` from the info array; false when absent. Never inferred from `data`.
+    pub collect: bool,
+    /// `PMIX_TIMEOUT` (seconds), if given.
+    pub timeout: Option<i32>,
+    /// `pmix.loc.col.st` (`PMIX_LOCAL_COLLECTIVE_STATUS`), if given: non-zero (e.g. -52
+    /// PARTIAL_SUCCESS) means a local participant died without contributing.
+    pub local_status: Option<Status>,
+    /// This server's contribution (copied).
+    pub data: Vec<u8>,
+    /// The whole info array (copied), including libpmix's own `pmix.sorted.parr`.
+    pub info: Vec<Info>,
+    /// Complete with the collective result (concatenation of every server's `data`).
+    pub reply: FenceReply,
+}
+
+impl FenceRequest {
+    pub(crate) fn new(procs: Vec<ProcId>, info: Vec<Info>, data: Vec<u8>, reply: FenceReply) -> FenceRequest {
+        let collect = find_info(&info, sys::PMIX_COLLECT_DATA).and_then(|v| v.as_bool()).unwrap_or(false);
+        let timeout = find_info(&info, sys::PMIX_TIMEOUT).and_then(|v| v.as_i64()).map(|t| t as i32);
+        let local_status =
+            find_info(&info, sys::PMIX_LOCAL_COLLECTIVE_STATUS).and_then(|v| v.as_i64()).map(|s| s as Status);
+        FenceRequest { procs, collect, timeout, local_status, data, info, reply }
+    }
+}
+
+/// Everything libpmix asks of the host, plus the answers to the host's own async requests.
+#[derive(Debug)]
+pub enum PmixEvent {
+    /// A registered client connected (called PMIx_Init). Complete with SUCCESS to accept it.
+    ClientConnected { proc: ProcId, reply: Reply },
+    /// A client called PMIx_Finalize; it stays blocked until `reply` completes.
+    ClientFinalized { proc: ProcId, reply: Reply },
+    /// A client called PMIx_Abort (MPI_Abort). It stays blocked until `reply` completes and then
+    /// exits by itself with `status`. `procs` = None means "every proc of the caller's nspace".
+    /// Working order (notes): complete the reply, wait for the aborting rank's exit, then kill.
+    Abort { proc: ProcId, status: Status, message: String, procs: Option<Vec<ProcId>>, reply: Reply },
+    /// All local participants of a fence contributed.
+    FenceNb(FenceRequest),
+    /// libpmix needs `proc`'s data from the daemon hosting it (only when the modex did not
+    /// collect). Answer with that daemon's `PmixServer::dmodex_request` result.
+    DirectModex { proc: ProcId, info: Vec<Info>, reply: ModexReply },
+    /// A client called PMIx_Log. `text` is the best-effort rendered message: string values
+    /// verbatim, byte values (Open MPI's DSS-packed show_help) reduced to their last string.
+    Log { client: ProcId, text: Option<String>, data: Vec<Info>, directives: Vec<Info>, reply: Reply },
+    /// A client asked for job control (kill, signal, ...) of `targets`.
+    JobControl { requestor: ProcId, targets: Vec<ProcId>, directives: Vec<Info>, reply: InfoReply },
+    /// Answer to `PmixServer::dmodex_request(request)`: `proc`'s data blob on this server.
+    DmodexData { request: u64, proc: ProcId, status: Status, data: Vec<u8> },
+}
+
+impl PmixEvent {
+    /// Short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PmixEvent::ClientConnected { .. } => "client_connected",
+            PmixEvent::ClientFinalized { .. } => "client_finalized",
+            PmixEvent::Abort { .. } => "abort",
+            PmixEvent::FenceNb(_) => "fence_nb",
+            PmixEvent::DirectModex { .. } => "direct_modex",
+            PmixEvent::Log { .. } => "log",
+            PmixEvent::JobControl { .. } => "job_control",
+            PmixEvent::DmodexData { .. } => "dmodex_data",
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The safe wrapper over libpmix's server calls.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::{check, PmixError, Status, SUCCESS};
+use crate::event::PmixEvent;
+use crate::state::{self, Shared, STATE};
+use crate::sys;
+use crate::types::{key_str, nspace_buf, Info, InfoArray, InfoValue, ProcId, Rank};
+use crate::upcalls;
+
+/// Default bound on the blocking calls (register/deregister): libpmix completes them in
+/// milliseconds; hitting this means libpmix is wedged.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to start the server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `PMIX_SERVER_TMPDIR` (and `PMIX_SYSTEM_TMPDIR`): owned by this server alone; its
+    /// contents are deleted at init (a killed daemon leaves dstore files behind).
+    pub tmpdir: PathBuf,
+    /// `PMIX_HOSTNAME`: the name of this node as it appears in `JobInfo::node_map`. libpmix
+    /// uses it to find which node of the map is local. None: gethostname().
+    pub hostname: Option<String>,
+    /// `PMIX_SERVER_NSPACE` / `PMIX_SERVER_RANK`: the daemon's own name, if any.
+    pub server_nspace: Option<String>,
+    pub server_rank: Option<u32>,
+    /// Bound on each blocking call (see the crate docs).
+    pub op_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(tmpdir: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            tmpdir: tmpdir.into(),
+            hostname: None,
+            server_nspace: None,
+            server_rank: None,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+        }
+    }
+}
+
+/// The job-level facts registered with an nspace. Only the maps are required by libpmix; from
+/// them it derives job size, local peers, and each rank's local rank, node rank and hostname.
+/// No `PMIX_PROC_DATA` is ever registered (it would stop that derivation).
+#[derive(Debug, Clone, Default)]
+pub struct JobInfo {
+    /// Hostnames in node order (`PMIX_NODE_MAP`). One of them must be this server's hostname.
+    pub node_map: Vec<String>,
+    /// The ranks on each node, same order as `node_map` (`PMIX_PROC_MAP`).
+    pub proc_map: Vec<Vec<u32>>,
+    /// `PMIX_JOB_SIZE`: must equal the number of ranks in `proc_map`.
+    pub job_size: u32,
+    /// `PMIX_UNIV_SIZE`.
+    pub universe_size: u32,
+    /// `PMIX_APPNUM`.
+    pub appnum: u32,
+    /// `PMIX_JOBID`, if the host has a printable job id.
+    pub jobid: Option<String>,
+    /// `PMIX_MAX_PROCS`; None: `universe_size`.
+    pub max_procs: Option<u32>,
+    /// Further job-level keys, appended as given.
+    pub extra: Vec<Info>,
+}
+
+impl JobInfo {
+    /// `PMIX_NODE_MAP` as registered: comma-separated hostnames.
+    pub fn node_map_string(&self) -> String {
+        self.node_map.join(",")
+    }
+
+    /// `PMIX_PROC_MAP` as registered: per node a comma-separated rank list, nodes separated by ';'.
+    pub fn proc_map_string(&self) -> String {
+        self.proc_map
+            .iter()
+            .map(|ranks| ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    fn validate(&self, op: &'static str, nspace: &str) -> Result<(), PmixError> {
+        let bad = |detail: String| PmixError::InvalidArgument { op, detail: format!("nspace {nspace}: {detail}") };
+        if self.node_map.is_empty() || self.node_map.len() != self.proc_map.len() {
+            return Err(bad(format!(
+                "node_map has {} nodes but proc_map has {}",
+                self.node_map.len(),
+                self.proc_map.len()
+            )));
+        }
+        if let Some(h) = self.node_map.iter().find(|h| h.is_empty() || h.contains([',', ';', '\0'])) {
+            return Err(bad(format!("hostname {h:?} is empty or contains ',' ';' or NUL")));
+        }
+        let mut seen = vec![false; self.job_size as usize];
+        for (node, ranks) in self.node_map.iter().zip(&self.proc_map) {
+            if ranks.is_empty() {
+                return Err(bad(format!("node {node} has no ranks in proc_map")));
+            }
+            for &r in ranks {
+                match seen.get_mut(r as usize) {
+                    None => return Err(bad(format!("rank {r} on node {node} is >= job_size {}", self.job_size))),
+                    Some(true) => return Err(bad(format!("rank {r} appears twice in proc_map"))),
+                    Some(s) => *s = true,
+                }
+            }
+        }
+        if let Some(missing) = seen.iter().position(|s| !s) {
+            return Err(bad(format!("rank {missing} of job_size {} is on no node", self.job_size)));
+        }
+        Ok(())
+    }
+
+    fn to_info(&self, op: &'static str) -> Result<InfoArray, PmixError> {
+        let mut a = InfoArray::new();
+        a.push(op, key_str(sys::PMIX_NODE_MAP), &InfoValue::String(self.node_map_string()))?;
+        a.push(op, key_str(sys::PMIX_PROC_MAP), &InfoValue::String(self.proc_map_string()))?;
+        a.push(op, key_str(sys::PMIX_JOB_SIZE), &InfoValue::U32(self.job_size))?;
+        a.push(op, key_str(sys::PMIX_UNIV_SIZE), &InfoValue::U32(self.universe_size))?;
+        a.push(op, key_str(sys::PMIX_MAX_PROCS), &InfoValue::U32(self.max_procs.unwrap_or(self.universe_size)))?;
+        a.push(op, key_str(sys::PMIX_APPNUM), &InfoValue::U32(self.appnum))?;
+        if let Some(j) = &self.jobid {
+            a.push(op, key_str(sys::PMIX_JOBID), &InfoValue::String(j.clone()))?;
+        }
+        for i in &self.extra {
+            a.push(op, &i.key, &i.value)?;
+        }
+        Ok(a)
+    }
+}
+
+/// Serializes init/finalize.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// The one libpmix server of this process. Methods may be called from any thread except a PMIx
+/// upcall; the blocking ones wait for libpmix's completion callback (milliseconds, bounded by
+/// `ServerConfig::op_timeout`). Dropping it finalizes libpmix.
+#[derive(Debug)]
+pub struct PmixServer {
+    generation: u64,
+    op_timeout: Duration,
+    next_request: AtomicU64,
+    finalized: bool,
+    hostname: Option<String>,
+}
+
+/// A completion flag signalled by `op_done` from libpmix's thread.
+type Completion = (Mutex<Option<Status>>, Condvar);
+
+unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut c_void) {
+    // SAFETY: cbdata is an Arc<Completion> leaked by `blocking`; each callback consumes one ref.
+    let c = Arc::from_raw(cbdata as *const Completion);
+    *c.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    c.1.notify_all();
+}
+
+impl PmixServer {
+    /// libpmix's version string.
+    pub fn version() -> String {
+        // SAFETY: static string.
+        unsafe { CStr::from_ptr(sys::PMIx_Get_version()) }.to_string_lossy().into_owned()
+    }
+
+    /// Cleans `config.tmpdir`, installs the upcalls and starts libpmix's server
+    /// (`PMIx_server_init`, measured 16–35 ms). Every upcall becomes a [`PmixEvent`] passed to
+    /// `sink` on libpmix's progress thread: `sink` must not block (e.g. an unbounded channel's
+    /// send). One server per process.
+    pub fn init(
+        config: &ServerConfig,
+        sink: impl Fn(PmixEvent) + Send + Sync + 'static,
+    ) -> Result<PmixServer, PmixError> {
+        const OP: &str = "PMIx_server_init";
+        if state::in_upcall() {
+            return Err(PmixError::CalledFromUpcall { op: OP });
+        }
+        let _life = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        if state::current().is_some() {
+            return Err(PmixError::AlreadyInitialized);
+        }
+        prepare_tmpdir(&config.tmpdir)?;
+        let dir = config.tmpdir.to_str().ok_or_else(|| PmixError::InvalidArgument {
+            op: OP,
+            detail: format!("tmpdir {} is not UTF-8", config.tmpdir.display()),
+        })?;
+        let mut info = InfoArray::new();
+        info.push(OP, key_str(sys::PMIX_SERVER_TMPDIR), &InfoValue::String(dir.to_owned()))?;
+        info.push(OP, key_str(sys::PMIX_SYSTEM_TMPDIR), &InfoValue::String(dir.to_owned()))?;
+        if let Some(h) = &config.hostname {
+            info.push(OP, key_str(sys::PMIX_HOSTNAME), &InfoValue::String(h.clone()))?;
+        }
+        if let Some(ns) = &config.server_nspace {
+            info.push(OP, key_str(sys::PMIX_SERVER_NSPACE), &InfoValue::String(ns.clone()))?;
+        }
+        if let Some(r) = config.server_rank {
+            info.push(OP, key_str(sys::PMIX_SERVER_RANK), &InfoValue::Rank(Rank::Id(r)))?;
+        }
+
+        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+        *STATE.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Shared { sink: Box::new(sink), generation }));
+        let mut module = upcalls::module();
+        let t0 = Instant::now();
+        // SAFETY: module and info are valid for the call; libpmix copies the module.
+        let rc = unsafe { sys::PMIx_server_init(&mut module, info.as_mut_ptr(), info.len()) };
+        let took = t0.elapsed();
+        if let Err(e) = check(OP, rc) {
+            *STATE.write().unwrap_or_else(|e| e.into_inner()) = None;
+            tracing::error!(tmpdir = %config.tmpdir.display(), error = %e, "PMIx server init failed");
+            return Err(e);
+        }
+        tracing::info!(
+            tmpdir = %config.tmpdir.display(),
+            version = %Self::version(),
+            ms = took.as_secs_f64() * 1e3,
+            "PMIx server initialized"
+        );
+        Ok(PmixServer {
+            generation,
+            op_timeout: config.op_timeout,
+            next_request: AtomicU64::new(1),
+            finalized: false,
+            hostname: config.hostname.clone(),
+        })
+    }
+
+    /// Runs a libpmix call that completes through a `pmix_op_cbfunc_t` and waits for it.
+    /// `keep` (e.g. the info array the call reads asynchronously) lives until completion; on
+    /// timeout it is leaked, since libpmix may still read it.
+    fn blocking<K>(
+        &self,
+        op: &'static str,
+        keep: K,
+        start: impl FnOnce(sys::pmix_op_cbfunc_t, *mut c_void) -> Option<Status>,
+    ) -> Result<Duration, PmixError> {
+        if state::in_upcall() {
+            return Err(PmixError::CalledFromUpcall { op });
+        }
+        let c: Arc<Completion> = Arc::new((Mutex::new(None), Condvar::new()));
+        let raw = Arc::into_raw(c.clone()) as *mut c_void;
+        let t0 = Instant::now();
+        if let Some(rc) = start(Some(op_done), raw) {
+            if rc != SUCCESS {
+                // SAFETY: libpmix refused the call, so it will not call op_done: reclaim the ref.
+                drop(unsafe { Arc::from_raw(raw as *const Completion) });
+                if rc == sys::PMIX_OPERATION_SUCCEEDED {
+                    return Ok(t0.elapsed());
+                }
+                return check(op, rc).map(|_| t0.elapsed());
+            }
+        }
+        let deadline = t0 + self.op_timeout;
+        let mut done = c.0.lock().unwrap_or_else(|e| e.into_inner());
+        while done.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                drop(done);
+                std::mem::forget(keep);
+                tracing::error!(op, ms = self.op_timeout.as_millis(), "libpmix did not complete a blocking call");
+                return Err(PmixError::Timeout { op, ms: self.op_timeout.as_millis() });
+            }
+            done = c.1.wait_timeout(done, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        let status = done.expect("loop exits on Some");
+        drop(done);
+        drop(keep);
+        check(op, status).map(|_| t0.elapsed())
+    }
+
+    /// Registers a job's nspace with `n_local` procs on this node and the job-level keys from
+    /// `job` (see [`JobInfo`]). Blocks until libpmix has processed it.
+    pub fn register_nspace(&self, nspace: &str, n_local: u32, job: &JobInfo) -> Result<Duration, PmixError> {
+        const OP: &str = "PMIx_server_register_nspace";
+        job.validate(OP, nspace)?;
+        if let Some(h) = &self.hostname {
+            let Some(idx) = job.node_map.iter().position(|n| n == h) else {
+                return Err(PmixError::InvalidArgument {
+                    op: OP,
+                    detail: format!("nspace {nspace}: this server's hostname {h} is not in node_map"),
+                });
+            };
+            if job.proc_map[idx].len() != n_local as usize {
+                return Err(PmixError::InvalidArgument {
+                    op: OP,
+                    detail: format!(
+                        "nspace {nspace}: n_local {n_local} but proc_map has {} ranks on {h}",
+                        job.proc_map[idx].len()
+                    ),
+                });
+            }
+        }
+        let ns = nspace_buf(OP, nspace)?;
+        let nlocal = i32::try_from(n_local)
+            .map_err(|_| PmixError::InvalidArgument { op: OP, detail: format!("n_local {n_local} too large") })?;
+        let mut info = job.to_info(OP)?;
+        let (ptr, len) = (info.as_mut_ptr(), info.len());
+        let took = self.blocking(OP, (info, ns), |cb, cbdata| {
+            // SAFETY: ns and info are kept alive by `blocking` until completion.
+            Some(unsafe { sys::PMIx_server_register_nspace(ns.as_ptr(), nlocal, ptr, len, cb, cbdata) })
+        })?;
+        tracing::debug!(nspace, n_local, job_size = job.job_size, ms = took.as_secs_f64() * 1e3, "nspace registered");
+        Ok(took)
+    }
+
+    /// Purges an nspace (after all its local procs are reaped). Blocks; measured 4–25 ms.
+    pub fn deregister_nspace(&self, nspace: &str) -> Result<Duration, PmixError> {
+        const OP: &str = "PMIx_server_deregister_nspace";
+        let ns = nspace_buf(OP, nspace)?;
+        let took = self.blocking(OP, ns, |cb, cbdata| {
+            // SAFETY: ns lives until completion.
+            unsafe { sys::PMIx_server_deregister_nspace(ns.as_ptr(), cb, cbdata) };
+            None
+        })?;
+        tracing::debug!(nspace, ms = took.as_secs_f64() * 1e3, "nspace deregistered");
+        Ok(took)
+    }
+
+    /// Registers a local client (before `setup_fork` and the fork). Blocks until processed.
+    pub fn register_client(&self, nspace: &str, rank: u32, uid: u32, gid: u32) -> Result<Duration, PmixError> {
+        const OP: &str = "PMIx_server_register_client";
+        let p = Box::new(ProcId::new(nspace, Rank::Id(rank)).to_raw(OP)?);
+        let pp: *const sys::pmix_proc_t = &*p;
+        self.blocking(OP, p, |cb, cbdata| {
+            // SAFETY: the proc lives until completion.
+            Some(unsafe { sys::PMIx_server_register_client(pp, uid, gid, std::ptr::null_mut(), cb, cbdata) })
+        })
+    }
+
+    /// Forgets a local client (after it was reaped). Blocks until processed.
+    pub fn deregister_client(&self, nspace: &str, rank: u32) -> Result<Duration, PmixError> {
+        const OP: &str = "PMIx_server_deregister_client";
+        let p = Box::new(ProcId::new(nspace, Rank::Id(rank)).to_raw(OP)?);
+        let pp: *const sys::pmix_proc_t = &*p;
+        self.blocking(OP, p, |cb, cbdata| {
+            // SAFETY: the proc lives until completion.
+            unsafe { sys::PMIx_server_deregister_client(pp, cb, cbdata) };
+            None
+        })
+    }
+
+    /// The environment a registered client needs (PMIX_NAMESPACE, PMIX_RANK, PMIX_SERVER_URI*,
+    /// dstore paths, ...): add all of it to the child's environment.
+    pub fn setup_fork(&self, nspace: &str, rank: u32) -> Result<Vec<(String, String)>, PmixError> {
+        const OP: &str = "PMIx_server_setup_fork";
+        let p = ProcId::new(nspace, Rank::Id(rank)).to_raw(OP)?;
+        let mut env: *mut *mut c_char = std::ptr::null_mut();
+        // SAFETY: p is valid; env starts as an empty (NULL) argv that libpmix grows with malloc.
+        let rc = unsafe { sys::PMIx_server_setup_fork(&p, &mut env) };
+        let vars = take_argv(env);
+        check(OP, rc)?;
+        Ok(vars.into_iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))).collect())
+    }
+
+    /// Asks libpmix for a local proc's modex blob (to answer another daemon's direct_modex).
+    /// Returns a request id at once; the answer arrives as [`PmixEvent::DmodexData`] with that
+    /// id (libpmix waits until the proc has committed its data).
+    pub fn dmodex_request(&self, nspace: &str, rank: u32) -> Result<u64, PmixError> {
+        const OP: &str = "PMIx_server_dmodex_request";
+        let proc = ProcId::new(nspace, Rank::Id(rank));
+        let p = proc.to_raw(OP)?;
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let ctx = Box::into_raw(Box::new(upcalls::DmodexCtx { request, proc }));
+        // SAFETY: p is valid for the call (libpmix copies the name); ctx is consumed by dmodex_done.
+        let rc = unsafe { sys::PMIx_server_dmodex_request(&p, Some(upcalls::dmodex_done), ctx as *mut c_void) };
+        if rc != SUCCESS {
+            // SAFETY: refused, so dmodex_done will not run: reclaim ctx.
+            drop(unsafe { Box::from_raw(ctx) });
+            check(OP, rc)?;
+        }
+        Ok(request)
+    }
+
+    /// Stops libpmix's server. Outstanding replies are discarded afterwards (never called into a
+    /// finalized library). Also done by Drop.
+    pub fn finalize(mut self) -> Result<(), PmixError> {
+        self.finalize_inner()
+    }
+
+    fn finalize_inner(&mut self) -> Result<(), PmixError> {
+        if self.finalized {
+            return Ok(());
+        }
+        self.finalized = true;
+        if state::in_upcall() {
+            return Err(PmixError::CalledFromUpcall { op: "PMIx_server_finalize" });
+        }
+        let _life = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut st = STATE.write().unwrap_or_else(|e| e.into_inner());
+            if st.as_ref().map(|s| s.generation) == Some(self.generation) {
+                *st = None;
+            }
+        }
+        let t0 = Instant::now();
+        // SAFETY: the server was initialized by this object and is finalized once.
+        let rc = unsafe { sys::PMIx_server_finalize() };
+        tracing::info!(ms = t0.elapsed().as_secs_f64() * 1e3, "PMIx server finalized");
+        check("PMIx_server_finalize", rc)
+    }
+}
+
+impl Drop for PmixServer {
+    fn drop(&mut self) {
+        if let Err(e) = self.finalize_inner() {
+            tracing::error!(error = %e, "PMIx server finalize failed");
+        }
+    }
+}
+
+/// Copies and frees a malloc'ed NULL-terminated argv from libpmix.
+fn take_argv(argv: *mut *mut c_char) -> Vec<String> {
+    let mut out = Vec::new();
+    if argv.is_null() {
+        return out;
+    }
+    // SAFETY: libpmix built argv with malloc'ed strings and a NULL terminator; we own it now.
+    unsafe {
+        let mut i = 0;
+        loop {
+            let s = *argv.add(i);
+            if s.is_null() {
+                break;
+            }
+            out.push(CStr::from_ptr(s).to_string_lossy().into_owned());
+            libc::free(s as *mut c_void);
+            i += 1;
+        }
+        libc::free(argv as *mut c_void);
+    }
+    out
+}
+
+/// Empties (or creates) the server's private tmpdir. Refuses paths too short to be private.
+fn prepare_tmpdir(dir: &Path) -> Result<(), PmixError> {
+    let err = |source| PmixError::TmpDir { path: dir.display().to_string(), source };
+    if !dir.is_absolute() || dir.components().count() < 3 {
+        return Err(PmixError::InvalidArgument {
+            op: "PMIx_server_init",
+            detail: format!(
+                "tmpdir {} must be an absolute private directory (its contents are deleted)",
+                dir.display()
+            ),
+        });
+    }
+    if dir.exists() {
+        for entry in std::fs::read_dir(dir).map_err(err)? {
+            let entry = entry.map_err(err)?;
+            let path = entry.path();
+            let r = if entry.file_type().map_err(err)?.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            r.map_err(err)?;
+        }
+    } else {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(nodes: &[&str], ranks: &[&[u32]], size: u32) -> JobInfo {
+        JobInfo {
+            node_map: nodes.iter().map(|s| s.to_string()).collect(),
+            proc_map: ranks.iter().map(|r| r.to_vec()).collect(),
+            job_size: size,
+            universe_size: size,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn map_strings() {
+        let j = job(&["n0", "n1"], &[&[0, 2], &[1, 3]], 4);
+        j.validate("t", "ns").unwrap();
+        assert_eq!(j.node_map_string(), "n0,n1");
+        assert_eq!(j.proc_map_string(), "0,2;1,3");
+    }
+
+    #[test]
+    fn inconsistent_maps_are_named_errors() {
+        for (j, needle) in [
+            (job(&["n0"], &[&[0], &[1]], 2), "proc_map has 2"),
+            (job(&["n0", "n1"], &[&[0], &[0]], 2), "rank 0 appears twice"),
+            (job(&["n0"], &[&[0, 5]], 2), "rank 5 on node n0"),
+            (job(&["n0"], &[&[0]], 2), "rank 1 of job_size 2"),
+            (job(&["n,0"], &[&[0]], 1), "hostname"),
+            (job(&["n0", "n1"], &[&[0], &[]], 1), "node n1 has no ranks"),
+        ] {
+            let e = j.validate("t", "ns7").unwrap_err().to_string();
+            assert!(e.contains(needle) && e.contains("ns7"), "{e}");
+        }
+    }
+
+    #[test]
+    fn tmpdir_must_be_private() {
+        assert!(prepare_tmpdir(Path::new("/tmp")).is_err());
+        assert!(prepare_tmpdir(Path::new("/")).is_err());
+        assert!(prepare_tmpdir(Path::new("rel/dir/x")).is_err());
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("srv");
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("stale"), b"x").unwrap();
+        prepare_tmpdir(&d).unwrap();
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+    }
+}
