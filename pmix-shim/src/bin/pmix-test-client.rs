@@ -1,5 +1,5 @@
 //! A tiny PMIx client for this crate's integration tests (the client half of libpmix through
-//! the same bindings). Usage: `pmix-test-client fence|abort|log`. It prints `key=value` lines
+//! the same bindings). Usage: `pmix-test-client fence|getremote|abort|log`. It prints `key=value` lines
 //! the tests check and exits non-zero on any PMIx failure.
 
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -69,6 +69,19 @@ fn fence(ns: &sys::pmix_nspace_t, collect: bool) {
     }
 }
 
+/// PMIx_Put("dvm.test.key" = "value-from-rank-<rank>", GLOBAL) + PMIx_Commit.
+fn put_own(rank: u32) {
+    let mine = CString::new(format!("value-from-rank-{rank}")).unwrap();
+    // SAFETY: zeroed value is the constructed state; PMIx_Value_load copies the string.
+    unsafe {
+        let mut v: sys::pmix_value_t = std::mem::zeroed();
+        check("PMIx_Value_load", sys::PMIx_Value_load(&mut v, mine.as_ptr() as *const c_void, sys::PMIX_STRING as u16));
+        check("PMIx_Put", sys::PMIx_Put(sys::PMIX_GLOBAL as u8, key(b"dvm.test.key\0"), &mut v));
+        sys::PMIx_Value_destruct(&mut v);
+        check("PMIx_Commit", sys::PMIx_Commit());
+    }
+}
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "fence".into());
     // SAFETY: plain FFI calls with valid, zero-initialized arguments.
@@ -88,19 +101,17 @@ fn main() {
                 println!("hostname={}", get(&me, sys::PMIX_HOSTNAME));
                 println!("appnum={}", get(&wild, sys::PMIX_APPNUM));
                 println!("univ_size={}", get(&wild, sys::PMIX_UNIV_SIZE));
-                let mine = CString::new(format!("value-from-rank-{rank}")).unwrap();
-                let mut v: sys::pmix_value_t = std::mem::zeroed();
-                check(
-                    "PMIx_Value_load",
-                    sys::PMIx_Value_load(&mut v, mine.as_ptr() as *const c_void, sys::PMIX_STRING as u16),
-                );
-                check("PMIx_Put", sys::PMIx_Put(sys::PMIX_GLOBAL as u8, key(b"dvm.test.key\0"), &mut v));
-                sys::PMIx_Value_destruct(&mut v);
-                check("PMIx_Commit", sys::PMIx_Commit());
+                put_own(rank);
                 fence(&ns, true);
                 let peer = (rank + 1) % size;
                 println!("peer_value={}", get(&proc_of(&ns, peer), b"dvm.test.key\0"));
                 fence(&ns, false);
+            }
+            "getremote" => {
+                // Put/commit, then get rank 1's key without a fence: rank 1 sits on another
+                // node, so the server must ask its host (direct_modex).
+                put_own(rank);
+                println!("peer_value={}", get(&proc_of(&ns, 1), b"dvm.test.key\0"));
             }
             "abort" => {
                 let msg = CString::new(format!("test abort from rank {rank}")).unwrap();

@@ -1,0 +1,122 @@
+//! Real libpmix server + real clients: PMIx_Log reaches the host as a Log event with its text,
+//! PMIx_Abort as an Abort event (the client stays blocked until the reply, then exits with its
+//! status), and a fence reply the host drops uncompleted fails the client's PMIx_Fence instead of
+//! hanging it.
+//! One server for the whole file (libpmix's server is a process singleton).
+
+mod common;
+
+use common::{drive, Host, Proc};
+use pmix_shim::{PmixEvent, Rank, SUCCESS};
+
+fn client() -> &'static str {
+    env!("CARGO_BIN_EXE_pmix-test-client")
+}
+
+fn log_request(host: &Host) {
+    const NS: &str = "dvm-test-log";
+    let envs = host.launch_job(NS, 1);
+    let mut procs = vec![Proc::spawn(client(), &["log"], &envs[0], 0)];
+    let mut texts = Vec::new();
+    let mut finalized = false;
+    drive(
+        &host.rx,
+        &mut procs,
+        "log test",
+        |ev| match ev {
+            PmixEvent::ClientConnected { reply, .. } => reply.complete(SUCCESS),
+            PmixEvent::Log { client, text, data, reply, .. } => {
+                assert_eq!(client.nspace, NS);
+                texts.push((text, data));
+                // Completed here, on the host's thread, after the upcall returned.
+                reply.complete(SUCCESS);
+            }
+            PmixEvent::ClientFinalized { reply, .. } => {
+                finalized = true;
+                reply.complete(SUCCESS);
+            }
+            other => panic!("unexpected event {other:?}"),
+        },
+        |p| p[0].exit.is_some(),
+    );
+    let (out, err) = procs[0].output();
+    assert_eq!(procs[0].exit, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let v = Proc::values(&out);
+    assert_eq!(v["log_rc"], "0");
+    assert_eq!(texts.len(), 1, "log events: {texts:?}");
+    assert_eq!(texts[0].0.as_deref(), Some("log line from rank 0"), "log data {:?}", texts[0].1);
+    assert!(finalized);
+    host.finish_job(NS, 1);
+}
+
+fn abort_request(host: &Host) {
+    const NS: &str = "dvm-test-abort";
+    let envs = host.launch_job(NS, 1);
+    let mut procs = vec![Proc::spawn(client(), &["abort"], &envs[0], 0)];
+    let mut aborts = Vec::new();
+    drive(
+        &host.rx,
+        &mut procs,
+        "abort test",
+        |ev| match ev {
+            PmixEvent::ClientConnected { reply, .. } => reply.complete(SUCCESS),
+            PmixEvent::Abort { proc, status, message, procs, reply } => {
+                aborts.push((proc, status, message, procs));
+                reply.complete(SUCCESS);
+            }
+            other => panic!("unexpected event {other:?}"),
+        },
+        |p| p[0].exit.is_some(),
+    );
+    let (out, err) = procs[0].output();
+    assert_eq!(procs[0].exit, Some(7), "client exits with its abort status\nstdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(Proc::values(&out)["abort_rc"], "0", "PMIx_Abort returned after the host's reply");
+    assert_eq!(aborts.len(), 1);
+    let (proc, status, message, targets) = &aborts[0];
+    assert_eq!((proc.nspace.as_str(), proc.rank), (NS, Rank::Id(0)));
+    assert_eq!(*status, 7);
+    assert_eq!(message, "test abort from rank 0");
+    assert_eq!(targets, &None, "NULL procs = the whole nspace");
+    host.finish_job(NS, 1);
+}
+
+fn dropped_reply_fails_the_client(host: &Host) {
+    const NS: &str = "dvm-test-refuse";
+    let envs = host.launch_job(NS, 1);
+    let mut procs = vec![Proc::spawn(client(), &["fence"], &envs[0], 0)];
+    let (mut connects, mut dropped) = (Vec::new(), 0);
+    drive(
+        &host.rx,
+        &mut procs,
+        "dropped reply test",
+        |ev| match ev {
+            // Measured: libpmix 4.2.2 ignores an error status on client_connected (the client's
+            // PMIx_Init still succeeds), so the drop is shown on the fence instead.
+            PmixEvent::ClientConnected { proc, reply } => {
+                connects.push(proc);
+                reply.complete(SUCCESS);
+            }
+            PmixEvent::FenceNb(f) => {
+                dropped += 1;
+                drop(f); // its FenceReply completes with PMIX_ERROR
+            }
+            other => panic!("unexpected event {other:?}"),
+        },
+        |p| p[0].exit.is_some(),
+    );
+    let (out, err) = procs[0].output();
+    assert_eq!(connects.len(), 1);
+    assert_eq!(dropped, 1);
+    assert_eq!(procs[0].exit, Some(3), "client must fail its fence, not hang\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains("PMIx_Fence failed"), "stderr:\n{err}");
+    host.finish_job(NS, 1);
+}
+
+#[test]
+fn log_abort_and_dropped_reply() {
+    let host = Host::start();
+    log_request(&host);
+    abort_request(&host);
+    dropped_reply_fails_the_client(&host);
+    host.stop();
+}
