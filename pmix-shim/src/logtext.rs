@@ -104,4 +104,24 @@ mod tests {
         assert_eq!(last_dss_string(&buf), None);
         assert_eq!(log_text(&[Info::new("k", InfoValue::Bytes(buf))]).as_deref(), Some("abcd"));
     }
+
+    /// The layout captured from Open MPI 4.1.4's `pmix.log.msg` (see tests/mpi_log.rs):
+    /// count + length-prefixed file, count + topic, a count + bool, count + rendered text.
+    #[test]
+    fn open_mpi_4_1_layout() {
+        let msg = "-----\n  getting local rank failed\n  --> Returned value Not found (-13)\n-----\n";
+        let mut buf = Vec::new();
+        for s in ["help-orte-runtime.txt", "orte_init:startup:internal-failure"] {
+            buf.extend_from_slice(&1u32.to_be_bytes());
+            buf.extend_from_slice(&((s.len() + 1) as u32).to_be_bytes());
+            buf.extend_from_slice(s.as_bytes());
+            buf.push(0);
+        }
+        buf.extend_from_slice(&[0, 0, 0, 1, 1]);
+        buf.extend_from_slice(&1u32.to_be_bytes());
+        buf.extend_from_slice(&((msg.len() + 1) as u32).to_be_bytes());
+        buf.extend_from_slice(msg.as_bytes());
+        buf.push(0);
+        assert_eq!(last_dss_string(&buf).as_deref(), Some(msg));
+    }
 }

@@ -130,6 +130,8 @@ pub enum InfoValue {
     Status(Status),
     Rank(Rank),
     Proc(ProcId),
+    /// A `PMIX_DATA_ARRAY` of `PMIX_INFO` (e.g. `PMIX_PROC_DATA`, `PMIX_APP_INFO`), deep-copied.
+    Infos(Vec<Info>),
     /// A value of a type this crate does not copy (data arrays, topologies, ...): its type code.
     Unsupported(u16),
 }
@@ -204,6 +206,14 @@ impl InfoValue {
                     InfoValue::Unsupported(v.type_)
                 } else {
                     InfoValue::Proc(ProcId::from_raw(d.proc_))
+                }
+            }
+            sys::PMIX_DATA_ARRAY => {
+                let da = d.darray;
+                if !da.is_null() && u32::from((*da).type_) == sys::PMIX_INFO {
+                    InfoValue::Infos(Info::from_raw_array((*da).array as *const sys::pmix_info_t, (*da).size))
+                } else {
+                    InfoValue::Unsupported(v.type_)
                 }
             }
             _ => InfoValue::Unsupported(v.type_),
@@ -337,9 +347,75 @@ fn load(op: &'static str, info: &mut sys::pmix_info_t, key: &CStr, value: &InfoV
             let raw = p.to_raw(op)?;
             ld(info, key, &raw, sys::PMIX_PROC)
         }
+        InfoValue::Infos(inner) => {
+            let mut arr = InfoArray::new();
+            for i in inner {
+                arr.push(op, &i.key, &i.value)?;
+            }
+            let da = sys::pmix_data_array_t {
+                type_: sys::PMIX_INFO as u16,
+                size: arr.len(),
+                array: arr.as_mut_ptr() as *mut c_void,
+            };
+            // PMIx_Info_load deep-copies the array; `arr` is destructed afterwards.
+            ld(info, key, &da, sys::PMIX_DATA_ARRAY)
+        }
         InfoValue::Unsupported(t) => {
             return Err(PmixError::InvalidArgument { op, detail: format!("cannot send a value of PMIx type {t}") })
         }
     };
     check(op, rc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant survives libpmix's own loader (PMIx_Info_load deep copy) and our reader;
+    /// the nested array is read after its temporary source was destructed.
+    #[test]
+    fn values_round_trip_through_libpmix() {
+        let infos = vec![
+            Info::new("k.bool", InfoValue::Bool(true)),
+            Info::new("k.u8", InfoValue::U8(7)),
+            Info::new("k.u16", InfoValue::U16(65000)),
+            Info::new("k.u32", InfoValue::U32(4_000_000_000)),
+            Info::new("k.u64", InfoValue::U64(u64::MAX - 1)),
+            Info::new("k.i32", InfoValue::I32(-5)),
+            Info::new("k.i64", InfoValue::I64(-(1 << 40))),
+            Info::new("k.size", InfoValue::Size(12345)),
+            Info::new("k.f64", InfoValue::F64(0.25)),
+            Info::new("k.str", InfoValue::String("hello world".into())),
+            Info::new("k.bytes", InfoValue::Bytes(vec![0, 1, 2, 255])),
+            Info::new("k.status", InfoValue::Status(-52)),
+            Info::new("k.rank", InfoValue::Rank(Rank::Id(3))),
+            Info::new("k.wild", InfoValue::Rank(Rank::Wildcard)),
+            Info::new("k.proc", InfoValue::Proc(ProcId::new("ns-x", Rank::Id(9)))),
+            Info::new(
+                "k.infos",
+                InfoValue::Infos(vec![
+                    Info::new("pmix.rank", InfoValue::Rank(Rank::Id(1))),
+                    Info::new("pmix.hname", InfoValue::String("node1".into())),
+                ]),
+            ),
+        ];
+        let mut arr = InfoArray::new();
+        for i in &infos {
+            arr.push("test", &i.key, &i.value).unwrap();
+        }
+        // SAFETY: arr holds arr.len() loaded infos.
+        let back = unsafe { Info::from_raw_array(arr.as_mut_ptr(), arr.len()) };
+        assert_eq!(back, infos);
+    }
+
+    #[test]
+    fn nspace_is_zero_padded_and_bounded() {
+        let b = nspace_buf("t", "abc").unwrap();
+        assert_eq!(&b[..4], &[b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
+        assert!(b[3..].iter().all(|c| *c == 0));
+        assert!(nspace_buf("t", &"x".repeat(255)).is_ok());
+        assert!(nspace_buf("t", &"x".repeat(256)).is_err());
+        assert!(nspace_buf("t", "").is_err());
+        assert!(nspace_buf("t", "a\0b").is_err());
+    }
 }

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{drive, Host, Proc};
+use common::{build_mpi_program, drive, Host, Proc, OMPI_ENV};
 use pmix_shim::{PmixEvent, ProcId, Rank, SUCCESS};
 
 const NS: &str = "dvm-test-mpi";
@@ -33,29 +31,13 @@ int main(int argc, char **argv) {
 #[test]
 fn open_mpi_allreduce_under_the_shim() {
     let host = Host::start();
-    let src = host.tmp.path().join("hello.c");
-    let exe = host.tmp.path().join("hello");
-    std::fs::write(&src, HELLO_C).unwrap();
-    let cc = Command::new("mpicc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| panic!("mpicc not runnable ({e}): apt-get install -y openmpi-bin libopenmpi-dev"));
-    assert!(cc.status.success(), "mpicc failed: {}", String::from_utf8_lossy(&cc.stderr));
-
+    let exe = build_mpi_program(&host, "hello", HELLO_C);
     let envs = host.launch_job(NS, N);
-    let ompi = [
-        ("OMPI_MCA_schizo", "^orte"),
-        ("OMPI_MCA_pml", "ob1"),
-        ("OMPI_MCA_btl", "self,tcp"),
-        ("OMPI_MCA_btl_tcp_if_include", "lo"),
-    ];
     let mut procs: Vec<Proc> = envs
         .into_iter()
         .enumerate()
         .map(|(r, mut env)| {
-            env.extend(ompi.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            env.extend(OMPI_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             Proc::spawn(exe.to_str().unwrap(), &[], &env, r as u32)
         })
         .collect();

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use pmix_shim::{JobInfo, PmixEvent, PmixServer, ServerConfig};
+use pmix_shim::{Info, JobInfo, PmixEvent, PmixServer, ServerConfig};
 
 pub const HOST_ALIAS: &str = "dvm-test-node0";
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -22,11 +22,16 @@ pub struct Host {
 impl Host {
     /// Starts the server with fence_nb upcalls enabled even for all-local fences.
     pub fn start() -> Host {
+        Host::start_as(Some(HOST_ALIAS))
+    }
+
+    /// As `start`, with `hostname` as PMIX_HOSTNAME (None: the real hostname, no map check).
+    pub fn start_as(hostname: Option<&str>) -> Host {
         // Before init, and before any other thread exists in this test binary's single test.
         std::env::set_var("PMIX_MCA_pmix_server_fence_localonly_opt", "0");
         let tmp = tempfile::Builder::new().prefix("pmix-shim-test").tempdir().expect("tempdir");
         let mut cfg = ServerConfig::new(tmp.path().join("srv"));
-        cfg.hostname = Some(HOST_ALIAS.into());
+        cfg.hostname = hostname.map(String::from);
         let (tx, rx) = channel();
         let t0 = Instant::now();
         let server = PmixServer::init(&cfg, move |ev| {
@@ -44,8 +49,19 @@ impl Host {
 
     /// Registers a one-node job of `n` ranks on this host and its clients; returns each rank's env.
     pub fn launch_job(&self, nspace: &str, n: u32) -> Vec<Vec<(String, String)>> {
+        self.launch_job_on(nspace, n, HOST_ALIAS)
+    }
+
+    /// As `launch_job`, with the job's single node named `node` in the maps.
+    pub fn launch_job_on(&self, nspace: &str, n: u32, node: &str) -> Vec<Vec<(String, String)>> {
+        self.launch_job_with(nspace, n, node, Vec::new())
+    }
+
+    /// As `launch_job_on`, with `extra` job-level infos.
+    pub fn launch_job_with(&self, nspace: &str, n: u32, node: &str, extra: Vec<Info>) -> Vec<Vec<(String, String)>> {
         let job = JobInfo {
-            node_map: vec![HOST_ALIAS.into()],
+            extra,
+            node_map: vec![node.into()],
             proc_map: vec![(0..n).collect()],
             job_size: n,
             universe_size: n,
@@ -172,4 +188,27 @@ pub fn drive(
             panic!("{what}: not done after {DEADLINE:?}; procs (rank, exit) {states:?}");
         }
     }
+}
+
+/// Open MPI 4.1 env for ranks started by a non-ORTE launcher on one host (PMIX-NOTES.md).
+pub const OMPI_ENV: [(&str, &str); 4] = [
+    ("OMPI_MCA_schizo", "^orte"),
+    ("OMPI_MCA_pml", "ob1"),
+    ("OMPI_MCA_btl", "self,tcp"),
+    ("OMPI_MCA_btl_tcp_if_include", "lo"),
+];
+
+/// Compiles a C MPI program with mpicc into the host's temp dir.
+pub fn build_mpi_program(host: &Host, name: &str, source: &str) -> std::path::PathBuf {
+    let src = host.tmp.path().join(format!("{name}.c"));
+    let exe = host.tmp.path().join(name);
+    std::fs::write(&src, source).unwrap();
+    let cc = Command::new("mpicc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("mpicc not runnable ({e}): apt-get install -y openmpi-bin libopenmpi-dev"));
+    assert!(cc.status.success(), "mpicc failed: {}", String::from_utf8_lossy(&cc.stderr));
+    exe
 }
