@@ -20,7 +20,10 @@ fn main() {
 
     let lib = match pkg_config::Config::new().atleast_version("4.0").probe("pmix") {
         Ok(lib) => lib,
-        Err(e) => fail("libpmix (>= 4.0) not found through pkg-config", &e.to_string().replace('\n', " ")),
+        Err(e) => {
+            let first = e.to_string().lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_owned();
+            fail("libpmix (>= 4.0) not found through pkg-config", &first)
+        }
     };
 
     if !clang_sys_available() {

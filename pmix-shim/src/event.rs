@@ -62,6 +62,8 @@ pub enum PmixEvent {
     JobControl { requestor: ProcId, targets: Vec<ProcId>, directives: Vec<Info>, reply: InfoReply },
     /// Answer to `PmixServer::dmodex_request(request)`: `proc`'s data blob on this server.
     DmodexData { request: u64, proc: ProcId, status: Status, data: Vec<u8> },
+    /// `PmixServer::deregister_nspace_nb(nspace)` completed.
+    NspaceDeregistered { nspace: String, status: Status },
 }
 
 impl PmixEvent {
@@ -76,6 +78,7 @@ impl PmixEvent {
             PmixEvent::Log { .. } => "log",
             PmixEvent::JobControl { .. } => "job_control",
             PmixEvent::DmodexData { .. } => "dmodex_data",
+            PmixEvent::NspaceDeregistered { .. } => "nspace_deregistered",
         }
     }
 }

@@ -207,3 +207,15 @@ pub(crate) unsafe extern "C" fn dmodex_done(
         },
     });
 }
+
+/// Completion of `PmixServer::deregister_nspace_nb`: posts `NspaceDeregistered`.
+pub(crate) struct DeregisterCtx {
+    pub(crate) nspace: String,
+    pub(crate) buf: sys::pmix_nspace_t,
+}
+
+pub(crate) unsafe extern "C" fn deregister_done(status: sys::pmix_status_t, cbdata: *mut c_void) {
+    // SAFETY: cbdata is the Box<DeregisterCtx> leaked by deregister_nspace_nb; called once.
+    let ctx = Box::from_raw(cbdata as *mut DeregisterCtx);
+    post("deregister_nspace", |_| PmixEvent::NspaceDeregistered { nspace: ctx.nspace, status });
+}

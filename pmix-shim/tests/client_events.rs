@@ -109,7 +109,25 @@ fn dropped_reply_fails_the_client(host: &Host) {
     assert_eq!(dropped, 1);
     assert_eq!(procs[0].exit, Some(3), "client must fail its fence, not hang\nstdout:\n{out}\nstderr:\n{err}");
     assert!(err.contains("PMIx_Fence failed"), "stderr:\n{err}");
-    host.finish_job(NS, 1);
+    // Non-blocking teardown: completion arrives as an event.
+    host.server().deregister_client(NS, 0).expect("deregister_client");
+    let t0 = std::time::Instant::now();
+    host.server().deregister_nspace_nb(NS).expect("deregister_nspace_nb");
+    let returned = t0.elapsed();
+    loop {
+        match host.rx.recv_timeout(common::DEADLINE).expect("NspaceDeregistered event") {
+            PmixEvent::NspaceDeregistered { nspace, status } => {
+                assert_eq!((nspace.as_str(), status), (NS, SUCCESS));
+                break;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    eprintln!(
+        "timing: deregister_nspace_nb returned in {:.3} ms, event after {:.2} ms",
+        returned.as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
 }
 
 #[test]

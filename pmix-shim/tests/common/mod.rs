@@ -75,8 +75,15 @@ impl Host {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         (0..n)
             .map(|r| {
-                self.server().register_client(nspace, r, uid, gid).expect("register_client");
+                let took = self.server().register_client(nspace, r, uid, gid).expect("register_client");
+                let t0 = Instant::now();
                 let env = self.server().setup_fork(nspace, r).expect("setup_fork");
+                eprintln!(
+                    "timing: register_client {:.2} ms, setup_fork {:.2} ms ({} vars)",
+                    took.as_secs_f64() * 1e3,
+                    t0.elapsed().as_secs_f64() * 1e3,
+                    env.len()
+                );
                 assert!(env.iter().any(|(k, v)| k == "PMIX_NAMESPACE" && v == nspace), "setup_fork env: {env:?}");
                 assert!(env.iter().any(|(k, v)| k == "PMIX_RANK" && *v == r.to_string()), "setup_fork env: {env:?}");
                 env
@@ -86,7 +93,8 @@ impl Host {
 
     pub fn finish_job(&self, nspace: &str, n: u32) {
         for r in 0..n {
-            self.server().deregister_client(nspace, r).expect("deregister_client");
+            let took = self.server().deregister_client(nspace, r).expect("deregister_client");
+            eprintln!("timing: deregister_client {:.2} ms", took.as_secs_f64() * 1e3);
         }
         let took = self.server().deregister_nspace(nspace).expect("deregister_nspace");
         eprintln!("timing: deregister_nspace({nspace}) {:.2} ms", took.as_secs_f64() * 1e3);
