@@ -291,14 +291,15 @@ impl PmixServer {
                 });
             }
         }
-        let ns = nspace_buf(OP, nspace)?;
+        // Boxed: the buffer must not move or die before libpmix completes (even on timeout).
+        let ns = Box::new(nspace_buf(OP, nspace)?);
         let nlocal = i32::try_from(n_local)
             .map_err(|_| PmixError::InvalidArgument { op: OP, detail: format!("n_local {n_local} too large") })?;
         let mut info = job.to_info(OP)?;
-        let (ptr, len) = (info.as_mut_ptr(), info.len());
+        let (ptr, len, nsp) = (info.as_mut_ptr(), info.len(), ns.as_ptr());
         let took = self.blocking(OP, (info, ns), |cb, cbdata| {
-            // SAFETY: ns and info are kept alive by `blocking` until completion.
-            Some(unsafe { sys::PMIx_server_register_nspace(ns.as_ptr(), nlocal, ptr, len, cb, cbdata) })
+            // SAFETY: ns and info (heap) are kept alive by `blocking` until completion.
+            Some(unsafe { sys::PMIx_server_register_nspace(nsp, nlocal, ptr, len, cb, cbdata) })
         })?;
         tracing::debug!(nspace, n_local, job_size = job.job_size, ms = took.as_secs_f64() * 1e3, "nspace registered");
         Ok(took)
@@ -307,10 +308,11 @@ impl PmixServer {
     /// Purges an nspace (after all its local procs are reaped). Blocks; measured 4–25 ms.
     pub fn deregister_nspace(&self, nspace: &str) -> Result<Duration, PmixError> {
         const OP: &str = "PMIx_server_deregister_nspace";
-        let ns = nspace_buf(OP, nspace)?;
+        let ns = Box::new(nspace_buf(OP, nspace)?);
+        let nsp = ns.as_ptr();
         let took = self.blocking(OP, ns, |cb, cbdata| {
             // SAFETY: ns lives until completion.
-            unsafe { sys::PMIx_server_deregister_nspace(ns.as_ptr(), cb, cbdata) };
+            unsafe { sys::PMIx_server_deregister_nspace(nsp, cb, cbdata) };
             None
         })?;
         tracing::debug!(nspace, ms = took.as_secs_f64() * 1e3, "nspace deregistered");
