@@ -148,6 +148,11 @@ pub struct Daemon {
     odls_rx: Option<mpsc::UnboundedReceiver<crate::odls::OdlsEvent>>,
     input_tx: mpsc::UnboundedSender<Input>,
     input_rx: Option<mpsc::UnboundedReceiver<Input>>,
+    pmix: Option<crate::pmix::PmixHost>,
+    pmix_rx: Option<mpsc::UnboundedReceiver<pmix_shim::PmixEvent>>,
+    /// Host name of every daemon (from WIREUP).
+    hosts: BTreeMap<Rank, String>,
+    session_dir: Option<String>,
 }
 
 fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
@@ -201,6 +206,10 @@ impl Daemon {
             odls_rx: Some(odls_rx),
             input_tx,
             input_rx: Some(input_rx),
+            pmix: None,
+            pmix_rx: None,
+            hosts: BTreeMap::new(),
+            session_dir: None,
         }
     }
 
@@ -271,6 +280,8 @@ impl Daemon {
     ) -> Exit {
         let mut own_inputs = self.input_rx.take().expect("run is called once");
         let mut odls_rx = self.odls_rx.take().expect("run is called once");
+        let (_no_pmix_tx, no_pmix_rx) = mpsc::unbounded_channel();
+        let mut pmix_rx = self.pmix_rx.take().unwrap_or(no_pmix_rx);
         let exit = loop {
             let sleep = match self.timer {
                 Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
@@ -285,6 +296,7 @@ impl Daemon {
                 Some(inp) = inputs.recv() => self.on_input(inp),
                 Some(inp) = own_inputs.recv() => self.on_input(inp),
                 Some(ev) = odls_rx.recv() => { self.on_odls(ev); None }
+                Some(ev) = pmix_rx.recv() => { self.on_pmix(ev); None }
                 _ = tokio::time::sleep(sleep), if self.timer.is_some() => {
                     self.timer = None;
                     let now = self.now();
@@ -302,6 +314,9 @@ impl Daemon {
         };
         // Nothing this daemon started outlives it.
         self.odls.kill_all();
+        if let Some(px) = self.pmix.take() {
+            drop(px);
+        }
         exit
     }
 
@@ -474,6 +489,7 @@ impl Daemon {
             Ok(w) => {
                 let mut table = Vec::new();
                 for c in &w.contacts {
+                    self.hosts.insert(c.rank, c.host.clone());
                     match c.addr.parse::<SocketAddr>() {
                         Ok(a) if c.rank != self.me => table.push((c.rank, a)),
                         Ok(_) => {}
@@ -521,7 +537,11 @@ impl Daemon {
             }
             Effect::Deliver { op_id, origin, tag, payload } => self.on_deliver(op_id, origin, tag, payload),
             Effect::XcastComplete { id, .. } => self.on_xcast_complete(id),
-            Effect::FenceComplete { id, result } => self.on_fence_complete(id.seq, result),
+            Effect::FenceComplete { id, result } => {
+                if !self.pmix_fence_done(&id, &result) {
+                    self.on_fence_complete(id.seq, result)
+                }
+            }
             Effect::ScatterDeliver { tag, data, .. } => {
                 if tag == tags::LAUNCH_RESIDUALS {
                     self.on_launch_residual(data);
@@ -919,12 +939,39 @@ impl Daemon {
     pub(crate) fn send_job_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
         self.send_cmd(dst, body);
     }
-    /// Host name of a daemon, as the HNP knows it.
+    /// Host name of a daemon (from WIREUP, or the HNP's check-in table).
     pub(crate) fn host_of(&self, rank: Rank) -> String {
+        if let Some(h) = self.hosts.get(&rank) {
+            return h.clone();
+        }
         self.hnp
             .as_ref()
             .and_then(|h| h.contacts.get(&rank))
             .map_or_else(|| format!("daemon-{rank}"), |c| c.host.clone())
+    }
+    pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost, rx: mpsc::UnboundedReceiver<pmix_shim::PmixEvent>) {
+        self.pmix = Some(host);
+        self.pmix_rx = Some(rx);
+    }
+    pub(crate) fn pmix_mut(&mut self) -> Option<&mut crate::pmix::PmixHost> {
+        self.pmix.as_mut()
+    }
+    pub(crate) fn pmix_ref(&self) -> Option<&crate::pmix::PmixHost> {
+        self.pmix.as_ref()
+    }
+    /// This daemon's session directory (per-daemon scratch for its ranks).
+    pub fn set_session_dir(&mut self, dir: &std::path::Path) {
+        self.session_dir = Some(dir.display().to_string());
+    }
+    pub(crate) fn session_dir(&self) -> Option<String> {
+        self.session_dir.clone()
+    }
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.now()
+    }
+    /// Whether this daemon listens on a loopback address (a DVM on one host).
+    pub(crate) fn on_loopback(&self) -> bool {
+        self.t.local_addr().ip().is_loopback()
     }
 
     /// A one-daemon DVM: nothing to wait for.

@@ -53,6 +53,8 @@ pub(crate) struct HnpJob {
     stdin: Option<Option<u32>>,
     spec_timeout: f64,
     reported: BTreeSet<u32>,
+    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited.
+    aborts: BTreeMap<u32, (i32, String)>,
     first_failure: Option<(i32, String)>,
     killing: bool,
     forward: mpsc::UnboundedSender<Forward>,
@@ -81,7 +83,7 @@ fn event(e: job_event::Event) -> JobEvent {
 
 fn describe_exit(st: &ProcStatus) -> Option<(i32, String)> {
     if !st.error.is_empty() {
-        return Some((127, st.error.clone()));
+        return Some((if st.exit_code != 0 { st.exit_code } else { 127 }, st.error.clone()));
     }
     if st.signal != 0 {
         let name = nix::sys::signal::Signal::try_from(st.signal).map(|s| s.as_str()).unwrap_or("unknown signal");
@@ -192,6 +194,7 @@ impl Daemon {
                 stdin,
                 spec_timeout: spec.timeout_s,
                 reported: BTreeSet::new(),
+                aborts: BTreeMap::new(),
                 first_failure: None,
                 killing: false,
                 forward: ftx,
@@ -233,7 +236,14 @@ impl Daemon {
             return;
         }
         debug!(jobid = st.jobid, rank = st.rank, code = st.exit_code, signal = st.signal, "proc ended");
-        if let Some((code, how)) = describe_exit(&st) {
+        let abort = job.aborts.get(&st.rank).cloned();
+        if let Some((code, node)) = abort {
+            // MPI_Abort: now that the rank has exited, end the job with its code.
+            if job.first_failure.is_none() && !job.killing {
+                let why = format!("rank {} on node {node} (pid {}) called MPI_Abort with code {code}", st.rank, st.pid);
+                self.fail_job(st.jobid, code, why);
+            }
+        } else if let Some((code, how)) = describe_exit(&st) {
             if job.first_failure.is_none() && !job.killing {
                 let why = if st.error.is_empty() {
                     format!("rank {} on node {host} (pid {}) {how}", st.rank, st.pid)
@@ -331,6 +341,21 @@ impl Daemon {
             daemon_cmd::Body::Iof(chunk) => self.on_iof(origin, chunk),
             daemon_cmd::Body::IofAck(ack) => self.odls().ack_output(ack.jobid, ack.bytes as usize),
             daemon_cmd::Body::Stdin(chunk) => self.local_stdin(chunk),
+            daemon_cmd::Body::DmodexReq(req) => self.serve_dmodex(origin, req),
+            daemon_cmd::Body::DmodexResp(resp) => self.on_dmodex_resp(resp),
+            daemon_cmd::Body::JobAbort(a) => {
+                let host = self.host_of(a.daemon);
+                if let Some(job) = self.jobs.hnp.get_mut(&a.jobid) {
+                    job.aborts.insert(a.rank, (a.code, host));
+                }
+            }
+            daemon_cmd::Body::JobLog(l) => {
+                let host = self.host_of(l.daemon);
+                if let Some(job) = self.jobs.hnp.get(&l.jobid) {
+                    let text = format!("rank {} on node {host}: {}", l.rank, l.text.trim_end());
+                    let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text }))));
+                }
+            }
             other => warn!(origin, "unexpected daemon command {other:?}"),
         }
     }
@@ -378,6 +403,8 @@ impl Daemon {
         lj.started = true;
         lj.live = procs.len() as u32;
         let env = base_env();
+        let pmix = self.pmix_job_start(jobid, &map, procs.len() as u32);
+        let loopback = self.on_loopback();
         let stdin_rank = match StdinTarget::try_from(map.stdin_target) {
             Ok(StdinTarget::All) => None,
             Ok(StdinTarget::None) => Some(u32::MAX),
@@ -404,6 +431,14 @@ impl Daemon {
             ] {
                 penv.push((k.to_string(), v));
             }
+            if pmix {
+                for (k, v) in self.pmix_proc_env(jobid, p.rank, loopback) {
+                    if !app.env.iter().any(|kv| kv.split_once('=').is_some_and(|(ak, _)| ak == k)) {
+                        penv.retain(|(ek, _)| *ek != k);
+                        penv.push((k, v));
+                    }
+                }
+            }
             let spec = ProcSpec {
                 jobid,
                 rank: p.rank,
@@ -416,6 +451,7 @@ impl Daemon {
         }
         if self.jobs.local.get(&jobid).is_some_and(|j| j.live == 0) {
             self.jobs.local.remove(&jobid);
+            self.pmix_job_done(jobid);
         }
     }
 
@@ -477,15 +513,14 @@ impl Daemon {
                     ExitKind::Code(c) => (c, 0),
                     ExitKind::Signal(s) => (0, s),
                 };
-                self.proc_done(ProcStatus {
-                    jobid,
-                    rank,
-                    pid,
-                    exit_code,
-                    signal,
-                    error: String::new(),
-                    daemon: self.me,
-                });
+                let mut st = ProcStatus { jobid, rank, pid, exit_code, signal, error: String::new(), daemon: self.me };
+                if let Some(why) = self.pmix_proc_exit(jobid, rank) {
+                    if signal == 0 && exit_code == 0 {
+                        st.exit_code = 1;
+                        st.error = why;
+                    }
+                }
+                self.proc_done(st);
             }
             OdlsEvent::LaunchFailed { jobid, rank, error } => {
                 self.proc_done(ProcStatus { jobid, rank, pid: 0, exit_code: 127, signal: 0, error, daemon: self.me });
@@ -494,10 +529,16 @@ impl Daemon {
     }
 
     fn proc_done(&mut self, st: ProcStatus) {
-        if let Some(lj) = self.jobs.local.get_mut(&st.jobid) {
+        let jobid = st.jobid;
+        let mut done = false;
+        if let Some(lj) = self.jobs.local.get_mut(&jobid) {
             lj.live = lj.live.saturating_sub(1);
+            done = lj.live == 0;
         }
         self.send_job_cmd(0, daemon_cmd::Body::ProcStatus(st));
+        if done {
+            self.pmix_job_done(jobid);
+        }
     }
 }
 

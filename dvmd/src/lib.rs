@@ -14,6 +14,7 @@ pub mod jobmap;
 pub mod jobs;
 pub mod launch;
 pub mod odls;
+pub mod pmix;
 pub mod prun_cli;
 pub mod session;
 

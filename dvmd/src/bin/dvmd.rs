@@ -290,6 +290,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     });
 
     let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, 0, Some(hnp));
+    start_pmix(&mut daemon, session.dir());
     if size == 1 {
         // A one-daemon DVM is wired up at once.
         daemon.wire_single();
@@ -370,6 +371,19 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
     }
 }
 
+/// Every daemon hosts a PMIx server in its own session directory; without one, non-MPI jobs
+/// still run and MPI ranks fail at MPI_Init (said in the log).
+fn start_pmix(daemon: &mut Daemon, session: &std::path::Path) {
+    daemon.set_session_dir(session);
+    if let Err(e) = daemon.start_pmix(&session.join("pmix")) {
+        tracing::error!(
+            "daemon {} on host {}: PMIx server unavailable, MPI jobs will fail: {e}",
+            daemon.me,
+            daemon.host
+        );
+    }
+}
+
 fn process_alive(pid: u32) -> bool {
     // A zombie child still counts as gone: its waiter task reaps it.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -418,6 +432,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
     let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
+    start_pmix(&mut daemon, session.dir());
     daemon.check_in(Contact {
         rank,
         host: host.clone(),

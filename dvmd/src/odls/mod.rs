@@ -143,7 +143,8 @@ impl Odls {
     }
 
     /// Start a proc. Sends `Started` (before any of its other events) or `LaunchFailed`.
-    /// Does not wait for the proc; forks inline (see the module traps).
+    /// Does not wait for the proc; forks inline (see the module traps). Starting a (job, rank)
+    /// that is still live is a caller bug: refused with `LaunchFailed`, the running proc untouched.
     pub fn spawn(&mut self, spec: ProcSpec) {
         let (jobid, rank) = (spec.jobid, spec.rank);
         let fail = |why: String| OdlsEvent::LaunchFailed {

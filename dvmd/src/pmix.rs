@@ -1,0 +1,370 @@
+//! The daemon as a PMIx host: every daemon runs libpmix's server (through `pmix-shim`),
+//! registers each job's namespace from the job map, gives every local rank the environment
+//! `setup_fork` returns, and answers the upcalls from its actor loop — never inside them.
+//!
+//! - fence_nb -> grpcomm fence: participants from the procs array (wildcard = every daemon
+//!   hosting the job), movement from `PMIX_COLLECT_DATA` only, `PMIX_TIMEOUT` honoured; the
+//!   k-th fence over a participant set is fence k (grpcomm numbers them).
+//! - direct_modex -> asked of the daemon hosting the proc (routed on the tree), which answers
+//!   with `PMIx_server_dmodex_request`.
+//! - abort: reply first, then the job fails once the aborting rank has exited (the order that
+//!   keeps libpmix healthy); log: the text reaches prun.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use bytes::Bytes;
+use dvm_grpcomm::{FenceError, FenceId, FenceRequest as GFence, FenceSignature, Participants};
+use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobLog};
+use dvm_proto::job::JobMap;
+use dvm_rml::Rank;
+use pmix_shim::{FenceReply, JobInfo, ModexReply, PmixEvent, PmixServer, ProcId, ServerConfig};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::daemon::Daemon;
+use crate::jobmap::Placement;
+
+/// One job's namespace on this daemon.
+struct PmixJob {
+    nspace: String,
+    placement: Placement,
+    registered: bool,
+    connected: BTreeSet<u32>,
+    finalized: BTreeSet<u32>,
+    sigs: BTreeSet<FenceSignature>,
+}
+
+/// This daemon's PMIx server and the upcalls waiting for an answer.
+pub(crate) struct PmixHost {
+    server: PmixServer,
+    jobs: BTreeMap<u32, PmixJob>,
+    by_nspace: BTreeMap<String, u32>,
+    fences: BTreeMap<FenceId, FenceReply>,
+    /// Direct modex requests this daemon asked of others (by our id).
+    asked: BTreeMap<u64, ModexReply>,
+    /// Requests this daemon serves: shim request id -> (asking daemon, its id).
+    serving: BTreeMap<u64, (Rank, u64)>,
+    next_id: u64,
+    /// Direct modex requests answered by this daemon for others (a metric for tests).
+    pub dmodex_served: u64,
+}
+
+/// Namespace of a job.
+pub fn nspace_of(jobid: u32) -> String {
+    format!("dvm-job-{jobid}")
+}
+
+fn fence_status(e: &FenceError) -> pmix_shim::Status {
+    match e {
+        FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
+        _ => pmix_shim::ERROR,
+    }
+}
+
+impl Daemon {
+    /// Start this daemon's PMIx server with its own temporary directory.
+    pub fn start_pmix(&mut self, tmpdir: &Path) -> Result<(), pmix_shim::PmixError> {
+        let (tx, rx) = mpsc::unbounded_channel::<PmixEvent>();
+        let mut cfg = ServerConfig::new(tmpdir.to_path_buf());
+        cfg.hostname = Some(self.host.clone());
+        let server = PmixServer::init(&cfg, move |ev| {
+            let _ = tx.send(ev);
+        })?;
+        info!(version = %PmixServer::version(), "PMIx server up");
+        self.set_pmix(
+            PmixHost {
+                server,
+                jobs: BTreeMap::new(),
+                by_nspace: BTreeMap::new(),
+                fences: BTreeMap::new(),
+                asked: BTreeMap::new(),
+                serving: BTreeMap::new(),
+                next_id: 1,
+                dmodex_served: 0,
+            },
+            rx,
+        );
+        Ok(())
+    }
+
+    /// Register a job's namespace before its first local rank starts. Returns false (job
+    /// runs without PMIx) if the server refuses it.
+    pub(crate) fn pmix_job_start(&mut self, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
+        let hosts: Vec<(Rank, String)> = match Placement::from_job_map(map) {
+            Ok(p) => p.daemons().map(|d| (d, self.host_of(d))).collect(),
+            Err(e) => {
+                warn!(jobid, "job map unusable for PMIx: {e}");
+                return false;
+            }
+        };
+        let Some(px) = self.pmix_mut() else { return false };
+        let Ok(placement) = Placement::from_job_map(map) else { return false };
+        let nspace = nspace_of(jobid);
+        let proc_map: Vec<Vec<u32>> = hosts.iter().map(|(d, _)| placement.procs_on(*d).iter().collect()).collect();
+        let info = JobInfo {
+            node_map: hosts.iter().map(|(_, h)| h.clone()).collect(),
+            proc_map,
+            job_size: map.nprocs,
+            universe_size: map.nprocs,
+            appnum: 0,
+            jobid: Some(nspace.clone()),
+            max_procs: None,
+            extra: Vec::new(),
+        };
+        let registered = match px.server.register_nspace(&nspace, nlocal, &info) {
+            Ok(took) => {
+                debug!(jobid, %nspace, ?took, "PMIx namespace registered");
+                true
+            }
+            Err(e) => {
+                warn!(jobid, %nspace, "cannot register the PMIx namespace: {e}");
+                false
+            }
+        };
+        px.by_nspace.insert(nspace.clone(), jobid);
+        px.jobs.insert(
+            jobid,
+            PmixJob {
+                nspace,
+                placement,
+                registered,
+                connected: BTreeSet::new(),
+                finalized: BTreeSet::new(),
+                sigs: BTreeSet::new(),
+            },
+        );
+        registered
+    }
+
+    /// The PMIx environment of one local rank (register_client + setup_fork + Open MPI's
+    /// settings for running under a non-mpirun launcher).
+    pub(crate) fn pmix_proc_env(&mut self, jobid: u32, rank: u32, loopback: bool) -> Vec<(String, String)> {
+        let session = self.session_dir();
+        let Some(px) = self.pmix_mut() else { return Vec::new() };
+        let Some(job) = px.jobs.get(&jobid).filter(|j| j.registered) else { return Vec::new() };
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        if let Err(e) = px.server.register_client(&job.nspace, rank, uid, gid) {
+            warn!(jobid, rank, "cannot register PMIx client: {e}");
+            return Vec::new();
+        }
+        let mut env = match px.server.setup_fork(&job.nspace, rank) {
+            Ok(env) => env,
+            Err(e) => {
+                warn!(jobid, rank, "PMIx setup_fork failed: {e}");
+                return Vec::new();
+            }
+        };
+        // Open MPI 4.1 treats a rank it did not start as a singleton without this.
+        env.push(("OMPI_MCA_schizo".into(), "^orte".into()));
+        if let Some(dir) = session {
+            // Several daemons per host: shared-memory segments must not collide.
+            env.push(("OMPI_MCA_btl_vader_backing_directory".into(), dir));
+        }
+        if loopback {
+            env.push(("OMPI_MCA_btl_tcp_if_include".into(), "lo".into()));
+            env.push(("OMPI_MCA_oob_tcp_if_include".into(), "lo".into()));
+        }
+        env
+    }
+
+    /// A local rank ended: was it an MPI rank that never finalized?
+    pub(crate) fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
+        let host = self.host.clone();
+        let px = self.pmix_mut()?;
+        let job = px.jobs.get(&jobid)?;
+        if let Err(e) = px.server.deregister_client(&job.nspace, rank) {
+            debug!(jobid, rank, "deregister_client: {e}");
+        }
+        (job.connected.contains(&rank) && !job.finalized.contains(&rank))
+            .then(|| format!("rank {rank} on node {host} exited without calling MPI_Finalize"))
+    }
+
+    /// Every local rank of a job is gone: drop its namespace and fence signatures.
+    pub(crate) fn pmix_job_done(&mut self, jobid: u32) {
+        let Some(px) = self.pmix_mut() else { return };
+        let Some(job) = px.jobs.remove(&jobid) else { return };
+        px.by_nspace.remove(&job.nspace);
+        if job.registered {
+            if let Err(e) = px.server.deregister_nspace_nb(&job.nspace) {
+                warn!(jobid, "deregister_nspace: {e}");
+            }
+        }
+        for sig in job.sigs {
+            self.grpcomm_mut().forget_fence_signature(&sig);
+        }
+    }
+
+    /// A fence this daemon runs for PMIx completed: answer libpmix.
+    pub(crate) fn pmix_fence_done(&mut self, id: &FenceId, result: &Result<Bytes, FenceError>) -> bool {
+        let Some(px) = self.pmix_mut() else { return false };
+        let Some(reply) = px.fences.remove(id) else { return false };
+        match result {
+            Ok(data) => reply.complete(pmix_shim::SUCCESS, data),
+            Err(e) => {
+                warn!(seq = id.seq, "PMIx fence failed: {e}");
+                reply.complete(fence_status(e), &[]);
+            }
+        }
+        true
+    }
+
+    pub(crate) fn on_pmix(&mut self, ev: PmixEvent) {
+        debug!(kind = ev.kind(), "PMIx upcall");
+        match ev {
+            PmixEvent::ClientConnected { proc, reply } => {
+                if let (Some(job), pmix_shim::Rank::Id(r)) = (self.pmix_job_of(&proc.nspace), proc.rank) {
+                    if let Some(j) = self.pmix_mut().and_then(|p| p.jobs.get_mut(&job)) {
+                        j.connected.insert(r);
+                    }
+                }
+                reply.complete(pmix_shim::SUCCESS);
+            }
+            PmixEvent::ClientFinalized { proc, reply } => {
+                if let (Some(job), pmix_shim::Rank::Id(r)) = (self.pmix_job_of(&proc.nspace), proc.rank) {
+                    if let Some(j) = self.pmix_mut().and_then(|p| p.jobs.get_mut(&job)) {
+                        j.finalized.insert(r);
+                    }
+                }
+                reply.complete(pmix_shim::SUCCESS);
+            }
+            PmixEvent::Abort { proc, status, message, reply, .. } => {
+                // Reply first; the job fails when the aborting rank has exited.
+                reply.complete(pmix_shim::SUCCESS);
+                let (Some(jobid), pmix_shim::Rank::Id(rank)) = (self.pmix_job_of(&proc.nspace), proc.rank) else {
+                    return;
+                };
+                let abort = JobAbort { jobid, rank, code: status, message, daemon: self.me };
+                self.send_job_cmd(0, daemon_cmd::Body::JobAbort(abort));
+            }
+            PmixEvent::Log { client, text, reply, .. } => {
+                reply.complete(pmix_shim::SUCCESS);
+                if let (Some(jobid), Some(text)) = (self.pmix_job_of(&client.nspace), text) {
+                    let rank = match client.rank {
+                        pmix_shim::Rank::Id(r) => r,
+                        _ => u32::MAX,
+                    };
+                    self.send_job_cmd(0, daemon_cmd::Body::JobLog(JobLog { jobid, rank, text, daemon: self.me }));
+                }
+            }
+            PmixEvent::FenceNb(req) => self.pmix_fence(req),
+            PmixEvent::DirectModex { proc, reply, .. } => self.pmix_direct_modex(proc, reply),
+            PmixEvent::DmodexData { request, status, data, .. } => {
+                let Some(px) = self.pmix_mut() else { return };
+                let Some((asker, id)) = px.serving.remove(&request) else { return };
+                if asker == self.me {
+                    if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&id)) {
+                        reply.complete(status, &data);
+                    }
+                } else {
+                    let resp = DmodexResp { id, status, data: data.into() };
+                    self.send_job_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
+                }
+            }
+            PmixEvent::JobControl { reply, .. } => reply.complete(pmix_shim::ERR_NOT_SUPPORTED),
+            PmixEvent::NspaceDeregistered { nspace, status } => debug!(%nspace, status, "PMIx namespace deregistered"),
+        }
+    }
+
+    fn pmix_job_of(&self, nspace: &str) -> Option<u32> {
+        self.pmix_ref()?.by_nspace.get(nspace).copied()
+    }
+
+    fn pmix_fence(&mut self, req: pmix_shim::FenceRequest) {
+        let nspace = req.procs.first().map(|p| p.nspace.clone()).unwrap_or_default();
+        let Some(jobid) = self.pmix_job_of(&nspace) else {
+            warn!(%nspace, "fence for an unknown namespace");
+            req.reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+            return;
+        };
+        if let Some(st) = req.local_status.filter(|&s| s != pmix_shim::SUCCESS) {
+            warn!(jobid, status = st, node = %self.host, "a local rank of job {jobid} left a fence (status {st})");
+            req.reply.complete(st, &[]);
+            return;
+        }
+        let px = self.pmix_ref().expect("job known");
+        let job = &px.jobs[&jobid];
+        let wildcard = req.procs.iter().any(|p| !matches!(p.rank, pmix_shim::Rank::Id(_)));
+        let (key, mut daemons): (String, Vec<Rank>) = if wildcard {
+            (format!("{nspace}:*"), job.placement.daemons().collect())
+        } else {
+            let mut ranks: Vec<u32> = req
+                .procs
+                .iter()
+                .filter_map(|p| match p.rank {
+                    pmix_shim::Rank::Id(r) => Some(r),
+                    _ => None,
+                })
+                .collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            let ds = ranks.iter().filter_map(|&r| job.placement.node_of(r)).collect();
+            (format!("{nspace}:{}", ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(",")), ds)
+        };
+        daemons.sort_unstable();
+        daemons.dedup();
+        let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons));
+        let timeout = req.timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
+        let now = self.now_ns();
+        let id = self
+            .grpcomm_mut()
+            .fence(GFence { sig: sig.clone(), collect: req.collect, data: Bytes::from(req.data), timeout }, now);
+        debug!(jobid, %nspace, collect = req.collect, seq = id.seq, "PMIx fence upcall -> grpcomm fence");
+        if let Some(px) = self.pmix_mut() {
+            if let Some(job) = px.jobs.get_mut(&jobid) {
+                job.sigs.insert(sig);
+            }
+            px.fences.insert(id, req.reply);
+        }
+        self.pump();
+    }
+
+    fn pmix_direct_modex(&mut self, proc: ProcId, reply: ModexReply) {
+        let (Some(jobid), pmix_shim::Rank::Id(rank)) = (self.pmix_job_of(&proc.nspace), proc.rank) else {
+            reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+            return;
+        };
+        let me = self.me;
+        let px = self.pmix_mut().expect("job known");
+        let Some(owner) = px.jobs[&jobid].placement.node_of(rank) else {
+            reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+            return;
+        };
+        let id = px.next_id;
+        px.next_id += 1;
+        px.asked.insert(id, reply);
+        info!(jobid, rank, owner, "direct modex: asking daemon {owner} for rank {rank}");
+        let req = DmodexReq { id, nspace: proc.nspace, rank };
+        if owner == me {
+            self.serve_dmodex(me, req);
+        } else {
+            self.send_job_cmd(owner, daemon_cmd::Body::DmodexReq(req));
+        }
+    }
+
+    pub(crate) fn serve_dmodex(&mut self, asker: Rank, req: DmodexReq) {
+        let Some(px) = self.pmix_mut() else { return };
+        match px.server.dmodex_request(&req.nspace, req.rank) {
+            Ok(request) => {
+                px.serving.insert(request, (asker, req.id));
+                px.dmodex_served += 1;
+                info!(nspace = %req.nspace, rank = req.rank, asker, served = px.dmodex_served, "direct modex served");
+            }
+            Err(e) => {
+                warn!(rank = req.rank, "dmodex_request failed: {e}");
+                let resp = DmodexResp { id: req.id, status: pmix_shim::ERROR, data: Bytes::new() };
+                if asker == self.me {
+                    self.on_dmodex_resp(resp);
+                } else {
+                    self.send_job_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn on_dmodex_resp(&mut self, resp: DmodexResp) {
+        if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&resp.id)) {
+            reply.complete(resp.status, &resp.data);
+        }
+    }
+}
