@@ -1,0 +1,194 @@
+//! odls: exit status, launch failures, and what the child is started with (argv resolution,
+//! env, cwd, fds, process group, PDEATHSIG). Real processes; each test stops what it starts.
+
+mod odls_common;
+
+use dvmd::odls::{ExitKind, Odls, OdlsEvent};
+use odls_common::{sh, spec, Harness, TempDir};
+
+#[tokio::test]
+async fn exit_code_propagates() {
+    let mut h = Harness::new(4096);
+    assert_eq!(h.exit_of(sh(1, 0, "exit 3")).await, ExitKind::Code(3));
+    assert_eq!(h.exit_of(sh(1, 1, "true")).await, ExitKind::Code(0));
+    assert_eq!(h.odls.live(1), 0);
+}
+
+#[tokio::test]
+async fn signal_death_is_reported_as_the_signal() {
+    let mut h = Harness::new(4096);
+    assert_eq!(h.exit_of(sh(1, 0, "kill -TERM $$")).await, ExitKind::Signal(libc::SIGTERM));
+    assert_eq!(h.exit_of(sh(1, 1, "kill -KILL $$")).await, ExitKind::Signal(libc::SIGKILL));
+}
+
+#[tokio::test]
+async fn missing_executable_is_one_sentence_naming_node_and_path() {
+    let mut h = Harness::new(4096);
+    let e = h.launch_error(spec(7, 2, &["./a.out"])).await;
+    assert_eq!(e, "node n3: cannot start rank 2 of job 7: executable './a.out' not found (relative to '/')");
+    let e = h.launch_error(spec(7, 3, &["/no/such/prog"])).await;
+    assert_eq!(e, "node n3: cannot start rank 3 of job 7: executable '/no/such/prog' not found");
+    let e = h.launch_error(spec(7, 4, &["no-such-prog-odls"])).await;
+    assert_eq!(
+        e,
+        "node n3: cannot start rank 4 of job 7: executable 'no-such-prog-odls' not found in PATH '/usr/bin:/bin'"
+    );
+    let e = h.launch_error(spec(7, 5, &[])).await;
+    assert_eq!(e, "node n3: cannot start rank 5 of job 7: the command line is empty");
+    assert_eq!(h.odls.live(7), 0);
+}
+
+#[tokio::test]
+async fn bad_wdir_is_one_sentence_naming_node_and_wdir() {
+    let mut h = Harness::new(4096);
+    let tmp = TempDir::new("wdir");
+    let mut s = spec(7, 2, &["true"]);
+    s.wdir = "/nope-odls".into();
+    let e = h.launch_error(s).await;
+    assert_eq!(e, "node n3: cannot start rank 2 of job 7: working directory '/nope-odls' does not exist");
+
+    let file = tmp.file("plain", b"", 0o644);
+    let mut s = spec(7, 3, &["true"]);
+    s.wdir = file.clone();
+    let e = h.launch_error(s).await;
+    assert_eq!(
+        e,
+        format!("node n3: cannot start rank 3 of job 7: working directory '{}' is not a directory", file.display())
+    );
+    for e in h.procs.values().filter_map(|p| p.failed.as_ref()) {
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}
+
+#[tokio::test]
+async fn not_executable_is_a_launch_failure() {
+    let mut h = Harness::new(4096);
+    let tmp = TempDir::new("noexec");
+    let plain = tmp.file("data.txt", b"hello\n", 0o644);
+    let mut s = spec(1, 0, &["./data.txt"]);
+    s.wdir = tmp.path().into();
+    let e = h.launch_error(s).await;
+    assert_eq!(
+        e,
+        format!(
+            "node n3: cannot start rank 0 of job 1: executable './data.txt' ({}) is not executable (permission denied)",
+            plain.display()
+        )
+    );
+    // Executable bits but no #!: like execvp (and shells), it runs under /bin/sh.
+    let script = tmp.file("no-shebang", b"echo no-shebang $1\n", 0o755);
+    let p = h.run(spec(1, 1, &[script.to_str().unwrap(), "ok"])).await;
+    assert_eq!((p.stdout(), p.status), ("no-shebang ok\n".into(), Some(ExitKind::Code(0))));
+    // A file in PATH without exec permission: named with where it was found.
+    let mut s = spec(1, 2, &["data.txt"]);
+    s.env = vec![("PATH".into(), tmp.path().display().to_string())];
+    let e = h.launch_error(s).await;
+    assert_eq!(
+        e,
+        format!(
+            "node n3: cannot start rank 2 of job 1: executable 'data.txt' found in PATH at '{}' is not executable",
+            plain.display()
+        )
+    );
+}
+
+#[tokio::test]
+async fn argv0_is_resolved_against_wdir_and_the_procs_own_path() {
+    let mut h = Harness::new(4096);
+    let tmp = TempDir::new("argv0");
+    tmp.file("probe.sh", b"#!/bin/sh\necho \"probe $*\"\n", 0o755);
+    tmp.file("bin/odls-probe", b"#!/bin/sh\necho \"path-probe $*\"\n", 0o755);
+
+    let mut s = spec(1, 0, &["./probe.sh", "a", "b c"]);
+    s.wdir = tmp.path().into();
+    let p = h.run(s).await;
+    assert_eq!((p.stdout(), p.status), ("probe a b c\n".into(), Some(ExitKind::Code(0))));
+
+    // Found only through the PATH given in the proc's env, not the daemon's.
+    let mut s = spec(1, 1, &["odls-probe", "x"]);
+    s.env = vec![("PATH".into(), format!("{}/bin:/usr/bin:/bin", tmp.path().display()))];
+    let p = h.run(s).await;
+    assert_eq!((p.stdout(), p.status), ("path-probe x\n".into(), Some(ExitKind::Code(0))));
+
+    // argv[0] is passed through as given.
+    let p = h.run(sh(1, 2, "echo \"$0\"")).await;
+    assert_eq!(p.stdout(), "sh\n");
+}
+
+#[tokio::test]
+async fn env_and_cwd_are_exactly_what_was_asked() {
+    let mut h = Harness::new(4096);
+    let tmp = TempDir::new("env");
+    let env: Vec<(String, String)> = [
+        ("PATH", "/usr/bin:/bin"),
+        ("DUP", "first"),
+        ("SPACES", "a b  c"),
+        ("EQ", "x=y=z"),
+        ("EMPTY", ""),
+        ("DUP", "second"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    // The test process has variables (HOME, PATH...) that must not leak.
+    assert!(std::env::vars().count() > 0);
+
+    let mut s = spec(1, 0, &["/usr/bin/env"]);
+    s.env = env.clone();
+    s.wdir = tmp.path().into();
+    let p = h.run(s).await;
+    let mut got: Vec<String> = p.stdout().lines().map(String::from).collect();
+    got.sort();
+    // Oracle: the last setting of each name, as a map.
+    let want: std::collections::BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let want: Vec<String> = want.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    assert_eq!(got, want);
+
+    let mut s = spec(1, 1, &["pwd", "-P"]);
+    s.wdir = tmp.path().into();
+    let p = h.run(s).await;
+    assert_eq!(p.stdout(), format!("{}\n", tmp.path().display()));
+}
+
+#[tokio::test]
+async fn fds_above_stderr_are_closed_and_the_proc_leads_its_own_group() {
+    let mut h = Harness::new(4096);
+    // An inheritable fd (dup sets no CLOEXEC): without close_range the child would see it.
+    let leaked = unsafe { libc::dup(2) };
+    assert!(leaked > 2);
+    let p = h.run(sh(1, 0, "ls /proc/$$/fd; echo pgid=$(cut -d' ' -f5 /proc/$$/stat) pid=$$")).await;
+    let out = p.stdout();
+    unsafe { libc::close(leaked) };
+    let mut lines = out.lines();
+    let fds: Vec<&str> = lines.by_ref().take(3).collect();
+    assert_eq!(fds, ["0", "1", "2"], "child fds: {out}");
+    let ids = lines.next().unwrap_or_default();
+    let pid = p.pid.unwrap();
+    assert_eq!(ids, format!("pgid={pid} pid={pid}"), "{out}");
+    assert_eq!(lines.next(), None, "extra output: {out}");
+}
+
+/// PR_SET_PDEATHSIG: the proc is killed when the thread that forked it exits. No kill_all and
+/// no drop here (the Odls is leaked), so only the kernel can deliver that SIGKILL.
+#[test]
+fn pdeathsig_kills_the_proc_when_its_forking_thread_exits() {
+    let pid = std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut odls = Odls::new("n0".into(), tx, 4096);
+            odls.spawn(spec(1, 0, &["sleep", "60"]));
+            let ev = rx.recv().await.unwrap();
+            std::mem::forget(odls);
+            match ev {
+                OdlsEvent::Started { pid, .. } => pid,
+                other => panic!("{other:?}"),
+            }
+        })
+    })
+    .join()
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let status = nix::sys::wait::waitpid(pid, None).unwrap();
+    assert_eq!(status, nix::sys::wait::WaitStatus::Signaled(pid, nix::sys::signal::Signal::SIGKILL, false));
+}
