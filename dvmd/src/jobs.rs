@@ -462,6 +462,7 @@ impl Daemon {
         };
         if ctl.cleanup {
             self.jobs.local.remove(&ctl.jobid);
+            self.odls_mut().forget_job(ctl.jobid);
             return;
         }
         if ctl.kill {

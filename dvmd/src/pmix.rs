@@ -173,9 +173,6 @@ impl Daemon {
         let host = self.host.clone();
         let px = self.pmix_mut()?;
         let job = px.jobs.get(&jobid)?;
-        if let Err(e) = px.server.deregister_client(&job.nspace, rank) {
-            debug!(jobid, rank, "deregister_client: {e}");
-        }
         (job.connected.contains(&rank) && !job.finalized.contains(&rank))
             .then(|| format!("rank {rank} on node {host} exited without calling MPI_Finalize"))
     }
