@@ -432,7 +432,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
     let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
-    start_pmix(&mut daemon, session.dir());
+    // Check in first: the PMIx server's start (tens of ms) overlaps the rest of the boot.
     daemon.check_in(Contact {
         rank,
         host: host.clone(),
@@ -440,6 +440,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         pid: std::process::id(),
         slots: args.slots,
     });
+    start_pmix(&mut daemon, session.dir());
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;
