@@ -1,12 +1,16 @@
 //! dvmd: the DVM daemon and its tools.
 //!
 //! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon actor that
-//! drives `grpcomm` over the `rml` transport, the HNP's control API (tonic), session
-//! directories, and the tools `pterm` and `dvm-bench`.
+//! drives `grpcomm` over the `rml` transport, jobs (mapping in `jobmap`, launch and exits in
+//! `jobs`, processes and output in `odls`), hosting libpmix's server (`pmix`), the HNP's
+//! control API (tonic), session directories, and the tools `prun`, `pterm` and `dvm-bench`.
 //! Never: protocol decisions of the collectives (they live in `grpcomm`) or routing math
-//! (`rml::topology`). The actor never blocks: every input is an event on its loop.
+//! (`rml::topology`). The actor never blocks for long: every input is an event on its loop,
+//! and PMIx upcalls are answered from it, never inside libpmix's thread.
 //! Traps: the DVM secret travels on a daemon's stdin, never on a command line; every daemon
-//! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone.
+//! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone;
+//! deregistering PMIx clients one by one raced with the next job's connections (a rank hung in
+//! PMIx_Init about 1 job in 20), so only whole namespaces are deregistered.
 pub mod control;
 pub mod daemon;
 pub mod hostfile;
