@@ -228,3 +228,9 @@ fn mpi_netns_radix_2() {
     require_netns!();
     mpi_suite(2, Some(FakeCluster::new(4).unwrap()));
 }
+
+#[test]
+fn mpi_netns_radix_64() {
+    require_netns!();
+    mpi_suite(64, Some(FakeCluster::new(4).unwrap()));
+}

@@ -268,6 +268,19 @@ fn run_suite(radix: u32) {
         assert!(so.contains(&format!("{r}:hi")), "rank {r} missed stdin: {so}");
     }
 
+    // Launch sizes without launching: a few bytes per proc, nothing started.
+    let out = dvm.prun(&["--launch-sizes", "--map-by", "slot:oversubscribe", "-n", "8000", "sleep", "1000.5"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let so = text(&out).0;
+    let per_proc: f64 = so
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("per proc: "))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no per-proc figure in: {so}"));
+    assert!(per_proc < 1.0, "{so}");
+    assert!(procs_with("1000.5").is_empty(), "--launch-sizes started processes");
+
     // MPMD.
     let out = dvm.prun(&["-n", "1", "sh", "-c", "echo A$DVM_APPNUM", ":", "-n", "2", "sh", "-c", "echo B$DVM_APPNUM"]);
     let (so, _) = text(&out);
