@@ -153,6 +153,8 @@ pub struct Daemon {
     /// Host name of every daemon (from WIREUP).
     hosts: BTreeMap<Rank, String>,
     session_dir: Option<String>,
+    /// The HNP's pid (from WIREUP).
+    hnp_pid: Option<u32>,
 }
 
 fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
@@ -210,6 +212,7 @@ impl Daemon {
             pmix_rx: None,
             hosts: BTreeMap::new(),
             session_dir: None,
+            hnp_pid: None,
         }
     }
 
@@ -490,6 +493,9 @@ impl Daemon {
                 let mut table = Vec::new();
                 for c in &w.contacts {
                     self.hosts.insert(c.rank, c.host.clone());
+                    if c.rank == 0 {
+                        self.hnp_pid = Some(c.pid);
+                    }
                     match c.addr.parse::<SocketAddr>() {
                         Ok(a) if c.rank != self.me => table.push((c.rank, a)),
                         Ok(_) => {}
@@ -965,6 +971,11 @@ impl Daemon {
     }
     pub(crate) fn session_dir(&self) -> Option<String> {
         self.session_dir.clone()
+    }
+    /// This DVM's identity (the HNP's host and pid), the same on every daemon after WIREUP.
+    pub(crate) fn dvm_id(&self) -> String {
+        let pid = self.hnp.as_ref().and_then(|h| h.contacts.get(&0)).map(|c| c.pid).or(self.hnp_pid).unwrap_or(0);
+        format!("{}-{pid}", self.host_of(0))
     }
     pub(crate) fn now_ns(&self) -> u64 {
         self.now()

@@ -50,9 +50,10 @@ pub(crate) struct PmixHost {
     pub dmodex_served: u64,
 }
 
-/// Namespace of a job.
-pub fn nspace_of(jobid: u32) -> String {
-    format!("dvm-job-{jobid}")
+/// Namespace of a job: unique per DVM (HNP host and pid), so two DVMs on one host never share
+/// one (Open MPI derives its job id and session paths from it).
+pub fn nspace_of(dvm: &str, jobid: u32) -> String {
+    format!("dvm-{dvm}-job{jobid}")
 }
 
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
@@ -98,9 +99,9 @@ impl Daemon {
                 return false;
             }
         };
+        let nspace = nspace_of(&self.dvm_id(), jobid);
         let Some(px) = self.pmix_mut() else { return false };
         let Ok(placement) = Placement::from_job_map(map) else { return false };
-        let nspace = nspace_of(jobid);
         let proc_map: Vec<Vec<u32>> = hosts.iter().map(|(d, _)| placement.procs_on(*d).iter().collect()).collect();
         let info = JobInfo {
             node_map: hosts.iter().map(|(_, h)| h.clone()).collect(),
@@ -158,8 +159,10 @@ impl Daemon {
         // Open MPI 4.1 treats a rank it did not start as a singleton without this.
         env.push(("OMPI_MCA_schizo".into(), "^orte".into()));
         if let Some(dir) = session {
-            // Several daemons per host: shared-memory segments must not collide.
-            env.push(("OMPI_MCA_btl_vader_backing_directory".into(), dir));
+            // Several daemons per host: shared-memory segments and Open MPI's session
+            // directories must not collide.
+            env.push(("OMPI_MCA_btl_vader_backing_directory".into(), dir.clone()));
+            env.push(("OMPI_MCA_orte_tmpdir_base".into(), dir));
         }
         if loopback {
             env.push(("OMPI_MCA_btl_tcp_if_include".into(), "lo".into()));

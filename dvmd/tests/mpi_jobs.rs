@@ -1,17 +1,14 @@
 //! Unmodified Open MPI programs (tests/mpi/*.c, built with mpicc) under dvmd's PMIx server,
 //! on local DVMs at radix 2 and 64 and on network-namespace fake nodes.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
+use common::{text as out, Dvm, Nodes};
 use dvm_tests::{require_netns, FakeCluster};
-
-const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
-const PRUN: &str = env!("CARGO_BIN_EXE_prun");
-const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
 
 /// The MPI programs, built once per test binary.
 fn mpi_bin(name: &str) -> String {
@@ -30,133 +27,6 @@ fn mpi_bin(name: &str) -> String {
         out
     });
     dir.join(name).display().to_string()
-}
-
-struct Dvm {
-    hnp: Child,
-    root: PathBuf,
-    uri: String,
-    log: PathBuf,
-    pids: Vec<u32>,
-    cluster: Option<FakeCluster>,
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
-        .unwrap_or(false)
-}
-
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut all = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(p) = frontier.pop() {
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(c) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{c}/stat")) {
-                let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-                if f.get(1).and_then(|x| x.parse::<u32>().ok()) == Some(p) && alive(c) {
-                    all.push(c);
-                    frontier.push(c);
-                }
-            }
-        }
-    }
-    all
-}
-
-impl Dvm {
-    fn start(name: &str, radix: u32, cluster: Option<FakeCluster>) -> Dvm {
-        let root = std::env::temp_dir().join(format!("dvm-mpi-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        let uri_file = root.join("uri");
-        let log = root.join("dvmd.log");
-        let mut cmd = Command::new(DVMD);
-        match &cluster {
-            None => {
-                cmd.args(["--local", "4", "--slots", "4"]);
-            }
-            Some(c) => {
-                let hf = root.join("hosts");
-                c.write_hostfile(&hf, 4).unwrap();
-                cmd.arg("--hostfile").arg(&hf);
-                cmd.arg("--launch-agent").arg(c.exec_prefix_with_hostname());
-                cmd.arg("--bind-address").arg(c.head_addr().to_string());
-            }
-        }
-        cmd.args(["--radix", &radix.to_string()])
-            .arg("--report-uri")
-            .arg(&uri_file)
-            .env("DVM_TMPDIR", &root)
-            .env("DVM_LOG", "warn,dvmd::pmix=debug")
-            // The same MCA settings for the ranks as any launcher compared with.
-            .env("OMPI_MCA_pml", "ob1")
-            // All-local fences go through fence_nb too, so the path is exercised.
-            .env("PMIX_MCA_pmix_server_fence_localonly_opt", "0")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap());
-        let mut hnp = cmd.spawn().unwrap();
-        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l == "DVM ready" => break,
-                Some(Ok(_)) => {}
-                _ => panic!("dvmd did not start: {}", std::fs::read_to_string(&log).unwrap_or_default()),
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        let pids = std::iter::once(hnp.id()).chain(descendants(hnp.id())).collect();
-        Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster }
-    }
-
-    fn prun(&self, args: &[&str]) -> Output {
-        Command::new(PRUN).arg("--dvm-uri").arg(&self.uri).args(args).stdin(Stdio::null()).output().unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn stop(mut self) {
-        assert!(Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap().success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.hnp.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "dvmd did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
-        let mut left = Vec::new();
-        for u in std::fs::read_dir(&self.root).unwrap().flatten().filter(|e| e.path().is_dir()) {
-            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
-        }
-        assert!(left.is_empty(), "session dirs left: {left:?}");
-        self.pids.clear();
-    }
-}
-
-impl Drop for Dvm {
-    fn drop(&mut self) {
-        let _ = self.hnp.kill();
-        let _ = self.hnp.wait();
-        for &p in &self.pids {
-            unsafe {
-                libc::kill(p as i32, libc::SIGKILL);
-            }
-        }
-        if let Some(c) = &self.cluster {
-            c.kill_all_in_netns();
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn out(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 fn check_programs(dvm: &Dvm, extra: &[&str]) {
@@ -182,7 +52,18 @@ fn check_programs(dvm: &Dvm, extra: &[&str]) {
 
 fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
     let name = format!("{}r{radix}", if cluster.is_some() { "netns" } else { "local" });
-    let dvm = Dvm::start(&name, radix, cluster);
+    let nodes = match cluster {
+        Some(cluster) => Nodes::Netns { cluster, slots: 4 },
+        None => Nodes::Local { daemons: 4, slots: 4 },
+    };
+    let env = [
+        ("DVM_LOG", "warn,dvmd::pmix=debug"),
+        // The same MCA settings for the ranks as any launcher compared with.
+        ("OMPI_MCA_pml", "ob1"),
+        // All-local fences go through fence_nb too, so the path is exercised.
+        ("PMIX_MCA_pmix_server_fence_localonly_opt", "0"),
+    ];
+    let dvm = Dvm::start(&name, nodes, radix, &env);
     check_programs(&dvm, &[]);
     // The MPI_Init modex collects; the two barriers do not; sequence numbers 0, 1, 2.
     let log = dvm.log();
@@ -208,7 +89,7 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
         let o = dvm.prun(&["-n", "8", &mpi_bin("mpinoop")]);
         assert!(o.status.success(), "job {i}: {}", out(&o).1);
     }
-    let left: Vec<u32> = dvm.pids.iter().flat_map(|&d| descendants(d)).filter(|p| !dvm.pids.contains(p)).collect();
+    let left = dvm.leftover_procs();
     assert!(left.is_empty(), "processes left: {left:?}");
     dvm.stop();
 }

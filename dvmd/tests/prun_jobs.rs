@@ -2,150 +2,15 @@
 //! computation, tagged output, exit statuses, launch errors, timeout, IOF, stdin, signals,
 //! many jobs in a row, one-shot mode. Every process started is stopped by PID.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
-const PRUN: &str = env!("CARGO_BIN_EXE_prun");
-const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
-
-struct Dvm {
-    hnp: Child,
-    root: PathBuf,
-    uri: String,
-    pids: Vec<u32>,
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
-        .unwrap_or(false)
-}
-
-/// Pids of every process whose command line contains `needle`.
-fn procs_with(needle: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(needle) && alive(pid) {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-            if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && alive(p) {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
-impl Dvm {
-    fn start(name: &str, n: u32, slots: u32, radix: u32) -> Dvm {
-        let root = std::env::temp_dir().join(format!("dvm-prun-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
-        let uri_file = root.join("uri");
-        let mut hnp = Command::new(DVMD)
-            .args(["--local", &n.to_string(), "--slots", &slots.to_string(), "--radix", &radix.to_string()])
-            .arg("--report-uri")
-            .arg(&uri_file)
-            .env("DVM_TMPDIR", &root)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l == "DVM ready" => break,
-                Some(Ok(_)) => {}
-                _ => panic!("dvmd did not start"),
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        let uri = format!("file:{}", uri_file.display());
-        let mut dvm = Dvm { hnp, root, uri, pids: Vec::new() };
-        dvm.pids = std::iter::once(dvm.hnp.id()).chain(children_of(dvm.hnp.id())).collect();
-        dvm
-    }
-
-    fn prun(&self, args: &[&str]) -> Output {
-        self.prun_with_stdin(args, None)
-    }
-
-    fn prun_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> Output {
-        let mut cmd = Command::new(PRUN);
-        cmd.arg("--dvm-uri").arg(&self.uri).args(args).env("DVM_TMPDIR", &self.root);
-        cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        if let Some(data) = input {
-            let mut stdin = child.stdin.take().unwrap();
-            let data = data.to_vec();
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&data);
-            });
-        }
-        child.wait_with_output().unwrap()
-    }
-
-    /// The DVM is still up and every daemon answers.
-    fn assert_up(&self) {
-        let out = self.prun(&["-n", "1", "true"]);
-        assert!(out.status.success(), "DVM no longer runs jobs: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn stop(mut self) {
-        let st = Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap();
-        assert!(st.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.hnp.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "dvmd did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
-        let mut left = Vec::new();
-        for u in std::fs::read_dir(&self.root).unwrap().flatten().filter(|e| e.path().is_dir()) {
-            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
-        }
-        assert!(left.is_empty(), "session dirs left: {left:?}");
-        self.pids.clear();
-    }
-}
-
-impl Drop for Dvm {
-    fn drop(&mut self) {
-        let _ = self.hnp.kill();
-        let _ = self.hnp.wait();
-        for &p in &self.pids {
-            unsafe {
-                libc::kill(p as i32, libc::SIGKILL);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
-}
+use common::{procs_with, text, Dvm, Nodes, PRUN};
 
 /// rank -> daemon from `echo $DVM_RANK $DVM_DAEMON` output.
 fn placement(o: &Output) -> BTreeMap<u32, u32> {
@@ -184,7 +49,7 @@ fn expected(policy: &str, np: u32, daemons: u32, slots: u32) -> BTreeMap<u32, u3
 }
 
 fn run_suite(radix: u32) {
-    let dvm = Dvm::start(&format!("suite{radix}"), 8, 8, radix);
+    let dvm = Dvm::start(&format!("suite{radix}"), Nodes::Local { daemons: 8, slots: 8 }, radix, &[]);
     let show = ["sh", "-c", "echo $DVM_RANK $DVM_DAEMON"];
 
     // Placement for each policy against an independent computation.
@@ -317,7 +182,7 @@ fn run_suite(radix: u32) {
         let out = dvm.prun(&["-n", "4", "true"]);
         assert!(out.status.success(), "job {i}: {}", text(&out).1);
     }
-    let leftovers: Vec<u32> = dvm.pids.iter().flat_map(|&d| children_of(d)).filter(|p| !dvm.pids.contains(p)).collect();
+    let leftovers = dvm.leftover_procs();
     assert!(leftovers.is_empty(), "processes left under the daemons: {leftovers:?}");
     dvm.stop();
 }
@@ -361,5 +226,4 @@ fn one_shot_runs_a_job_and_tears_down() {
         .collect();
     assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
     let _ = std::fs::remove_dir_all(&root);
-    let _ = Path::new("");
 }

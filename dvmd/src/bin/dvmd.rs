@@ -55,6 +55,9 @@ struct Args {
     /// Heartbeat period on idle links in milliseconds (0: off).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// Heartbeats missed before a silent peer is declared lost.
+    #[arg(long, default_value_t = 5)]
+    heartbeat_misses: u32,
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
@@ -94,7 +97,9 @@ fn main() -> ExitCode {
             }
         };
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    // Two workers: a PMIx call that blocks the actor for a moment never stalls the transport's
+    // heartbeats (a stalled daemon looks dead to its neighbours).
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     let result = if args.daemon { rt.block_on(run_daemon(args)) } else { rt.block_on(run_hnp(args)) };
     match result {
         Ok(code) => code,
@@ -150,6 +155,7 @@ fn transport_config(args: &Args, rank: Rank, listen: SocketAddr, secret: DvmSecr
     let mut cfg = TransportConfig::new(rank, rand::random::<u64>() >> 1, listen, secret);
     cfg.max_frame = args.max_message;
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    cfg.heartbeat_misses = args.heartbeat_misses;
     cfg
 }
 
@@ -242,6 +248,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--host-label={}", node.name),
             format!("--slots={}", node.slots),
             format!("--heartbeat-ms={}", args.heartbeat_ms),
+            format!("--heartbeat-misses={}", args.heartbeat_misses),
             format!("--max-message={}", args.max_message),
         ];
         let argv = agent.argv(&node.name, &exe, &dargs)?;

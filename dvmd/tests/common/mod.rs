@@ -1,0 +1,206 @@
+//! A DVM for job tests: started with `dvmd` (local daemons or fake netns nodes), driven with
+//! `prun`, stopped with `pterm`; everything it started is killed by PID on drop.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dvm_tests::FakeCluster;
+
+pub const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
+pub const PRUN: &str = env!("CARGO_BIN_EXE_prun");
+pub const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+
+/// Alive and not a zombie.
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Live children of `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            if fields.get(1).and_then(|f| f.parse::<u32>().ok()) == Some(pid) && alive(p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Every live descendant of `pid`.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut all = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for c in children_of(p) {
+            all.push(c);
+            frontier.push(c);
+        }
+    }
+    all
+}
+
+/// Pids of every live process whose command line contains `needle`.
+pub fn procs_with(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) && alive(pid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// (stdout, stderr) as text.
+pub fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Where the daemons run.
+pub enum Nodes {
+    /// `--local n --slots s`.
+    Local { daemons: u32, slots: u32 },
+    /// One daemon per fake node, `slots` each, through `ip netns exec`.
+    Netns { cluster: FakeCluster, slots: usize },
+}
+
+pub struct Dvm {
+    hnp: Child,
+    pub root: PathBuf,
+    pub uri: String,
+    log: PathBuf,
+    /// The HNP and its daemons.
+    pub pids: Vec<u32>,
+    pub cluster: Option<FakeCluster>,
+}
+
+impl Dvm {
+    /// Start a DVM; `env` goes to dvmd (and so to every daemon and proc).
+    pub fn start(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)]) -> Dvm {
+        let root = std::env::temp_dir().join(format!("dvm-t-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let uri_file = root.join("uri");
+        let log = root.join("dvmd.log");
+        let mut cmd = Command::new(DVMD);
+        let cluster = match nodes {
+            Nodes::Local { daemons, slots } => {
+                cmd.args(["--local", &daemons.to_string(), "--slots", &slots.to_string()]);
+                None
+            }
+            Nodes::Netns { cluster, slots } => {
+                let hf = root.join("hosts");
+                cluster.write_hostfile(&hf, slots).unwrap();
+                cmd.arg("--hostfile").arg(&hf);
+                cmd.arg("--launch-agent").arg(cluster.exec_prefix_with_hostname());
+                cmd.arg("--bind-address").arg(cluster.head_addr().to_string());
+                Some(cluster)
+            }
+        };
+        cmd.args(["--radix", &radix.to_string()])
+            .arg("--report-uri")
+            .arg(&uri_file)
+            .env("DVM_TMPDIR", &root)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut hnp = cmd.spawn().unwrap();
+        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l == "DVM ready" => break,
+                Some(Ok(_)) => {}
+                _ => panic!("dvmd did not start: {}", std::fs::read_to_string(&log).unwrap_or_default()),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let pids = std::iter::once(hnp.id()).chain(descendants(hnp.id())).collect();
+        Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster }
+    }
+
+    pub fn prun(&self, args: &[&str]) -> Output {
+        self.prun_with_stdin(args, None)
+    }
+
+    pub fn prun_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> Output {
+        let mut cmd = Command::new(PRUN);
+        cmd.arg("--dvm-uri").arg(&self.uri).args(args).env("DVM_TMPDIR", &self.root);
+        cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let Some(data) = input {
+            let mut stdin = child.stdin.take().unwrap();
+            let data = data.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&data);
+            });
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// What the HNP and its daemons logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The DVM still runs jobs.
+    pub fn assert_up(&self) {
+        let out = self.prun(&["-n", "1", "true"]);
+        assert!(out.status.success(), "DVM no longer runs jobs: {}", text(&out).1);
+    }
+
+    /// Processes left under the daemons (finished jobs must leave none).
+    pub fn leftover_procs(&self) -> Vec<u32> {
+        self.pids.iter().flat_map(|&d| descendants(d)).filter(|p| !self.pids.contains(p)).collect()
+    }
+
+    /// pterm; then no daemon and no session directory may remain.
+    pub fn stop(mut self) {
+        let st = Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap();
+        assert!(st.success(), "pterm failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.hnp.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "dvmd did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
+        let mut left = Vec::new();
+        for u in std::fs::read_dir(&self.root).unwrap().flatten().filter(|e| e.path().is_dir()) {
+            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
+        }
+        assert!(left.is_empty(), "session dirs left: {left:?}");
+        self.pids.clear();
+    }
+}
+
+impl Drop for Dvm {
+    fn drop(&mut self) {
+        let _ = self.hnp.kill();
+        let _ = self.hnp.wait();
+        for &p in &self.pids {
+            // SAFETY: plain kill(2) on PIDs this test started.
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
+        if let Some(c) = &self.cluster {
+            c.kill_all_in_netns();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
