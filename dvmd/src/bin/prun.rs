@@ -243,6 +243,10 @@ async fn run(cmd: PrunCommand) -> Result<i32> {
 }
 
 async fn run_job(cmd: &PrunCommand, uri: DvmUri) -> Result<i32> {
+    // Catch signals before anything is launched: a Ctrl-C that comes while the launch is in
+    // flight must still end the job, not just prun.
+    let (mut s_int, mut s_term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+    let (mut s_usr1, mut s_usr2) = (signal(SignalKind::user_defined1())?, signal(SignalKind::user_defined2())?);
     let mut client = Client::connect(uri.clone()).await?;
     let spec = cmd.spec.clone();
     if cmd.launch_sizes {
@@ -256,8 +260,6 @@ async fn run_job(cmd: &PrunCommand, uri: DvmUri) -> Result<i32> {
     }
     let mut events = client.launch(spec.clone()).await?;
     let mut out = Output { jobid: 0, tag: spec.tag_output, merge: spec.merge_stderr, partial: HashMap::new() };
-    let (mut s_int, mut s_term) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
-    let (mut s_usr1, mut s_usr2) = (signal(SignalKind::user_defined1())?, signal(SignalKind::user_defined2())?);
     let mut jobid = None;
     // Signals that came before the job had an id; forwarded once it has one.
     let mut pending: Vec<i32> = Vec::new();
