@@ -150,6 +150,9 @@ pub struct Daemon {
     input_rx: Option<mpsc::UnboundedReceiver<Input>>,
     pmix: Option<crate::pmix::PmixHost>,
     pmix_rx: Option<mpsc::UnboundedReceiver<pmix_shim::PmixEvent>>,
+    pub(crate) pmix_tx: mpsc::UnboundedSender<pmix_shim::PmixEvent>,
+    /// Where the PMIx server will run, once the first job needs it; None after a failed start.
+    pub(crate) pmix_dir: Option<std::path::PathBuf>,
     /// Host name of every daemon (from WIREUP).
     hosts: BTreeMap<Rank, String>,
     session_dir: Option<String>,
@@ -188,6 +191,7 @@ impl Daemon {
         let (odls_tx, odls_rx) = mpsc::unbounded_channel();
         let (input_tx, input_rx) = mpsc::unbounded_channel();
         let host_for_odls = host.clone();
+        let (pmix_tx, pmix_rx) = mpsc::unbounded_channel();
         Daemon {
             me,
             host,
@@ -209,7 +213,9 @@ impl Daemon {
             input_tx,
             input_rx: Some(input_rx),
             pmix: None,
-            pmix_rx: None,
+            pmix_rx: Some(pmix_rx),
+            pmix_tx,
+            pmix_dir: None,
             hosts: BTreeMap::new(),
             session_dir: None,
             hnp_pid: None,
@@ -283,8 +289,7 @@ impl Daemon {
     ) -> Exit {
         let mut own_inputs = self.input_rx.take().expect("run is called once");
         let mut odls_rx = self.odls_rx.take().expect("run is called once");
-        let (_no_pmix_tx, no_pmix_rx) = mpsc::unbounded_channel();
-        let mut pmix_rx = self.pmix_rx.take().unwrap_or(no_pmix_rx);
+        let mut pmix_rx = self.pmix_rx.take().expect("run is called once");
         let exit = loop {
             let sleep = match self.timer {
                 Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
@@ -955,9 +960,8 @@ impl Daemon {
             .and_then(|h| h.contacts.get(&rank))
             .map_or_else(|| format!("daemon-{rank}"), |c| c.host.clone())
     }
-    pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost, rx: mpsc::UnboundedReceiver<pmix_shim::PmixEvent>) {
+    pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost) {
         self.pmix = Some(host);
-        self.pmix_rx = Some(rx);
     }
     pub(crate) fn pmix_mut(&mut self) -> Option<&mut crate::pmix::PmixHost> {
         self.pmix.as_mut()

@@ -19,8 +19,7 @@ use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobLog};
 use dvm_proto::job::JobMap;
 use dvm_rml::Rank;
 use pmix_shim::{FenceReply, JobInfo, ModexReply, PmixEvent, PmixServer, ProcId, ServerConfig};
-use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::daemon::Daemon;
 use crate::jobmap::Placement;
@@ -64,34 +63,52 @@ fn fence_status(e: &FenceError) -> pmix_shim::Status {
 }
 
 impl Daemon {
-    /// Start this daemon's PMIx server with its own temporary directory.
-    pub fn start_pmix(&mut self, tmpdir: &Path) -> Result<(), pmix_shim::PmixError> {
-        let (tx, rx) = mpsc::unbounded_channel::<PmixEvent>();
-        let mut cfg = ServerConfig::new(tmpdir.to_path_buf());
+    /// Where this daemon's PMIx server will keep its files. The server itself starts when
+    /// the first job reaches this daemon: an idle daemon stays small and boots fast.
+    pub fn set_pmix_dir(&mut self, tmpdir: &Path) {
+        self.pmix_dir = Some(tmpdir.to_path_buf());
+    }
+
+    /// Start the PMIx server if it is not running yet (once; a failure is logged and MPI
+    /// ranks then fail at MPI_Init, other jobs run).
+    pub(crate) fn ensure_pmix(&mut self) -> bool {
+        if self.pmix_ref().is_some() {
+            return true;
+        }
+        let Some(dir) = self.pmix_dir.take() else { return false };
+        let tx = self.pmix_tx.clone();
+        let mut cfg = ServerConfig::new(dir);
         cfg.hostname = Some(self.host.clone());
-        let server = PmixServer::init(&cfg, move |ev| {
+        match PmixServer::init(&cfg, move |ev| {
             let _ = tx.send(ev);
-        })?;
-        info!(version = %PmixServer::version(), "PMIx server up");
-        self.set_pmix(
-            PmixHost {
-                server,
-                jobs: BTreeMap::new(),
-                by_nspace: BTreeMap::new(),
-                fences: BTreeMap::new(),
-                asked: BTreeMap::new(),
-                serving: BTreeMap::new(),
-                next_id: 1,
-                dmodex_served: 0,
-            },
-            rx,
-        );
-        Ok(())
+        }) {
+            Ok(server) => {
+                info!(version = %PmixServer::version(), "PMIx server up");
+                self.set_pmix(PmixHost {
+                    server,
+                    jobs: BTreeMap::new(),
+                    by_nspace: BTreeMap::new(),
+                    fences: BTreeMap::new(),
+                    asked: BTreeMap::new(),
+                    serving: BTreeMap::new(),
+                    next_id: 1,
+                    dmodex_served: 0,
+                });
+                true
+            }
+            Err(e) => {
+                error!("daemon {} on host {}: PMIx server unavailable, MPI ranks will fail: {e}", self.me, self.host);
+                false
+            }
+        }
     }
 
     /// Register a job's namespace before its first local rank starts. Returns false (job
     /// runs without PMIx) if the server refuses it.
     pub(crate) fn pmix_job_start(&mut self, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
+        if !self.ensure_pmix() {
+            return false;
+        }
         let hosts: Vec<(Rank, String)> = match Placement::from_job_map(map) {
             Ok(p) => p.daemons().map(|d| (d, self.host_of(d))).collect(),
             Err(e) => {

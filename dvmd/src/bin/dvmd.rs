@@ -378,17 +378,11 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
     }
 }
 
-/// Every daemon hosts a PMIx server in its own session directory; without one, non-MPI jobs
-/// still run and MPI ranks fail at MPI_Init (said in the log).
+/// Every daemon hosts a PMIx server in its own session directory (started by the first job
+/// that reaches the daemon).
 fn start_pmix(daemon: &mut Daemon, session: &std::path::Path) {
     daemon.set_session_dir(session);
-    if let Err(e) = daemon.start_pmix(&session.join("pmix")) {
-        tracing::error!(
-            "daemon {} on host {}: PMIx server unavailable, MPI jobs will fail: {e}",
-            daemon.me,
-            daemon.host
-        );
-    }
+    daemon.set_pmix_dir(&session.join("pmix"));
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -439,7 +433,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
     let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
-    // Check in first: the PMIx server's start (tens of ms) overlaps the rest of the boot.
+    // Check in at once; the PMIx server starts with the first job that reaches this daemon.
     daemon.check_in(Contact {
         rank,
         host: host.clone(),
