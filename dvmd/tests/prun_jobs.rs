@@ -177,6 +177,35 @@ fn run_suite(radix: u32) {
     let mut e = String::new();
     prun.stderr.take().unwrap().read_to_string(&mut e).unwrap();
 
+    // SIGUSR1 on prun reaches every proc; merge-stderr-to-stdout merges.
+    let marker = format!("101.{}{radix}", std::process::id());
+    let script = format!("trap 'echo got-usr1 $DVM_RANK >&2; exit 0' USR1; sleep {marker} & wait");
+    let prun = Command::new(PRUN)
+        .args(["--dvm-uri", &dvm.uri, "-n", "2", "--output", "merge-stderr-to-stdout", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while procs_with(&format!("sleep {marker}")).len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the prun this test started.
+    unsafe {
+        libc::kill(prun.id() as i32, libc::SIGUSR1);
+    }
+    let o = prun.wait_with_output().unwrap();
+    for p in procs_with(&format!("sleep {marker}")) {
+        // SAFETY: the orphaned sleeps of this test.
+        unsafe {
+            libc::kill(p as i32, libc::SIGKILL);
+        }
+    }
+    assert!(o.status.success(), "{}", text(&o).1);
+    let so = text(&o).0;
+    assert!(so.contains("got-usr1 0") && so.contains("got-usr1 1"), "USR1 not delivered to both ranks: {so}");
+
     // 50 jobs in a row: nothing left behind.
     for i in 0..50 {
         let out = dvm.prun(&["-n", "4", "true"]);
