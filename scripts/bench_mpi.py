@@ -275,7 +275,7 @@ def inner(cfg_path):
 
 EVENT_RE = re.compile(r"^\[dvmd (\d+)@\S+\] (\S+) DEBUG (?:PMIx namespace registered jobid=(\d+) .*took=(\S+)"
                       r"|PMIx upcall kind=\"(client_connected|client_finalized)\""
-                      r"|PMIx namespace deregistered nspace=dvm-job-(\d+))")
+                      r"|PMIx namespace deregistered nspace=dvm-\S+?-job(\d+))")
 TL_PHASES = ("reg_last", "conn_first", "conn_last", "f0_first", "f0_last", "f0_done", "f1_first", "f1_last",
              "f1_done", "f2_first", "f2_last", "f2_done", "fin_last", "dereg_last")
 
@@ -356,7 +356,7 @@ def augment(out_dir, csv_path):
 
 
 FENCE_RE = re.compile(r"^\[dvmd (\d+)@\S+\] (\S+) DEBUG fence (started|complete) rank=\d+ "
-                      r"key=b\"dvm-job-(\d+):\*\" seq=(\d+)")
+                      r"key=b\"dvm-\S+?-job(\d+):\*\" seq=(\d+)")
 
 
 def parse_fences(path):
