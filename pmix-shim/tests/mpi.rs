@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{build_mpi_program, drive, Host, Proc, OMPI_ENV};
+use common::{build_mpi_program, drive, spawn_mpi_ranks, Host, Proc};
 use pmix_shim::{PmixEvent, ProcId, Rank, SUCCESS};
 
 const NS: &str = "dvm-test-mpi";
@@ -33,14 +33,7 @@ fn open_mpi_allreduce_under_the_shim() {
     let host = Host::start();
     let exe = build_mpi_program(&host, "hello", HELLO_C);
     let envs = host.launch_job(NS, N);
-    let mut procs: Vec<Proc> = envs
-        .into_iter()
-        .enumerate()
-        .map(|(r, mut env)| {
-            env.extend(OMPI_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-            Proc::spawn(exe.to_str().unwrap(), &[], &env, r as u32)
-        })
-        .collect();
+    let mut procs: Vec<Proc> = spawn_mpi_ranks(&exe, envs);
 
     let (mut connected, mut finalized, mut fences, mut logs) = (0, 0, Vec::new(), Vec::new());
     drive(

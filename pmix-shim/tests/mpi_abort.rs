@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{build_mpi_program, drive, Host, Proc, OMPI_ENV};
+use common::{build_mpi_program, drive, spawn_mpi_ranks, Host, Proc};
 use pmix_shim::{PmixEvent, ProcId, Rank, SUCCESS};
 
 const NS: &str = "dvm-test-mpiabort";
@@ -28,14 +28,7 @@ fn mpi_abort_reaches_the_host() {
     let host = Host::start();
     let exe = build_mpi_program(&host, "abort", ABORT_C);
     let envs = host.launch_job(NS, 2);
-    let mut procs: Vec<Proc> = envs
-        .into_iter()
-        .enumerate()
-        .map(|(r, mut env)| {
-            env.extend(OMPI_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-            Proc::spawn(exe.to_str().unwrap(), &[], &env, r as u32)
-        })
-        .collect();
+    let mut procs: Vec<Proc> = spawn_mpi_ranks(&exe, envs);
 
     let (mut aborts, mut logs, mut fences) = (Vec::new(), Vec::new(), Vec::new());
     drive(

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{build_mpi_program, drive, Host, Proc, HOST_ALIAS, OMPI_ENV};
+use common::{build_mpi_program, drive, spawn_mpi_ranks, Host, Proc, HOST_ALIAS};
 use pmix_shim::{key_str, sys, Info, InfoValue, PmixEvent, Rank, SUCCESS};
 
 const NS: &str = "dvm-test-mpilog";
@@ -31,14 +31,7 @@ fn open_mpi_show_help_arrives_as_log_text() {
         InfoValue::Infos(vec![Info::new(key_str(sys::PMIX_RANK), InfoValue::Rank(Rank::Id(0)))]),
     );
     let envs = host.launch_job_with(NS, 2, HOST_ALIAS, vec![proc_data]);
-    let mut procs: Vec<Proc> = envs
-        .into_iter()
-        .enumerate()
-        .map(|(r, mut env)| {
-            env.extend(OMPI_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-            Proc::spawn(exe.to_str().unwrap(), &[], &env, r as u32)
-        })
-        .collect();
+    let mut procs: Vec<Proc> = spawn_mpi_ranks(&exe, envs);
     let mut logs = Vec::new();
     let mut other = Vec::new();
     drive(

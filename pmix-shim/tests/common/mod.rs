@@ -220,3 +220,14 @@ pub fn build_mpi_program(host: &Host, name: &str, source: &str) -> std::path::Pa
     assert!(cc.status.success(), "mpicc failed: {}", String::from_utf8_lossy(&cc.stderr));
     exe
 }
+
+/// Start one Open MPI rank per environment (rank = position), each with `OMPI_ENV` added.
+pub fn spawn_mpi_ranks(exe: &std::path::Path, envs: Vec<Vec<(String, String)>>) -> Vec<Proc> {
+    envs.into_iter()
+        .enumerate()
+        .map(|(r, mut env)| {
+            env.extend(OMPI_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Proc::spawn(exe.to_str().unwrap(), &[], &env, r as u32)
+        })
+        .collect()
+}
