@@ -153,6 +153,8 @@ pub struct Daemon {
     pub(crate) pmix_tx: mpsc::UnboundedSender<pmix_shim::PmixEvent>,
     /// Where the PMIx server will run, once the first job needs it; None after a failed start.
     pub(crate) pmix_dir: Option<std::path::PathBuf>,
+    /// A PMIx server being started on a helper thread (eager start), claimed by the first job.
+    pub(crate) pmix_pending: Option<std::sync::mpsc::Receiver<Result<pmix_shim::PmixServer, pmix_shim::PmixError>>>,
     /// Host name of every daemon (from WIREUP).
     hosts: BTreeMap<Rank, String>,
     session_dir: Option<String>,
@@ -216,6 +218,7 @@ impl Daemon {
             pmix_rx: Some(pmix_rx),
             pmix_tx,
             pmix_dir: None,
+            pmix_pending: None,
             hosts: BTreeMap::new(),
             session_dir: None,
             hnp_pid: None,

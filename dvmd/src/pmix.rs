@@ -69,19 +69,51 @@ impl Daemon {
         self.pmix_dir = Some(tmpdir.to_path_buf());
     }
 
+    fn pmix_config(&self, dir: std::path::PathBuf) -> ServerConfig {
+        let mut cfg = ServerConfig::new(dir);
+        cfg.hostname = Some(self.host.clone());
+        cfg
+    }
+
+    /// Start the PMIx server now on a helper thread, so it is ready when a job arrives (a
+    /// one-shot DVM knows one is coming); the boot does not wait for it.
+    pub fn start_pmix_background(&mut self) {
+        let Some(dir) = self.pmix_dir.take() else { return };
+        let cfg = self.pmix_config(dir);
+        let tx = self.pmix_tx.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("pmix-start".into()).spawn(move || {
+            let r = PmixServer::init(&cfg, move |ev| {
+                let _ = tx.send(ev);
+            });
+            let _ = done_tx.send(r);
+        });
+        match spawned {
+            Ok(_) => self.pmix_pending = Some(done_rx),
+            Err(e) => error!("cannot start the PMIx server thread: {e}"),
+        }
+    }
+
     /// Start the PMIx server if it is not running yet (once; a failure is logged and MPI
     /// ranks then fail at MPI_Init, other jobs run).
     pub(crate) fn ensure_pmix(&mut self) -> bool {
         if self.pmix_ref().is_some() {
             return true;
         }
-        let Some(dir) = self.pmix_dir.take() else { return false };
-        let tx = self.pmix_tx.clone();
-        let mut cfg = ServerConfig::new(dir);
-        cfg.hostname = Some(self.host.clone());
-        match PmixServer::init(&cfg, move |ev| {
-            let _ = tx.send(ev);
-        }) {
+        let started = if let Some(rx) = self.pmix_pending.take() {
+            // Started in the background: wait for the rest of its start-up.
+            rx.recv().unwrap_or_else(|_| {
+                Err(pmix_shim::PmixError::InvalidArgument { op: "init", detail: "the PMIx start thread died".into() })
+            })
+        } else {
+            let Some(dir) = self.pmix_dir.take() else { return false };
+            let cfg = self.pmix_config(dir);
+            let tx = self.pmix_tx.clone();
+            PmixServer::init(&cfg, move |ev| {
+                let _ = tx.send(ev);
+            })
+        };
+        match started {
             Ok(server) => {
                 info!(version = %PmixServer::version(), "PMIx server up");
                 self.set_pmix(PmixHost {

@@ -115,3 +115,27 @@ fn mpi_netns_radix_64() {
     require_netns!();
     mpi_suite(64, Some(FakeCluster::new(4).unwrap()));
 }
+
+/// One-shot (`prun --local`): the transient DVM starts its PMIx servers during the boot.
+#[test]
+fn mpi_one_shot() {
+    let root = std::env::temp_dir().join(format!("dvm-mpi-oneshot-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let o = Command::new(common::PRUN)
+        .args(["--local", "2", "--slots", "4", "-n", "8", &mpi_bin("allreduce")])
+        .env("DVM_TMPDIR", &root)
+        .env("OMPI_MCA_pml", "ob1")
+        .output()
+        .unwrap();
+    let (so, se) = out(&o);
+    assert!(o.status.success(), "{se}");
+    assert_eq!(so.matches("ok 28").count(), 8, "{so}");
+    let left: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .flat_map(|u| std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .collect();
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
+}

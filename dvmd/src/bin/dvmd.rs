@@ -55,6 +55,10 @@ struct Args {
     /// Heartbeat period on idle links in milliseconds (0: off).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// When each daemon starts its PMIx server: `lazy` with the first job that reaches it (idle
+    /// daemons stay small), `eager` right after boot on a helper thread (a job is coming).
+    #[arg(long, default_value = "lazy", value_parser = ["lazy", "eager"])]
+    pmix_start: String,
     /// Heartbeats missed before a silent peer is declared lost.
     #[arg(long, default_value_t = 5)]
     heartbeat_misses: u32,
@@ -249,6 +253,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--slots={}", node.slots),
             format!("--heartbeat-ms={}", args.heartbeat_ms),
             format!("--heartbeat-misses={}", args.heartbeat_misses),
+            format!("--pmix-start={}", args.pmix_start),
             format!("--max-message={}", args.max_message),
         ];
         let argv = agent.argv(&node.name, &exe, &dargs)?;
@@ -297,7 +302,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     });
 
     let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, 0, Some(hnp));
-    start_pmix(&mut daemon, session.dir());
+    start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
     if size == 1 {
         // A one-daemon DVM is wired up at once.
         daemon.wire_single();
@@ -378,11 +383,14 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
     }
 }
 
-/// Every daemon hosts a PMIx server in its own session directory (started by the first job
-/// that reaches the daemon).
-fn start_pmix(daemon: &mut Daemon, session: &std::path::Path) {
+/// Every daemon hosts a PMIx server in its own session directory: started by the first job
+/// that reaches the daemon, or (eager) now on a helper thread.
+fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, eager: bool) {
     daemon.set_session_dir(session);
     daemon.set_pmix_dir(&session.join("pmix"));
+    if eager {
+        daemon.start_pmix_background();
+    }
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -441,7 +449,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         pid: std::process::id(),
         slots: args.slots,
     });
-    start_pmix(&mut daemon, session.dir());
+    start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;

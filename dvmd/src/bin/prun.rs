@@ -71,6 +71,8 @@ impl Transient {
                 cmd.arg("--host").arg(h);
             }
         }
+        // A job is coming at once: PMIx servers start during the boot, not with the job.
+        cmd.arg("--pmix-start").arg("eager");
         // Extra dvmd options for one-shot DVMs (e.g. "--radix 2 --launch-agent ...").
         if let Ok(extra) = std::env::var("PRUN_DVMD_ARGS") {
             cmd.args(shell_words(&extra));
