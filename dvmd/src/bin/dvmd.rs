@@ -379,7 +379,7 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
             alive.iter().for_each(|&p| launch::kill(p));
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -37,7 +37,7 @@ async fn run(args: Args) -> Result<()> {
         if Instant::now() > deadline {
             bail!("the DVM acknowledged TERMINATE but {} still exists after {}s", uri.session.display(), args.timeout);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
 }
