@@ -1000,14 +1000,6 @@ impl Daemon {
     pub fn into_transport(self) -> Transport {
         self.t
     }
-
-    pub fn is_terminating(&self) -> bool {
-        self.terminating
-    }
-
-    pub fn transport(&self) -> &Transport {
-        &self.t
-    }
 }
 
 /// Resident set size of this process in KiB (Linux).

@@ -67,6 +67,8 @@ pub(crate) struct LocalJob {
     residual: Option<Residual>,
     started: bool,
     live: u32,
+    /// This daemon's ranks of the job, as `jobmap::local_procs` derived them.
+    ranks: Vec<u32>,
 }
 
 /// Job state of one daemon (HNP part empty elsewhere).
@@ -395,13 +397,36 @@ impl Daemon {
         let procs = match jobmap::local_procs(&map, &residual, me) {
             Ok(p) => p,
             Err(e) => {
-                warn!(jobid, "cannot start job {jobid}: {e}");
+                // Never leave the job waiting for procs that will not start: report every rank
+                // the residual names as failed, with the reason.
+                warn!(jobid, "daemon {me} cannot start its part of job {jobid}: {e}");
+                self.jobs.local.remove(&jobid);
+                let ranks: Vec<u32> = residual
+                    .ranks
+                    .iter()
+                    .flat_map(|rr| {
+                        (0..rr.count).map(move |i| rr.first.saturating_add(i.saturating_mul(rr.stride.max(1))))
+                    })
+                    .collect();
+                let error = format!("node {}: cannot start job {jobid}: {e}", self.host);
+                for rank in ranks {
+                    let st = ProcStatus {
+                        jobid,
+                        rank,
+                        exit_code: 127,
+                        error: error.clone(),
+                        daemon: me,
+                        ..Default::default()
+                    };
+                    self.send_job_cmd(0, daemon_cmd::Body::ProcStatus(st));
+                }
                 return;
             }
         };
         let lj = self.jobs.local.get_mut(&jobid).expect("present");
         lj.started = true;
         lj.live = procs.len() as u32;
+        lj.ranks = procs.iter().map(|p| p.rank).collect();
         let env = base_env();
         let pmix = self.pmix_job_start(jobid, &map, procs.len() as u32);
         let loopback = self.on_loopback();
@@ -489,11 +514,7 @@ impl Daemon {
     }
 
     fn jobs_local_ranks(&self, jobid: u32) -> Vec<u32> {
-        let Some(lj) = self.jobs.local.get(&jobid) else { return Vec::new() };
-        lj.residual
-            .as_ref()
-            .map(|r| r.ranks.iter().flat_map(|nr| nr.first..nr.first + nr.count).collect())
-            .unwrap_or_default()
+        self.jobs.local.get(&jobid).map(|lj| lj.ranks.clone()).unwrap_or_default()
     }
 
     /// Events of this daemon's processes.

@@ -132,6 +132,16 @@ fn run_suite(radix: u32) {
     for r in 0..3 {
         assert!(so.contains(&format!("{r}:hi")), "rank {r} missed stdin: {so}");
     }
+    // Round-robin placement gives each daemon a strided set of ranks (r, r+8): all get stdin.
+    let out = dvm.prun_with_stdin(
+        &["-n", "16", "--map-by", "node", "--stdin", "all", "--timeout", "30", "sh", "-c", "read x; echo $DVM_RANK:$x"],
+        Some(b"hi\n"),
+    );
+    let (so, se) = text(&out);
+    assert!(out.status.success(), "{se}");
+    for r in 0..16 {
+        assert!(so.lines().any(|l| l == format!("{r}:hi")), "rank {r} missed stdin: {so}");
+    }
 
     // Launch sizes without launching: a few bytes per proc, nothing started.
     let out = dvm.prun(&["--launch-sizes", "--map-by", "slot:oversubscribe", "-n", "8000", "sleep", "1000.5"]);
