@@ -3,10 +3,13 @@
 //! own session root and checks that no process and no session directory is left.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{alive, session_dirs};
 use dvm_proto::control::{BenchKind, BenchRequest};
 use dvmd::control::Client;
 use dvmd::session::DvmUri;
@@ -125,13 +128,6 @@ impl Drop for TestDvm {
     }
 }
 
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
     let deadline = Instant::now() + limit;
     loop {
@@ -143,18 +139,6 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn session_dirs(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(users) = std::fs::read_dir(root) {
-        for u in users.flatten().filter(|e| e.path().is_dir()) {
-            if let Ok(s) = std::fs::read_dir(u.path()) {
-                out.extend(s.flatten().map(|e| e.path()));
-            }
-        }
-    }
-    out
 }
 
 /// Children of slot r in the failure-free radix tree, by the layout formula

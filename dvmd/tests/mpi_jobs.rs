@@ -130,12 +130,7 @@ fn mpi_one_shot() {
     let (so, se) = out(&o);
     assert!(o.status.success(), "{se}");
     assert_eq!(so.matches("ok 28").count(), 8, "{so}");
-    let left: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .flat_map(|u| std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>())
-        .collect();
+    let left = common::session_dirs(&root);
     let _ = std::fs::remove_dir_all(&root);
     assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
 }

@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use dvm_proto::control::{BenchKind, BenchRequest};
 use dvm_tests::process::{assert_no_leftovers, ChildGuard, TestTag};
 use dvm_tests::{require_netns, FakeCluster};
@@ -85,10 +87,7 @@ impl NetnsDvm {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_no_leftovers("dvmd", &self.tag);
-        let mut left = Vec::new();
-        for u in std::fs::read_dir(&self.dir).unwrap().flatten().filter(|e| e.path().is_dir()) {
-            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
-        }
+        let left = common::session_dirs(&self.dir);
         assert!(left.is_empty(), "session directories left: {left:?}");
     }
 }

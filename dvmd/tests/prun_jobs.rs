@@ -6,7 +6,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -257,12 +256,7 @@ fn one_shot_runs_a_job_and_tears_down() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
-    let left: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .flat_map(|u| std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()).collect::<Vec<_>>())
-        .collect();
+    let left = common::session_dirs(&root);
     assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
     let _ = std::fs::remove_dir_all(&root);
 }

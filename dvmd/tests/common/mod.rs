@@ -62,6 +62,19 @@ pub fn procs_with(needle: &str) -> Vec<u32> {
     out
 }
 
+/// Session directories under a `DVM_TMPDIR` root (`<root>/dvm-<uid>/<dir>`).
+pub fn session_dirs(root: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(users) = std::fs::read_dir(root) {
+        for u in users.flatten().filter(|e| e.path().is_dir()) {
+            if let Ok(s) = std::fs::read_dir(u.path()) {
+                out.extend(s.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    out
+}
+
 /// (stdout, stderr) as text.
 pub fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
@@ -179,10 +192,7 @@ impl Dvm {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
-        let mut left = Vec::new();
-        for u in std::fs::read_dir(&self.root).unwrap().flatten().filter(|e| e.path().is_dir()) {
-            left.extend(std::fs::read_dir(u.path()).unwrap().flatten().map(|e| e.path()));
-        }
+        let left = session_dirs(&self.root);
         assert!(left.is_empty(), "session dirs left: {left:?}");
         self.pids.clear();
     }
