@@ -1,30 +1,26 @@
-//! The daemon actor: one task per daemon owns all protocol state (grpcomm, topology, the
-//! contact table, HNP bookkeeping) and drives the pure state machines; the transport only
-//! moves bytes. Nothing here blocks: every input is an event on the actor's loop.
+//! The daemon's shell: one tokio task per daemon moves bytes, timers, processes and PMIx
+//! calls for the sans-IO core (`dvm_core::Core`), where every protocol decision is made.
+//!
+//! Where to look: an input enters in [`Daemon::run`] (one `select!`), becomes a
+//! `dvm_core::Input` through [`Daemon::submit`], and is stepped and its effects carried out in
+//! [`Daemon::drive`] — the one place effects are drained, in order. Jobs (`jobs`), processes
+//! (`odls`) and PMIx hosting (`pmix`) talk to the core only by submitting inputs.
+//! Never block here: PMIx upcalls and process events arrive as messages on channels.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, Config, Effect, FenceRequest, FenceSignature, Grpcomm, Participants, Topology, XcastId};
-use dvm_proto::control::{BenchKind, BenchReply, DaemonStatus, StatusReply, TerminateReply, TreeViewsReply};
-use dvm_proto::daemon::{daemon_cmd, BenchDone, BenchStart, DaemonCmd, DaemonDied, DaemonLost, Ping, TreeView};
-use dvm_proto::grpcomm::GrpcommMsg;
-use dvm_proto::rml::{Checkin, Contact, FrameHeader, Tag, Wireup};
-use dvm_proto::Message;
-use dvm_rml::{Frame, Rank, Route, Transport, TransportEvent};
+use dvm_core::{dtags, Core, CoreConfig, Effect, Input as CoreInput};
+use dvm_grpcomm::{tags, Config, Topology};
+use dvm_proto::control::{DaemonStatus, StatusReply, TerminateReply, TreeViewsReply};
+use dvm_proto::daemon::{daemon_cmd, TreeView};
+use dvm_proto::rml::Contact;
+use dvm_rml::{Frame, Rank, Transport, TransportEvent};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, warn};
 
 use crate::control::ControlCmd;
-
-/// xcast tags used by the daemon itself (beyond `grpcomm::tags`).
-pub mod dtags {
-    pub const TREE_QUERY: u32 = super::tags::USER + 1;
-    pub const BENCH: u32 = super::tags::USER + 2;
-    pub const BENCH_XCAST: u32 = super::tags::USER + 3;
-}
 
 /// Why the actor loop ended.
 #[derive(Debug)]
@@ -35,6 +31,8 @@ pub enum Exit {
     LostHnp(String),
     /// The boot failed (HNP only): the message names the daemon and host.
     BootFailed(String),
+    /// The DVM declared this daemon dead (it was frozen or cut off and came back).
+    Evicted(String),
 }
 
 /// Inputs of the actor besides transport events.
@@ -50,38 +48,41 @@ pub enum Input {
     JobClientGone(u32),
     /// HNP: prun took `bytes` of a daemon's output (its credit can be returned).
     IofDelivered { jobid: u32, daemon: Rank, bytes: u64 },
+    /// HNP: the grace for jobs ended by a termination passed; terminate now.
+    TerminateNow,
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
 
-/// HNP-only state.
+/// Grace the HNP gives running jobs to end when the DVM is terminated, before it stops the
+/// daemons regardless.
+const TERMINATE_GRACE: Duration = Duration::from_secs(3);
+
+/// HNP-only state of the shell (replies owed to control calls, boot bookkeeping).
 pub struct Hnp {
-    pub expected: u32,
-    pub contacts: BTreeMap<Rank, Contact>,
-    pub wireup: Option<XcastId>,
     pub ready: Option<oneshot::Sender<()>>,
     pub launched_hosts: BTreeMap<Rank, (String, crate::launch::OutputTail)>,
     pub started: Instant,
     pub session_dir: String,
-    terminate: Option<(XcastId, oneshot::Sender<TerminateReply>)>,
+    own: Contact,
+    terminate: Vec<oneshot::Sender<TerminateReply>>,
+    /// Termination asked for while jobs ran: they are being ended first.
+    terminate_pending: bool,
     tree_query: Option<(u64, Vec<TreeView>, TreeViewsTx)>,
-    bench: Option<HnpBench>,
+    bench: Option<oneshot::Sender<Result<dvm_proto::control::BenchReply, String>>>,
     next_query: u64,
 }
 
 impl Hnp {
-    pub fn new(expected: u32, own: Contact, session_dir: String) -> Hnp {
-        let mut contacts = BTreeMap::new();
-        contacts.insert(0, own);
+    pub fn new(own: Contact, session_dir: String) -> Hnp {
         Hnp {
-            expected,
-            contacts,
-            wireup: None,
             ready: None,
             launched_hosts: BTreeMap::new(),
             started: Instant::now(),
             session_dir,
-            terminate: None,
+            own,
+            terminate: Vec::new(),
+            terminate_pending: false,
             tree_query: None,
             bench: None,
             next_query: 1,
@@ -89,59 +90,20 @@ impl Hnp {
     }
 }
 
-struct HnpBench {
-    id: u64,
-    kind: BenchKind,
-    count: u64,
-    bytes: u64,
-    latencies: Vec<u64>,
-    started_at: Option<Instant>,
-    done: BTreeSet<Rank>,
-    errors: u64,
-    first_error: String,
-    reply: oneshot::Sender<Result<BenchReply, String>>,
-    issued: u64,
-}
-
-/// A fence benchmark running on one daemon.
-struct FenceBench {
-    id: u64,
-    kind: i32,
-    count: u64,
-    bytes: u64,
-    next: u64,
-    errors: u64,
-    first_error: String,
-    /// Each daemon's contribution pattern, built once per benchmark.
-    base: BTreeMap<Rank, Bytes>,
-}
-
-impl FenceBench {
-    /// Daemon `rank`'s contribution to fence `i`: its pattern with `i` stamped in front.
-    fn data(&mut self, rank: Rank, i: u64) -> Bytes {
-        let bytes = self.bytes;
-        let base = self.base.entry(rank).or_insert_with(|| bench_data(rank, 0, bytes));
-        let mut v = base.to_vec();
-        let n = v.len().min(8);
-        v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
-        Bytes::from(v)
-    }
+/// A fresh boot incarnation: different on every start of a daemon, never zero.
+pub fn new_epoch() -> u64 {
+    rand::random::<u64>() | 1
 }
 
 pub struct Daemon {
     pub me: Rank,
     pub host: String,
-    g: Grpcomm,
+    core: Core,
     t: Transport,
-    epoch: u64,
-    seq: u64,
     start: Instant,
+    inbox: VecDeque<CoreInput>,
     pub hnp: Option<Hnp>,
-    contacts_known: bool,
     terminating: bool,
-    timer: Option<u64>,
-    bench: Option<FenceBench>,
-    last_encoded: Option<(GrpcommMsg, Bytes)>,
     exit: Option<Exit>,
     pub(crate) jobs: crate::jobs::Jobs,
     odls: crate::odls::Odls,
@@ -155,62 +117,36 @@ pub struct Daemon {
     pub(crate) pmix_dir: Option<std::path::PathBuf>,
     /// A PMIx server being started on a helper thread (eager start), claimed by the first job.
     pub(crate) pmix_pending: Option<std::sync::mpsc::Receiver<Result<pmix_shim::PmixServer, pmix_shim::PmixError>>>,
-    /// Host name of every daemon (from WIREUP).
-    hosts: BTreeMap<Rank, String>,
     session_dir: Option<String>,
-    /// The HNP's pid (from WIREUP).
-    hnp_pid: Option<u32>,
-}
-
-fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
-    // Incompressible (xorshift), so an xcast benchmark moves the bytes it claims to; the
-    // fence index is stamped in front so results of different fences never match.
-    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v: Vec<u8> = (0..bytes)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    let stamp = i.to_le_bytes();
-    let n = v.len().min(8);
-    v[..n].copy_from_slice(&stamp[..n]);
-    Bytes::from(v)
-}
-
-fn bench_collect(kind: i32, i: u64) -> bool {
-    match BenchKind::try_from(kind) {
-        Ok(BenchKind::Modex) => true,
-        Ok(BenchKind::Alternate) => i % 2 == 1,
-        _ => false,
-    }
 }
 
 impl Daemon {
     pub fn new(me: Rank, host: String, topo: Topology, t: Transport, epoch: u64, hnp: Option<Hnp>) -> Daemon {
         let (odls_tx, odls_rx) = mpsc::unbounded_channel();
         let (input_tx, input_rx) = mpsc::unbounded_channel();
-        let host_for_odls = host.clone();
         let (pmix_tx, pmix_rx) = mpsc::unbounded_channel();
+        let cfg = CoreConfig {
+            me,
+            host: host.clone(),
+            epoch,
+            radix: topo.radix(),
+            size: topo.size(),
+            grpcomm: Config::default(),
+        };
+        let core = Core::new(cfg, hnp.as_ref().map(|h| h.own.clone()))
+            .expect("the topology was built from the same radix and size");
         Daemon {
             me,
-            host,
-            g: Grpcomm::new(topo, Config::default()),
+            host: host.clone(),
+            core,
             t,
-            epoch,
-            seq: 0,
             start: Instant::now(),
+            inbox: VecDeque::new(),
             hnp,
-            contacts_known: false,
             terminating: false,
-            timer: None,
-            bench: None,
-            last_encoded: None,
             exit: None,
             jobs: Default::default(),
-            odls: crate::odls::Odls::new(host_for_odls, odls_tx, crate::jobs::IOF_WINDOW as usize),
+            odls: crate::odls::Odls::new(host, odls_tx, crate::jobs::IOF_WINDOW as usize),
             odls_rx: Some(odls_rx),
             input_tx,
             input_rx: Some(input_rx),
@@ -219,9 +155,7 @@ impl Daemon {
             pmix_tx,
             pmix_dir: None,
             pmix_pending: None,
-            hosts: BTreeMap::new(),
             session_dir: None,
-            hnp_pid: None,
         }
     }
 
@@ -230,57 +164,30 @@ impl Daemon {
     }
 
     pub fn topology(&self) -> &Topology {
-        self.g.topology()
+        self.core.topology()
     }
 
-    fn frame(&mut self, dst: Rank, tag: Tag, payload: Bytes) -> Frame {
-        self.seq += 1;
-        Frame::new(FrameHeader { origin: self.me, dst, tag: tag as u32, epoch: self.epoch, seq: self.seq }, payload)
+    /// Queue an input for the core; [`Daemon::drive`] steps it.
+    pub(crate) fn submit(&mut self, input: CoreInput) {
+        self.inbox.push_back(input);
     }
 
-    /// Send a frame toward its destination: along the tree once contacts are known, else
-    /// directly (check-in and HNP lifeline messages).
-    fn route(&mut self, frame: Frame) {
-        let dst = frame.header.dst;
-        let next = if self.contacts_known {
-            match self.g.topology().route_to(dst) {
-                Route::Up(n) | Route::Down(n) => n,
-                Route::Local => {
-                    warn!(dst, "frame for this daemon routed to itself");
-                    return;
-                }
-                Route::Unreachable => {
-                    warn!(dst, tag = frame.header.tag, "no route to daemon {dst} (failed): frame dropped");
-                    return;
-                }
+    /// Step every queued input and carry out every effect, in order, until both are empty.
+    /// The one place the core's effects are drained.
+    fn drive(&mut self) {
+        while let Some(input) = self.inbox.pop_front() {
+            let now = self.now();
+            self.core.step(input, now);
+            let effects: Vec<Effect> = self.core.drain().collect();
+            for e in effects {
+                self.on_effect(e);
             }
-        } else {
-            dst
-        };
-        if let Err(e) = self.t.send(next, frame) {
-            warn!(next, dst, "send failed: {e}");
-            self.g.peer_unreachable(next);
-            self.run_effects();
         }
-    }
-
-    fn send_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
-        let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
-        if dst == self.me {
-            self.on_cmd(self.me, payload);
-            return;
-        }
-        let f = self.frame(dst, Tag::DaemonCmd, payload);
-        self.route(f);
     }
 
     /// Daemon side of the boot: report to the HNP.
     pub fn check_in(&mut self, own: Contact) {
-        let payload = Bytes::from(Checkin { contacts: vec![own] }.encode_to_vec());
-        let f = self.frame(0, Tag::Checkin, payload);
-        if let Err(e) = self.t.send(0, f) {
-            error!("cannot send check-in to the HNP: {e}");
-        }
+        self.submit(CoreInput::CheckIn(own));
     }
 
     /// Run until the DVM ends for this daemon.
@@ -293,35 +200,27 @@ impl Daemon {
         let mut own_inputs = self.input_rx.take().expect("run is called once");
         let mut odls_rx = self.odls_rx.take().expect("run is called once");
         let mut pmix_rx = self.pmix_rx.take().expect("run is called once");
+        self.drive();
         let exit = loop {
-            let sleep = match self.timer {
-                Some(at) => Duration::from_nanos(at.saturating_sub(self.now())),
-                None => Duration::from_secs(3600),
-            };
-            let exit = tokio::select! {
+            if let Some(exit) = self.exit.take() {
+                break exit;
+            }
+            let deadline = self.core.next_deadline();
+            let sleep =
+                deadline.map_or(Duration::from_secs(3600), |at| Duration::from_nanos(at.saturating_sub(self.now())));
+            tokio::select! {
                 ev = events.recv() => match ev {
                     Some(ev) => self.on_transport(ev),
-                    None => Some(Exit::LostHnp("transport closed".into())),
+                    None => self.exit = Some(Exit::LostHnp("transport closed".into())),
                 },
-                Some(cmd) = control.recv() => { self.on_control(cmd); None }
+                Some(cmd) = control.recv() => self.on_control(cmd),
                 Some(inp) = inputs.recv() => self.on_input(inp),
                 Some(inp) = own_inputs.recv() => self.on_input(inp),
-                Some(ev) = odls_rx.recv() => { self.on_odls(ev); None }
-                Some(ev) = pmix_rx.recv() => { self.on_pmix(ev); None }
-                _ = tokio::time::sleep(sleep), if self.timer.is_some() => {
-                    self.timer = None;
-                    let now = self.now();
-                    self.g.tick(now);
-                    self.run_effects();
-                    None
-                }
-            };
-            if let Some(exit) = exit {
-                break exit;
+                Some(ev) = odls_rx.recv() => self.on_odls(ev),
+                Some(ev) = pmix_rx.recv() => self.on_pmix(ev),
+                _ = tokio::time::sleep(sleep), if deadline.is_some() => self.submit(CoreInput::Tick),
             }
-            if let Some(exit) = self.finished() {
-                break exit;
-            }
+            self.drive();
         };
         // Nothing this daemon started outlives it.
         self.odls.kill_all();
@@ -331,43 +230,34 @@ impl Daemon {
         exit
     }
 
-    fn finished(&mut self) -> Option<Exit> {
-        self.exit.take()
-    }
-
-    fn on_input(&mut self, inp: Input) -> Option<Exit> {
+    fn on_input(&mut self, inp: Input) {
         match inp {
-            Input::JobTimeout(j) => {
-                self.on_job_timeout(j);
-                None
-            }
-            Input::JobClientGone(j) => {
-                self.on_client_gone(j);
-                None
-            }
-            Input::IofDelivered { jobid, daemon, bytes } => {
-                self.on_iof_delivered(jobid, daemon, bytes);
-                None
-            }
+            Input::JobTimeout(j) => self.on_job_timeout(j),
+            Input::JobClientGone(j) => self.on_client_gone(j),
+            Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
+            Input::TerminateNow => self.terminate_now(),
             Input::ChildExited(rank, how) => {
-                let hnp = self.hnp.as_ref()?;
+                let Some(hnp) = self.hnp.as_ref() else { return };
                 let (host, out) = hnp.launched_hosts.get(&rank).cloned().unwrap_or_default();
                 if hnp.ready.is_some() {
-                    return Some(Exit::BootFailed(format!(
+                    self.exit = Some(Exit::BootFailed(format!(
                         "daemon {rank} on host {host} {how} before the DVM was ready; it printed: {}",
                         out.text()
                     )));
+                    return;
                 }
                 if !self.terminating {
                     warn!(rank, %host, "daemon process {how}");
                 }
-                None
             }
             Input::StartupTimeout => {
-                let hnp = self.hnp.as_ref()?;
-                hnp.ready.as_ref()?;
-                let missing: Vec<String> = (1..hnp.expected)
-                    .filter(|r| !hnp.contacts.contains_key(r))
+                let Some(hnp) = self.hnp.as_ref() else { return };
+                if hnp.ready.is_none() {
+                    return;
+                }
+                let contacts = self.core.contacts().cloned().unwrap_or_default();
+                let missing: Vec<String> = (1..self.core.topology().size())
+                    .filter(|r| !contacts.contains_key(r))
                     .map(|r| {
                         let (host, out) = hnp.launched_hosts.get(&r).cloned().unwrap_or_default();
                         format!("daemon {r} on host {host} (it printed: {})", out.text())
@@ -378,227 +268,91 @@ impl Daemon {
                 } else {
                     format!("{} daemon(s) did not check in: {}", missing.len(), missing.join("; "))
                 };
-                Some(Exit::BootFailed(format!("DVM start-up timed out: {what}")))
+                self.exit = Some(Exit::BootFailed(format!("DVM start-up timed out: {what}")));
             }
         }
     }
 
-    fn on_transport(&mut self, ev: TransportEvent) -> Option<Exit> {
+    fn on_transport(&mut self, ev: TransportEvent) {
         match ev {
             TransportEvent::Frame { from_peer, frame } => {
-                if frame.header.dst != self.me {
-                    // Relay along the tree.
-                    self.route(frame);
-                    return None;
-                }
-                match Tag::try_from(frame.header.tag as i32) {
-                    Ok(Tag::Grpcomm) => match GrpcommMsg::decode(frame.payload) {
-                        Ok(msg) => {
-                            self.g.handle(frame.header.origin, msg);
-                            self.run_effects();
-                        }
-                        Err(e) => warn!(from_peer, origin = frame.header.origin, "undecodable grpcomm message: {e}"),
-                    },
-                    Ok(Tag::Checkin) => self.on_checkin(from_peer, frame.payload),
-                    Ok(Tag::DaemonCmd) => self.on_cmd(frame.header.origin, frame.payload),
-                    Ok(Tag::Heartbeat) => {}
-                    _ => warn!(from_peer, tag = frame.header.tag, "frame with unknown tag dropped"),
-                }
-                None
+                self.submit(CoreInput::Frame { from_peer, header: frame.header, payload: frame.payload })
             }
             TransportEvent::PeerLost { peer, reason } | TransportEvent::ConnectFailed { peer, reason } => {
-                self.on_peer_lost(peer, reason.to_string())
+                self.submit(CoreInput::PeerLost { peer, reason: reason.to_string() })
             }
         }
-    }
-
-    fn on_peer_lost(&mut self, peer: Rank, reason: String) -> Option<Exit> {
-        if peer == 0 && self.me != 0 {
-            return Some(if self.terminating {
-                Exit::Terminated
-            } else {
-                Exit::LostHnp(format!("lost the connection to the HNP: {reason}"))
-            });
-        }
-        if self.terminating || !self.g.topology().is_alive(peer) {
-            return None;
-        }
-        let topo = self.g.topology();
-        let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
-        if !neighbour {
-            debug!(peer, "lost a non-tree connection: {reason}");
-            return None;
-        }
-        warn!(peer, "lost tree neighbour daemon {peer}: {reason}");
-        self.g.peer_unreachable(peer);
-        self.run_effects();
-        let lost = DaemonLost { lost: peer, reason };
-        if self.me == 0 {
-            self.on_daemon_lost(lost);
-        } else {
-            // Straight to the HNP: the tree may be broken at this very link.
-            let payload = Bytes::from(DaemonCmd { body: Some(daemon_cmd::Body::DaemonLost(lost)) }.encode_to_vec());
-            let f = self.frame(0, Tag::DaemonCmd, payload);
-            if let Err(e) = self.t.send(0, f) {
-                return Some(Exit::LostHnp(format!("cannot report a lost daemon to the HNP: {e}")));
-            }
-        }
-        None
-    }
-
-    /// HNP: a daemon is gone. Mark it failed everywhere (DAEMON_DIED, processed first).
-    fn on_daemon_lost(&mut self, lost: DaemonLost) {
-        let Some(hnp) = self.hnp.as_ref() else { return };
-        if self.terminating || !self.g.topology().is_alive(lost.lost) || lost.lost == 0 {
-            return;
-        }
-        let host = hnp.contacts.get(&lost.lost).map(|c| c.host.clone()).unwrap_or_default();
-        eprintln!("dvmd: daemon {} on host {host} was lost: {}", lost.lost, lost.reason);
-        let mut failed: Vec<Rank> = self.g.topology().failed().iter().copied().collect();
-        failed.push(lost.lost);
-        let payload = Bytes::from(DaemonDied { failed }.encode_to_vec());
-        self.g.xcast(tags::DAEMON_DIED, payload);
-        self.run_effects();
-    }
-
-    fn on_checkin(&mut self, from_peer: Rank, payload: Bytes) {
-        let Some(hnp) = self.hnp.as_mut() else {
-            warn!(from_peer, "check-in received by a daemon that is not the HNP");
-            return;
-        };
-        let Ok(ci) = Checkin::decode(payload) else {
-            warn!(from_peer, "undecodable check-in");
-            return;
-        };
-        for c in ci.contacts {
-            if c.rank == 0 || c.rank >= hnp.expected {
-                warn!(from_peer, rank = c.rank, "check-in for a rank outside the DVM");
-                continue;
-            }
-            debug!(rank = c.rank, host = %c.host, addr = %c.addr, "daemon checked in");
-            hnp.contacts.insert(c.rank, c);
-        }
-        self.maybe_wireup();
-    }
-
-    /// HNP: once every daemon checked in, broadcast the contact table (WIREUP).
-    pub fn maybe_wireup(&mut self) {
-        let Some(hnp) = self.hnp.as_mut() else { return };
-        if hnp.contacts.len() as u32 == hnp.expected && hnp.wireup.is_none() {
-            let w = Wireup { contacts: hnp.contacts.values().cloned().collect(), radix: self.g.topology().radix() };
-            let payload = Bytes::from(w.encode_to_vec());
-            let id = self.g.xcast(tags::WIREUP, payload);
-            if let Some(h) = self.hnp.as_mut() {
-                h.wireup = Some(id);
-            }
-            self.run_effects();
-        }
-    }
-
-    fn apply_wireup(&mut self, payload: &[u8]) {
-        match Wireup::decode(payload) {
-            Ok(w) => {
-                let mut table = Vec::new();
-                for c in &w.contacts {
-                    self.hosts.insert(c.rank, c.host.clone());
-                    if c.rank == 0 {
-                        self.hnp_pid = Some(c.pid);
-                    }
-                    match c.addr.parse::<SocketAddr>() {
-                        Ok(a) if c.rank != self.me => table.push((c.rank, a)),
-                        Ok(_) => {}
-                        Err(_) => warn!(rank = c.rank, addr = %c.addr, "bad address in the contact table"),
-                    }
-                }
-                self.t.set_contacts(table);
-                self.contacts_known = true;
-                info!(daemons = w.contacts.len(), "wired up");
-            }
-            Err(e) => error!("undecodable WIREUP: {e}"),
-        }
-    }
-
-    fn run_effects(&mut self) {
-        loop {
-            let effects: Vec<Effect> = self.g.drain().collect();
-            if effects.is_empty() {
-                return;
-            }
-            for e in effects {
-                self.on_effect(e);
-            }
-        }
-    }
-
-    fn encode_grpcomm(&mut self, msg: GrpcommMsg) -> Bytes {
-        // Forwards of one op to many children: encode once.
-        if let Some((last, bytes)) = &self.last_encoded {
-            if *last == msg {
-                return bytes.clone();
-            }
-        }
-        let bytes = Bytes::from(msg.encode_to_vec());
-        self.last_encoded = Some((msg, bytes.clone()));
-        bytes
     }
 
     fn on_effect(&mut self, e: Effect) {
         match e {
-            Effect::Send { to, msg } => {
-                let payload = self.encode_grpcomm(msg);
-                let f = self.frame(to, Tag::Grpcomm, payload);
-                self.route(f);
-            }
-            Effect::Deliver { op_id, origin, tag, payload } => self.on_deliver(op_id, origin, tag, payload),
-            Effect::XcastComplete { id, .. } => self.on_xcast_complete(id),
-            Effect::FenceComplete { id, result } => {
-                if !self.pmix_fence_done(&id, &result) {
-                    self.on_fence_complete(id.seq, result)
+            Effect::Transmit { next_hop, header, payload } => {
+                if let Err(e) = self.t.send(next_hop, Frame::new(header, payload)) {
+                    debug!(next_hop, "send failed: {e}");
+                    self.submit(CoreInput::SendFailed { peer: next_hop });
                 }
             }
-            Effect::ScatterDeliver { tag, data, .. } => {
+            Effect::SetContacts(table) => self.t.set_contacts(table),
+            Effect::Ready => {
+                if let Some(tx) = self.hnp.as_mut().and_then(|h| h.ready.take()) {
+                    let _ = tx.send(());
+                }
+            }
+            Effect::Deliver { tag, payload } => self.on_deliver(tag, payload),
+            Effect::ScatterDeliver { tag, data } => {
                 if tag == tags::LAUNCH_RESIDUALS {
                     self.on_launch_residual(data);
                 }
             }
-            Effect::ArmTimer { at } => {
-                self.timer = Some(self.timer.map_or(at, |t| t.min(at)));
+            Effect::Cmd { origin, body } => match body {
+                daemon_cmd::Body::TreeView(v) => self.on_tree_view(v),
+                other => self.on_job_cmd(origin, other),
+            },
+            Effect::DaemonsFailed { newly } => {
+                if self.hnp.is_some() {
+                    for &r in &newly {
+                        eprintln!("dvmd: daemon {r} on host {} was lost", self.core.host_of(r));
+                    }
+                    self.jobs_lost_daemons(&newly.iter().copied().collect());
+                    self.maybe_finish_tree_query();
+                }
             }
-            Effect::Dropped { from, reason } => warn!(from, "grpcomm dropped a message: {reason}"),
+            Effect::FenceDone { key, result } => self.pmix_fence_done(key, result),
+            Effect::BenchDone(r) => {
+                if let Some(tx) = self.hnp.as_mut().and_then(|h| h.bench.take()) {
+                    let _ = tx.send(r);
+                }
+            }
+            Effect::Terminated => {
+                if let Some(h) = self.hnp.as_mut() {
+                    for tx in h.terminate.drain(..) {
+                        let _ = tx.send(TerminateReply { ok: true, message: "every daemon received TERMINATE".into() });
+                    }
+                }
+                self.exit = Some(Exit::Terminated);
+            }
+            Effect::Exit(e) => {
+                self.exit = Some(match e {
+                    dvm_core::Exit::Terminated => Exit::Terminated,
+                    dvm_core::Exit::LostHnp(m) => Exit::LostHnp(m),
+                    dvm_core::Exit::Evicted(m) => Exit::Evicted(m),
+                })
+            }
         }
     }
 
-    fn on_deliver(&mut self, op_id: u64, origin: Rank, tag: u32, payload: Bytes) {
-        debug!(op_id, origin, tag, len = payload.len(), "xcast delivered");
+    fn on_deliver(&mut self, tag: u32, payload: Bytes) {
         match tag {
-            tags::WIREUP => {
-                self.apply_wireup(&payload);
-                self.g.xcast_processed(op_id);
-            }
-            tags::DAEMON_DIED => {
-                match DaemonDied::decode(payload) {
-                    Ok(d) => {
-                        let failed: BTreeSet<Rank> = d.failed.into_iter().filter(|&r| r != self.me).collect();
-                        if let Err(e) = self.g.topology_changed(&failed) {
-                            error!("cannot repair the tree: {e}");
-                        }
-                        if self.hnp.is_some() {
-                            self.jobs_lost_daemons(&failed);
-                        }
-                    }
-                    Err(e) => error!("undecodable DAEMON_DIED: {e}"),
-                }
-                self.g.xcast_processed(op_id);
-            }
             tags::LAUNCH => self.on_launch_map(payload),
             tags::JOB_CONTROL => self.on_job_control_xcast(payload),
             tags::TERMINATE => {
-                info!("DVM terminating");
+                // Every local process ends with the DVM, at once.
                 self.terminating = true;
+                self.odls.kill_all();
             }
             dtags::TREE_QUERY => {
                 let query = u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default());
-                let topo = self.g.topology();
+                let topo = self.core.topology();
                 let view = TreeView {
                     query,
                     rank: self.me,
@@ -609,247 +363,66 @@ impl Daemon {
                     pid: std::process::id(),
                     rss_kib: rss_kib(),
                 };
-                self.send_cmd(0, daemon_cmd::Body::TreeView(view));
+                self.submit(CoreInput::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
             }
-            dtags::BENCH => match BenchStart::decode(payload) {
-                Ok(b) => {
-                    self.bench = Some(FenceBench {
-                        id: b.bench,
-                        kind: b.kind as i32,
-                        count: b.count,
-                        bytes: b.bytes,
-                        next: 0,
-                        errors: 0,
-                        first_error: String::new(),
-                        base: BTreeMap::new(),
-                    });
-                    self.next_bench_fence();
-                }
-                Err(e) => error!("undecodable BENCH: {e}"),
-            },
             _ => {}
         }
     }
 
-    fn next_bench_fence(&mut self) {
-        let Some(b) = self.bench.as_mut() else { return };
-        if b.next == b.count {
-            let topo = self.g.topology();
-            let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
-            let sig = FenceSignature::new(format!("bench-{}", b.id).into_bytes(), Participants::Daemons(live));
-            let done = BenchDone {
-                bench: b.id,
-                rank: self.me,
-                completed: b.count,
-                errors: b.errors,
-                first_error: b.first_error.clone(),
-            };
-            self.bench = None;
-            self.g.forget_fence_signature(&sig);
-            self.send_cmd(0, daemon_cmd::Body::BenchDone(done));
-            return;
-        }
-        let i = b.next;
-        b.next += 1;
-        let collect = bench_collect(b.kind, i);
-        let me = self.me;
-        let data = if collect { b.data(me, i) } else { Bytes::new() };
-        // Every live daemon, as this daemon's topology says (identical everywhere: repairs are
-        // xcasts, processed in op order before the benchmark's own start).
-        let topo = self.g.topology();
-        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
-        let sig = FenceSignature::new(format!("bench-{}", b.id).into_bytes(), Participants::Daemons(live));
-        if let Some(h) = self.hnp.as_mut() {
-            if let Some(hb) = h.bench.as_mut() {
-                hb.started_at = Some(Instant::now());
-            }
-        }
-        let now = self.now();
-        self.g.fence(FenceRequest { sig, collect, data, timeout: Some(60_000_000_000) }, now);
-        self.run_effects();
-    }
-
-    fn on_fence_complete(&mut self, seq: u64, result: Result<Bytes, dvm_grpcomm::FenceError>) {
-        // Time first: the check below is not part of the fence.
-        if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
-            if let Some(t0) = hb.started_at.take() {
-                hb.latencies.push(t0.elapsed().as_nanos() as u64);
-            }
-        }
-        let live: Vec<Rank> = (0..self.g.topology().size()).filter(|&r| self.g.topology().is_alive(r)).collect();
-        let Some(b) = self.bench.as_mut() else {
-            debug!(seq, "fence completed with no benchmark running");
-            return;
-        };
-        let i = b.next - 1;
-        let err = match result {
-            Err(e) => Some(format!("daemon {}: fence {i} failed: {e}", self.me)),
-            Ok(bytes) => {
-                let expect: Vec<u8> = if bench_collect(b.kind, i) {
-                    live.iter().flat_map(|&r| b.data(r, i)).collect()
-                } else {
-                    Vec::new()
-                };
-                (bytes[..] != expect[..]).then(|| {
-                    format!(
-                        "daemon {}: fence {i} returned {} bytes that differ from the {} expected",
-                        self.me,
-                        bytes.len(),
-                        expect.len()
-                    )
-                })
-            }
-        };
-        if let Some(e) = err {
-            if b.errors == 0 {
-                b.first_error = e;
-            }
-            b.errors += 1;
-        }
-        self.next_bench_fence();
-    }
-
-    fn on_xcast_complete(&mut self, id: XcastId) {
+    fn on_tree_view(&mut self, v: TreeView) {
         let Some(hnp) = self.hnp.as_mut() else { return };
-        if hnp.wireup == Some(id) {
-            if let Some(tx) = hnp.ready.take() {
-                let _ = tx.send(());
-            }
+        let Some((q, views, _)) = hnp.tree_query.as_mut() else { return };
+        if v.query != *q {
             return;
         }
-        if let Some((tid, _)) = &hnp.terminate {
-            if *tid == id {
-                let (_, tx) = hnp.terminate.take().expect("checked above");
-                let _ = tx.send(TerminateReply { ok: true, message: "every daemon received TERMINATE".into() });
-                self.exit = Some(Exit::Terminated);
-                return;
-            }
-        }
-        if let Some(b) = hnp.bench.as_mut() {
-            if b.kind == BenchKind::Xcast {
-                if let Some(t0) = b.started_at.take() {
-                    b.latencies.push(t0.elapsed().as_nanos() as u64);
-                }
-                self.next_bench_xcast();
-            }
-        }
+        views.push(v);
+        self.maybe_finish_tree_query();
     }
 
-    fn next_bench_xcast(&mut self) {
-        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
-        if b.issued == b.count {
-            self.finish_bench();
+    fn maybe_finish_tree_query(&mut self) {
+        let topo = self.core.topology();
+        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let Some(hnp) = self.hnp.as_mut() else { return };
+        let Some((_, views, _)) = hnp.tree_query.as_ref() else { return };
+        if !live.iter().all(|r| views.iter().any(|v| v.rank == *r)) {
             return;
         }
-        b.issued += 1;
-        let payload = bench_data(0, b.issued, b.bytes);
-        b.started_at = Some(Instant::now());
-        self.g.xcast(dtags::BENCH_XCAST, payload);
-        self.run_effects();
-    }
-
-    fn next_bench_ping(&mut self) {
-        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
-        if b.issued == b.count {
-            self.finish_bench();
-            return;
-        }
-        b.issued += 1;
-        let seq = b.issued;
-        let payload = Bytes::from(vec![0u8; b.bytes as usize]);
-        b.started_at = Some(Instant::now());
-        let peer = if self.g.topology().size() > 1 { 1 } else { 0 };
-        self.send_cmd(peer, daemon_cmd::Body::Ping(Ping { seq, payload }));
-    }
-
-    fn finish_bench(&mut self) {
-        let topo = self.g.topology();
-        let (daemons, radix, depth) = (topo.live_count(), topo.radix(), topo.height());
-        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.take()) else { return };
-        let _ = b.reply.send(Ok(BenchReply {
-            latencies_ns: b.latencies,
-            errors: b.errors,
-            first_error: b.first_error,
-            daemons,
-            radix,
-            depth,
-        }));
-    }
-
-    fn on_cmd(&mut self, origin: Rank, payload: Bytes) {
-        let cmd = match DaemonCmd::decode(payload) {
-            Ok(DaemonCmd { body: Some(b) }) => b,
-            _ => {
-                warn!(origin, "undecodable daemon command");
-                return;
-            }
-        };
-        match cmd {
-            daemon_cmd::Body::Ping(p) => self.send_cmd(origin, daemon_cmd::Body::Pong(p)),
-            daemon_cmd::Body::Pong(_) => {
-                if let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
-                    if let Some(t0) = b.started_at.take() {
-                        b.latencies.push(t0.elapsed().as_nanos() as u64);
-                    }
-                }
-                self.next_bench_ping();
-            }
-            daemon_cmd::Body::TreeView(v) => {
-                let Some(hnp) = self.hnp.as_mut() else { return };
-                let Some((q, views, _)) = hnp.tree_query.as_mut() else { return };
-                if v.query != *q {
-                    return;
-                }
-                views.push(v);
-                if views.len() as u32 == self.g.topology().live_count() {
-                    let (_, mut views, tx) = hnp.tree_query.take().expect("checked above");
-                    views.sort_by_key(|v| v.rank);
-                    let views = views
-                        .into_iter()
-                        .map(|v| dvm_proto::control::TreeView {
-                            rank: v.rank,
-                            parent: v.parent,
-                            children: v.children,
-                            host: v.host,
-                            pid: v.pid,
-                            rss_kib: v.rss_kib,
-                        })
-                        .collect();
-                    let _ = tx.send(Ok(TreeViewsReply { views }));
-                }
-            }
-            daemon_cmd::Body::BenchDone(d) => {
-                let live = self.g.topology().live_count();
-                let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
-                if d.bench != b.id {
-                    return;
-                }
-                if d.errors > 0 && b.errors == 0 {
-                    b.first_error = d.first_error;
-                }
-                b.errors += d.errors;
-                b.done.insert(d.rank);
-                if b.done.len() as u32 == live {
-                    self.finish_bench();
-                }
-            }
-            daemon_cmd::Body::DaemonLost(l) => self.on_daemon_lost(l),
-            other => self.on_job_cmd(origin, other),
-        }
+        let (_, mut views, tx) = hnp.tree_query.take().expect("checked above");
+        views.retain(|v| live.contains(&v.rank));
+        views.sort_by_key(|v| v.rank);
+        let views = views
+            .into_iter()
+            .map(|v| dvm_proto::control::TreeView {
+                rank: v.rank,
+                parent: v.parent,
+                children: v.children,
+                host: v.host,
+                pid: v.pid,
+                rss_kib: v.rss_kib,
+            })
+            .collect();
+        let _ = tx.send(Ok(TreeViewsReply { views }));
     }
 
     fn on_control(&mut self, cmd: ControlCmd) {
-        let size = self.g.topology().size();
+        let size = self.core.topology().size();
         match cmd {
             ControlCmd::Launch(..) | ControlCmd::LaunchPlan(..) | ControlCmd::Stdin(..) | ControlCmd::Signal(..) => {
+                if self.terminating || self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
+                    if let ControlCmd::Launch(_, tx) = cmd {
+                        let _ = tx.try_send(Err(tonic::Status::unavailable("the DVM is terminating")));
+                    }
+                    return;
+                }
                 self.on_job_control(cmd)
             }
             ControlCmd::Status(tx) => {
                 let Some(hnp) = self.hnp.as_ref() else { return };
-                let repaired = self.g.topology().repaired();
+                let repaired = self.core.topology().repaired();
+                let contacts = self.core.contacts().cloned().unwrap_or_default();
                 let daemons = (0..size)
                     .map(|r| {
-                        let c = hnp.contacts.get(&r).cloned().unwrap_or_default();
+                        let c = contacts.get(&r).cloned().unwrap_or_default();
                         let alive = repaired.is_alive(r);
                         DaemonStatus {
                             rank: r,
@@ -865,22 +438,30 @@ impl Daemon {
                     .collect();
                 let _ = tx.send(StatusReply {
                     num_daemons: size,
-                    radix: self.g.topology().radix(),
+                    radix: self.core.topology().radix(),
                     uptime_ms: hnp.started.elapsed().as_millis() as u64,
                     daemons,
                     session_dir: hnp.session_dir.clone(),
                 });
             }
             ControlCmd::Terminate(tx) => {
-                if self.terminating {
-                    let _ = tx.send(TerminateReply { ok: true, message: "already terminating".into() });
+                let Some(hnp) = self.hnp.as_mut() else { return };
+                hnp.terminate.push(tx);
+                if hnp.terminate_pending || self.terminating {
                     return;
                 }
-                let id = self.g.xcast(tags::TERMINATE, Bytes::new());
-                if let Some(h) = self.hnp.as_mut() {
-                    h.terminate = Some((id, tx));
+                hnp.terminate_pending = true;
+                // Running jobs end first, each with a named reason and its own status, so
+                // every prun hears why; then the daemons stop.
+                if self.end_jobs_for_termination() {
+                    let itx = self.input_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(TERMINATE_GRACE).await;
+                        let _ = itx.send(Input::TerminateNow);
+                    });
+                } else {
+                    self.terminate_now();
                 }
-                self.run_effects();
             }
             ControlCmd::TreeViews(tx) => {
                 let Some(hnp) = self.hnp.as_mut() else { return };
@@ -891,8 +472,10 @@ impl Daemon {
                 let q = hnp.next_query;
                 hnp.next_query += 1;
                 hnp.tree_query = Some((q, Vec::new(), tx));
-                self.g.xcast(dtags::TREE_QUERY, Bytes::copy_from_slice(&q.to_le_bytes()));
-                self.run_effects();
+                self.submit(CoreInput::Xcast {
+                    tag: dtags::TREE_QUERY,
+                    payload: Bytes::copy_from_slice(&q.to_le_bytes()),
+                });
             }
             ControlCmd::Bench(req, tx) => {
                 let Some(hnp) = self.hnp.as_mut() else { return };
@@ -900,49 +483,33 @@ impl Daemon {
                     let _ = tx.send(Err("a benchmark is already running".into()));
                     return;
                 }
-                let kind = req.kind();
-                if kind == BenchKind::Unspecified || req.count == 0 {
-                    let _ = tx.send(Err("benchmark needs a kind and a count of at least 1".into()));
-                    return;
-                }
-                let id = hnp.next_query;
-                hnp.next_query += 1;
-                hnp.bench = Some(HnpBench {
-                    id,
-                    kind,
-                    count: req.count,
-                    bytes: req.bytes,
-                    latencies: Vec::with_capacity(req.count as usize),
-                    started_at: None,
-                    done: BTreeSet::new(),
-                    errors: 0,
-                    first_error: String::new(),
-                    reply: tx,
-                    issued: 0,
-                });
-                match kind {
-                    BenchKind::Xcast => self.next_bench_xcast(),
-                    BenchKind::Ping => self.next_bench_ping(),
-                    _ => {
-                        let b = self.hnp.as_ref().and_then(|h| h.bench.as_ref()).expect("set above");
-                        let start = BenchStart { bench: b.id, kind: b.kind as u32, count: b.count, bytes: b.bytes };
-                        self.g.xcast(dtags::BENCH, Bytes::from(start.encode_to_vec()));
-                        self.run_effects();
-                    }
-                }
+                hnp.bench = Some(tx);
+                self.submit(CoreInput::Bench { kind: req.kind(), count: req.count, bytes: req.bytes });
             }
+        }
+    }
+
+    /// HNP: stop the daemons now (jobs ended, or their grace passed).
+    pub(crate) fn terminate_now(&mut self) {
+        if self.terminating {
+            return;
+        }
+        self.terminating = true;
+        self.submit(CoreInput::Terminate);
+    }
+
+    /// HNP: the last job ended while a termination waited for it.
+    pub(crate) fn jobs_all_ended(&mut self) {
+        if self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
+            self.terminate_now();
         }
     }
 
     pub(crate) fn input_tx(&self) -> mpsc::UnboundedSender<Input> {
         self.input_tx.clone()
     }
-    pub(crate) fn grpcomm_mut(&mut self) -> &mut Grpcomm {
-        &mut self.g
-    }
-    /// Carry out every effect the state machines produced.
-    pub(crate) fn pump(&mut self) {
-        self.run_effects();
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
     }
     pub(crate) fn odls(&self) -> &crate::odls::Odls {
         &self.odls
@@ -951,17 +518,11 @@ impl Daemon {
         &mut self.odls
     }
     pub(crate) fn send_job_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
-        self.send_cmd(dst, body);
+        self.submit(CoreInput::Cmd { dst, body });
     }
     /// Host name of a daemon (from WIREUP, or the HNP's check-in table).
     pub(crate) fn host_of(&self, rank: Rank) -> String {
-        if let Some(h) = self.hosts.get(&rank) {
-            return h.clone();
-        }
-        self.hnp
-            .as_ref()
-            .and_then(|h| h.contacts.get(&rank))
-            .map_or_else(|| format!("daemon-{rank}"), |c| c.host.clone())
+        self.core.host_of(rank)
     }
     pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost) {
         self.pmix = Some(host);
@@ -981,11 +542,8 @@ impl Daemon {
     }
     /// This DVM's identity (the HNP's host and pid), the same on every daemon after WIREUP.
     pub(crate) fn dvm_id(&self) -> String {
-        let pid = self.hnp.as_ref().and_then(|h| h.contacts.get(&0)).map(|c| c.pid).or(self.hnp_pid).unwrap_or(0);
+        let pid = self.core.hnp_pid().unwrap_or(0);
         format!("{}-{pid}", self.host_of(0))
-    }
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.now()
     }
     /// Whether this daemon listens on a loopback address (a DVM on one host).
     pub(crate) fn on_loopback(&self) -> bool {
@@ -994,7 +552,7 @@ impl Daemon {
 
     /// A one-daemon DVM: nothing to wait for.
     pub fn wire_single(&mut self) {
-        self.maybe_wireup();
+        self.submit(CoreInput::WireSingle);
     }
 
     pub fn into_transport(self) -> Transport {

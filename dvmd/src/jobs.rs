@@ -29,6 +29,7 @@ use crate::control::ControlCmd;
 use crate::daemon::{Daemon, Input};
 use crate::jobmap::{self, NodeSlots, Placement};
 use crate::odls::{ExitKind, OdlsEvent, ProcSpec, Stream};
+use dvm_core::Input as CoreInput;
 
 /// Output bytes a daemon may have in flight to the HNP per job before it stops reading.
 pub const IOF_WINDOW: u32 = 1 << 20;
@@ -36,6 +37,8 @@ pub const IOF_WINDOW: u32 = 1 << 20;
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Exit status of a job ended by `--timeout`.
 pub const TIMEOUT_EXIT: i32 = 124;
+/// Exit status of a job ended because the DVM was terminated (`pterm`) while it ran.
+pub const TERMINATED_EXIT: i32 = 125;
 
 type EventTx = mpsc::Sender<Result<JobEvent, Status>>;
 
@@ -103,9 +106,9 @@ impl Daemon {
     // ---------------------------------------------------------------- HNP side
 
     fn candidate_nodes(&self) -> Vec<NodeSlots> {
-        let Some(hnp) = self.hnp.as_ref() else { return Vec::new() };
+        let Some(contacts) = self.core().contacts() else { return Vec::new() };
         let topo = self.topology();
-        hnp.contacts
+        contacts
             .values()
             .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
             .map(|c| NodeSlots { daemon: c.rank, host: c.host.clone(), slots: c.slots })
@@ -202,10 +205,9 @@ impl Daemon {
                 forward: ftx,
             },
         );
-        self.grpcomm_mut().xcast(tags::LAUNCH, Bytes::from(map.encode_to_vec()));
+        self.submit(CoreInput::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
         let slices = residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
-        self.grpcomm_mut().scatter(tags::LAUNCH_RESIDUALS, slices);
-        self.pump();
+        self.submit(CoreInput::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
     }
 
     /// First failure of a job: remember why, tell prun, kill the rest.
@@ -227,8 +229,17 @@ impl Daemon {
     }
 
     fn job_control(&mut self, ctl: JobControl) {
-        self.grpcomm_mut().xcast(tags::JOB_CONTROL, Bytes::from(ctl.encode_to_vec()));
-        self.pump();
+        self.submit(CoreInput::Xcast { tag: tags::JOB_CONTROL, payload: Bytes::from(ctl.encode_to_vec()) });
+    }
+
+    /// HNP: the DVM is being terminated: end every running job with [`TERMINATED_EXIT`] and a
+    /// sentence saying so. False when no job runs.
+    pub(crate) fn end_jobs_for_termination(&mut self) -> bool {
+        let running: Vec<u32> = self.jobs.hnp.keys().copied().collect();
+        for &jobid in &running {
+            self.fail_job(jobid, TERMINATED_EXIT, format!("the DVM was terminated (pterm) while job {jobid} ran"));
+        }
+        !running.is_empty()
     }
 
     fn on_proc_status(&mut self, st: ProcStatus) {
@@ -268,6 +279,9 @@ impl Daemon {
         info!(jobid, exit_code, "job ended");
         let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
         self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
+        if self.jobs.hnp.is_empty() {
+            self.jobs_all_ended();
+        }
     }
 
     pub(crate) fn on_job_timeout(&mut self, jobid: u32) {

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use bytes::Bytes;
-use dvm_grpcomm::{FenceError, FenceId, FenceRequest as GFence, FenceSignature, Participants};
+use dvm_grpcomm::{FenceError, FenceRequest as GFence, FenceSignature, Participants};
 use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobLog};
 use dvm_proto::job::JobMap;
 use dvm_rml::Rank;
@@ -39,7 +39,8 @@ pub(crate) struct PmixHost {
     server: PmixServer,
     jobs: BTreeMap<u32, PmixJob>,
     by_nspace: BTreeMap<String, u32>,
-    fences: BTreeMap<FenceId, FenceReply>,
+    /// Fences this daemon runs for libpmix, by the key the core returns them with.
+    fences: BTreeMap<u64, FenceReply>,
     /// Direct modex requests this daemon asked of others (by our id).
     asked: BTreeMap<u64, ModexReply>,
     /// Requests this daemon serves: shim request id -> (asking daemon, its id).
@@ -240,22 +241,23 @@ impl Daemon {
             }
         }
         for sig in job.sigs {
-            self.grpcomm_mut().forget_fence_signature(&sig);
+            self.submit(dvm_core::Input::ForgetFence(sig));
         }
     }
 
     /// A fence this daemon runs for PMIx completed: answer libpmix.
-    pub(crate) fn pmix_fence_done(&mut self, id: &FenceId, result: &Result<Bytes, FenceError>) -> bool {
-        let Some(px) = self.pmix_mut() else { return false };
-        let Some(reply) = px.fences.remove(id) else { return false };
+    pub(crate) fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
+        let Some(reply) = self.pmix_mut().and_then(|px| px.fences.remove(&key)) else {
+            warn!(key, "a PMIx fence completed with no upcall waiting for it");
+            return;
+        };
         match result {
-            Ok(data) => reply.complete(pmix_shim::SUCCESS, data),
+            Ok(data) => reply.complete(pmix_shim::SUCCESS, &data),
             Err(e) => {
-                warn!(seq = id.seq, "PMIx fence failed: {e}");
-                reply.complete(fence_status(e), &[]);
+                warn!(key, "PMIx fence failed: {e}");
+                reply.complete(fence_status(&e), &[]);
             }
         }
-        true
     }
 
     pub(crate) fn on_pmix(&mut self, ev: PmixEvent) {
@@ -354,18 +356,16 @@ impl Daemon {
         daemons.dedup();
         let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons));
         let timeout = req.timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
-        let now = self.now_ns();
-        let id = self
-            .grpcomm_mut()
-            .fence(GFence { sig: sig.clone(), collect: req.collect, data: Bytes::from(req.data), timeout }, now);
-        debug!(jobid, %nspace, collect = req.collect, seq = id.seq, "PMIx fence upcall -> grpcomm fence");
-        if let Some(px) = self.pmix_mut() {
-            if let Some(job) = px.jobs.get_mut(&jobid) {
-                job.sigs.insert(sig);
-            }
-            px.fences.insert(id, req.reply);
+        let Some(px) = self.pmix_mut() else { return };
+        let key = px.next_id;
+        px.next_id += 1;
+        if let Some(job) = px.jobs.get_mut(&jobid) {
+            job.sigs.insert(sig.clone());
         }
-        self.pump();
+        px.fences.insert(key, req.reply);
+        debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
+        let fence = GFence { sig, collect: req.collect, data: Bytes::from(req.data), timeout };
+        self.submit(dvm_core::Input::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
     }
 
     fn pmix_direct_modex(&mut self, proc: ProcId, reply: ModexReply) {

@@ -155,8 +155,8 @@ fn validate_common(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn transport_config(args: &Args, rank: Rank, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
-    let mut cfg = TransportConfig::new(rank, rand::random::<u64>() >> 1, listen, secret);
+fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
+    let mut cfg = TransportConfig::new(rank, epoch, listen, secret);
     cfg.max_frame = args.max_message;
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
     cfg.heartbeat_misses = args.heartbeat_misses;
@@ -213,9 +213,11 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         redirect_stderr(&session.dir().join("dvmd.log"));
     }
 
-    let (transport, events) = Transport::bind(transport_config(&args, 0, SocketAddr::new(hnp_ip, 0), secret.clone()))
-        .await
-        .with_context(|| format!("cannot start the HNP listener on {hnp_ip}"))?;
+    let epoch = dvmd::daemon::new_epoch();
+    let (transport, events) =
+        Transport::bind(transport_config(&args, 0, epoch, SocketAddr::new(hnp_ip, 0), secret.clone()))
+            .await
+            .with_context(|| format!("cannot start the HNP listener on {hnp_ip}"))?;
     let hnp_addr = transport.local_addr();
     let control_listener = tokio::net::TcpListener::bind(control::control_bind(hnp_addr))
         .await
@@ -228,8 +230,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         addr: hnp_addr.to_string(),
         pid: std::process::id(),
         slots: nodes[0].slots,
+        epoch,
     };
-    let mut hnp = Hnp::new(size, own, session.dir().display().to_string());
+    let mut hnp = Hnp::new(own, session.dir().display().to_string());
     let (ready_tx, ready_rx) = oneshot::channel();
     hnp.ready = Some(ready_tx);
 
@@ -301,7 +304,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         let _ = to_tx.send(Input::StartupTimeout);
     });
 
-    let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, 0, Some(hnp));
+    let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp));
     start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
     if size == 1 {
         // A one-daemon DVM is wired up at once.
@@ -330,7 +333,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             shutdown(daemon, &pids).await;
             session.remove();
             return Ok(match exit {
-                Exit::BootFailed(msg) | Exit::LostHnp(msg) => {
+                Exit::BootFailed(msg) | Exit::LostHnp(msg) | Exit::Evicted(msg) => {
                     eprintln!("dvmd: {msg}");
                     ExitCode::from(1)
                 }
@@ -358,7 +361,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     session::sweep_stale();
     Ok(match exit {
         Exit::Terminated => ExitCode::SUCCESS,
-        Exit::BootFailed(msg) | Exit::LostHnp(msg) => {
+        Exit::BootFailed(msg) | Exit::LostHnp(msg) | Exit::Evicted(msg) => {
             eprintln!("dvmd: {msg}");
             ExitCode::from(1)
         }
@@ -434,13 +437,14 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         .host_label
         .clone()
         .unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default());
+    let epoch = dvmd::daemon::new_epoch();
     let mut session = Session::create(&format!("dvmd-r{rank}"))?;
-    let (transport, events) = Transport::bind(transport_config(&args, rank, SocketAddr::new(bind, 0), secret))
+    let (transport, events) = Transport::bind(transport_config(&args, rank, epoch, SocketAddr::new(bind, 0), secret))
         .await
         .with_context(|| format!("daemon {rank} on host {host}: cannot listen on {bind}"))?;
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
-    let mut daemon = Daemon::new(rank, host.clone(), topo, transport, 0, None);
+    let mut daemon = Daemon::new(rank, host.clone(), topo, transport, epoch, None);
     // Check in at once; the PMIx server starts with the first job that reaches this daemon.
     daemon.check_in(Contact {
         rank,
@@ -448,6 +452,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         addr: addr.to_string(),
         pid: std::process::id(),
         slots: args.slots,
+        epoch,
     });
     start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
@@ -457,7 +462,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     session.remove();
     Ok(match exit {
         Exit::Terminated => ExitCode::SUCCESS,
-        Exit::LostHnp(msg) | Exit::BootFailed(msg) => {
+        Exit::LostHnp(msg) | Exit::BootFailed(msg) | Exit::Evicted(msg) => {
             eprintln!("dvmd: daemon {rank} on host {host}: {msg}");
             ExitCode::from(1)
         }

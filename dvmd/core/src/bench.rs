@@ -1,0 +1,328 @@
+//! The collective benchmarks the HNP runs on request (`dvm-bench`): fence storms (barrier,
+//! modex, or both alternating, checked byte for byte on every daemon), xcasts and pings.
+//!
+//! A fence benchmark is one xcast (BENCH) that every daemon applies in op order; each then
+//! runs `count` fences over the participant set fixed at that moment, one after the other.
+//! Invariant: the first failed fence ends the benchmark on that daemon, which reports it to
+//! the HNP naming the lost daemon(s); nobody starts another fence over a set that changed
+//! underneath it. The HNP answers once every live daemon has reported (a daemon lost during
+//! the benchmark is no longer waited for).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use dvm_grpcomm::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
+use dvm_proto::control::{BenchKind, BenchReply};
+use dvm_proto::daemon::{daemon_cmd, BenchDone, BenchStart, Ping};
+use dvm_proto::Message;
+use tracing::{debug, error};
+
+use crate::{dtags, Core, Effect, FenceOwner, Rank, XcastOwner};
+
+/// Fence timeout of a benchmark fence (a hang guard; losses end fences much sooner).
+const BENCH_FENCE_TIMEOUT_NS: u64 = 60_000_000_000;
+
+/// A fence benchmark running on one daemon.
+#[derive(Debug)]
+pub struct DaemonBench {
+    id: u64,
+    kind: BenchKind,
+    count: u64,
+    bytes: u64,
+    next: u64,
+    errors: u64,
+    first_error: String,
+    sig: FenceSignature,
+    participants: Vec<Rank>,
+    /// Each daemon's contribution pattern, built once per benchmark.
+    base: BTreeMap<Rank, Bytes>,
+}
+
+/// The HNP's side of a benchmark.
+#[derive(Debug)]
+pub struct HnpBench {
+    id: u64,
+    kind: BenchKind,
+    count: u64,
+    bytes: u64,
+    latencies: Vec<u64>,
+    started_at: Option<u64>,
+    done: BTreeSet<Rank>,
+    errors: u64,
+    first_error: String,
+    issued: u64,
+}
+
+/// Incompressible bytes (xorshift) with the fence index stamped in front, so an xcast
+/// benchmark moves the bytes it claims to and results of different fences never match.
+pub fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
+    let mut x = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v: Vec<u8> = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let n = v.len().min(8);
+    v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+    Bytes::from(v)
+}
+
+/// Whether fence `i` of a benchmark of `kind` collects data (a modex) or is a barrier.
+pub fn bench_collect(kind: BenchKind, i: u64) -> bool {
+    match kind {
+        BenchKind::Modex => true,
+        BenchKind::Alternate => i % 2 == 1,
+        _ => false,
+    }
+}
+
+impl DaemonBench {
+    fn data(&mut self, rank: Rank, i: u64) -> Bytes {
+        let bytes = self.bytes;
+        let base = self.base.entry(rank).or_insert_with(|| bench_data(rank, 0, bytes));
+        let mut v = base.to_vec();
+        let n = v.len().min(8);
+        v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+        Bytes::from(v)
+    }
+}
+
+impl Core {
+    /// HNP: a benchmark was asked for.
+    pub(crate) fn start_bench(&mut self, kind: BenchKind, count: u64, bytes: u64) {
+        let Some(hnp) = self.hnp.as_mut() else { return };
+        if hnp.bench.is_some() {
+            self.out.push(Effect::BenchDone(Err("a benchmark is already running".into())));
+            return;
+        }
+        if kind == BenchKind::Unspecified || count == 0 {
+            self.out.push(Effect::BenchDone(Err("benchmark needs a kind and a count of at least 1".into())));
+            return;
+        }
+        let id = hnp.next_bench;
+        hnp.next_bench += 1;
+        hnp.bench = Some(HnpBench {
+            id,
+            kind,
+            count,
+            bytes,
+            latencies: Vec::with_capacity(count.min(1 << 20) as usize),
+            started_at: None,
+            done: BTreeSet::new(),
+            errors: 0,
+            first_error: String::new(),
+            issued: 0,
+        });
+        match kind {
+            BenchKind::Xcast => self.next_bench_xcast(),
+            BenchKind::Ping => self.next_bench_ping(),
+            _ => {
+                let start = BenchStart { bench: id, kind: kind as u32, count, bytes };
+                let xid = self.g.xcast(dtags::BENCH, Bytes::from(start.encode_to_vec()));
+                self.xcast_owners.insert(xid, XcastOwner::Shell);
+            }
+        }
+    }
+
+    /// Every daemon: BENCH delivered (in op order, after every DAEMON_DIED before it).
+    pub(crate) fn on_bench_start(&mut self, payload: Bytes) {
+        let b = match BenchStart::decode(payload) {
+            Ok(b) => b,
+            Err(e) => {
+                error!("undecodable BENCH: {e}");
+                return;
+            }
+        };
+        let topo = self.g.topology();
+        let participants: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let sig =
+            FenceSignature::new(format!("bench-{}", b.bench).into_bytes(), Participants::Daemons(participants.clone()));
+        self.bench = Some(DaemonBench {
+            id: b.bench,
+            kind: BenchKind::try_from(b.kind as i32).unwrap_or(BenchKind::Barrier),
+            count: b.count,
+            bytes: b.bytes,
+            next: 0,
+            errors: 0,
+            first_error: String::new(),
+            sig,
+            participants,
+            base: BTreeMap::new(),
+        });
+        self.next_bench_fence();
+    }
+
+    fn next_bench_fence(&mut self) {
+        let me = self.me;
+        let now = self.now;
+        let Some(b) = self.bench.as_mut() else { return };
+        if b.next == b.count || b.errors > 0 {
+            let done = BenchDone {
+                bench: b.id,
+                rank: me,
+                completed: b.next,
+                errors: b.errors,
+                first_error: b.first_error.clone(),
+            };
+            let sig = b.sig.clone();
+            self.bench = None;
+            self.g.forget_fence_signature(&sig);
+            self.send_cmd(0, daemon_cmd::Body::BenchDone(done));
+            return;
+        }
+        let i = b.next;
+        b.next += 1;
+        let collect = bench_collect(b.kind, i);
+        let data = if collect { b.data(me, i) } else { Bytes::new() };
+        let req = FenceRequest { sig: b.sig.clone(), collect, data, timeout: Some(BENCH_FENCE_TIMEOUT_NS) };
+        let owner = FenceOwner::Bench(b.id);
+        if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
+            hb.started_at = Some(now);
+        }
+        self.start_fence(owner, req);
+    }
+
+    pub(crate) fn on_bench_fence_done(&mut self, bench: u64, id: FenceId, result: Result<Bytes, FenceError>) {
+        let now = self.now;
+        if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
+            if let Some(t0) = hb.started_at.take() {
+                hb.latencies.push(now.saturating_sub(t0));
+            }
+        }
+        let me = self.me;
+        let lost_text = match &result {
+            Err(FenceError::LostConnection { lost }) => Some(format!("lost {}", self.describe(lost))),
+            _ => None,
+        };
+        let Some(b) = self.bench.as_mut().filter(|b| b.id == bench) else {
+            debug!(seq = id.seq, "benchmark fence completed after its benchmark ended");
+            return;
+        };
+        let i = b.next - 1;
+        let err = match result {
+            Err(e) => Some(format!(
+                "daemon {me}: fence {i} of {} failed: {}",
+                b.count,
+                lost_text.unwrap_or_else(|| e.to_string())
+            )),
+            Ok(bytes) => {
+                let expect: Vec<u8> = if bench_collect(b.kind, i) {
+                    let ps = b.participants.clone();
+                    ps.iter().flat_map(|&r| b.data(r, i)).collect()
+                } else {
+                    Vec::new()
+                };
+                (bytes[..] != expect[..]).then(|| {
+                    format!(
+                        "daemon {me}: fence {i} returned {} bytes that differ from the {} expected",
+                        bytes.len(),
+                        expect.len()
+                    )
+                })
+            }
+        };
+        if let Some(e) = err {
+            if b.errors == 0 {
+                b.first_error = e;
+            }
+            b.errors += 1;
+        }
+        self.next_bench_fence();
+    }
+
+    pub(crate) fn on_bench_done(&mut self, d: BenchDone) {
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
+        if d.bench != b.id {
+            return;
+        }
+        if d.errors > 0 && b.errors == 0 {
+            b.first_error = d.first_error;
+        }
+        b.errors += d.errors;
+        b.done.insert(d.rank);
+        self.check_bench_done();
+    }
+
+    /// HNP: a fence benchmark ends once every live daemon reported.
+    pub(crate) fn check_bench_done(&mut self) {
+        let topo = self.g.topology();
+        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let Some(b) = self.hnp.as_ref().and_then(|h| h.bench.as_ref()) else { return };
+        if matches!(b.kind, BenchKind::Xcast | BenchKind::Ping) {
+            return;
+        }
+        if live.iter().all(|r| b.done.contains(r)) {
+            self.finish_bench();
+        }
+    }
+
+    pub(crate) fn on_bench_xcast_done(&mut self) {
+        let now = self.now;
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
+        if b.kind != BenchKind::Xcast {
+            return;
+        }
+        if let Some(t0) = b.started_at.take() {
+            b.latencies.push(now.saturating_sub(t0));
+        }
+        self.next_bench_xcast();
+    }
+
+    fn next_bench_xcast(&mut self) {
+        let now = self.now;
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
+        if b.issued == b.count {
+            self.finish_bench();
+            return;
+        }
+        b.issued += 1;
+        let payload = bench_data(0, b.issued, b.bytes);
+        b.started_at = Some(now);
+        let id = self.g.xcast(dtags::BENCH_XCAST, payload);
+        self.xcast_owners.insert(id, XcastOwner::Core);
+    }
+
+    pub(crate) fn on_pong(&mut self) {
+        let now = self.now;
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
+        if b.kind != BenchKind::Ping {
+            return;
+        }
+        if let Some(t0) = b.started_at.take() {
+            b.latencies.push(now.saturating_sub(t0));
+        }
+        self.next_bench_ping();
+    }
+
+    fn next_bench_ping(&mut self) {
+        let now = self.now;
+        let peer = if self.g.topology().size() > 1 { 1 } else { 0 };
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
+        if b.issued == b.count {
+            self.finish_bench();
+            return;
+        }
+        b.issued += 1;
+        let seq = b.issued;
+        let payload = Bytes::from(vec![0u8; b.bytes as usize]);
+        b.started_at = Some(now);
+        self.send_cmd(peer, daemon_cmd::Body::Ping(Ping { seq, payload }));
+    }
+
+    fn finish_bench(&mut self) {
+        let topo = self.g.topology();
+        let (daemons, radix, depth) = (topo.live_count(), topo.radix(), topo.height());
+        let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.take()) else { return };
+        self.out.push(Effect::BenchDone(Ok(BenchReply {
+            latencies_ns: b.latencies,
+            errors: b.errors,
+            first_error: b.first_error,
+            daemons,
+            radix,
+            depth,
+        })));
+    }
+}
