@@ -46,8 +46,6 @@ pub(crate) struct PmixHost {
     /// Requests this daemon serves: shim request id -> (asking daemon, its id).
     serving: BTreeMap<u64, (Rank, u64)>,
     next_id: u64,
-    /// Direct modex requests answered by this daemon for others (a metric for tests).
-    pub dmodex_served: u64,
 }
 
 /// Namespace of a job: unique per DVM (HNP host and pid), so two DVMs on one host never share
@@ -125,7 +123,6 @@ impl Daemon {
                     asked: BTreeMap::new(),
                     serving: BTreeMap::new(),
                     next_id: 1,
-                    dmodex_served: 0,
                 });
                 true
             }
@@ -396,8 +393,7 @@ impl Daemon {
         match px.server.dmodex_request(&req.nspace, req.rank) {
             Ok(request) => {
                 px.serving.insert(request, (asker, req.id));
-                px.dmodex_served += 1;
-                info!(nspace = %req.nspace, rank = req.rank, asker, served = px.dmodex_served, "direct modex served");
+                info!(nspace = %req.nspace, rank = req.rank, asker, "direct modex served");
             }
             Err(e) => {
                 warn!(rank = req.rank, "dmodex_request failed: {e}");

@@ -136,20 +136,8 @@ impl Grpcomm {
         }
     }
 
-    /// A daemon joining a DVM whose ops before `first_op` it will never see: it adopts them as
-    /// complete.
-    pub fn new_late_joiner(topo: Topology, cfg: Config, first_op: u64) -> Self {
-        let mut g = Self::new(topo, cfg);
-        g.xcast.adopt_complete_below(first_op);
-        g
-    }
-
     pub fn topology(&self) -> &Topology {
         &self.topo
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.cfg
     }
 
     fn split(&mut self) -> (Ctx<'_>, &mut xcast::XcastState, &mut fence::FenceState, &mut scatter::ScatterState) {

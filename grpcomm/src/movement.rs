@@ -44,18 +44,6 @@ impl Movement {
     pub fn name_of(id: u32) -> String {
         Movement::from_id(id).map_or_else(|| format!("unknown movement {id}"), |m| m.name().to_string())
     }
-
-    /// Parse a movement name (configuration, command lines).
-    pub fn parse(s: &str) -> Result<Movement, String> {
-        [Movement::TreeBroadcast, Movement::TreeBarrier, Movement::TreeGatherRelease, Movement::TreeScatter]
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown movement '{s}' (known: tree-broadcast, tree-barrier, tree-gather-release, tree-scatter)"
-                )
-            })
-    }
 }
 
 /// Table from operation kind to movement.
@@ -65,20 +53,11 @@ pub struct MovementTable {
     pub fence_barrier: Movement,
     /// Fence that collects data (`PMIX_COLLECT_DATA` true).
     pub fence_collect: Movement,
-    /// Broadcasts (every xcast tag).
-    pub xcast: Movement,
-    /// Per-destination payloads.
-    pub scatter: Movement,
 }
 
 impl Default for MovementTable {
     fn default() -> Self {
-        MovementTable {
-            fence_barrier: Movement::TreeBarrier,
-            fence_collect: Movement::TreeGatherRelease,
-            xcast: Movement::TreeBroadcast,
-            scatter: Movement::TreeScatter,
-        }
+        MovementTable { fence_barrier: Movement::TreeBarrier, fence_collect: Movement::TreeGatherRelease }
     }
 }
 

@@ -105,12 +105,6 @@ impl XcastState {
         }
     }
 
-    pub fn adopt_complete_below(&mut self, first_op: u64) {
-        self.next_deliver = self.next_deliver.max(first_op);
-        self.next_op = self.next_op.max(first_op);
-        self.acked_up = None;
-    }
-
     pub fn next_deliver(&self) -> u64 {
         self.next_deliver
     }

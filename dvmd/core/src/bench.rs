@@ -80,6 +80,11 @@ pub fn bench_collect(kind: BenchKind, i: u64) -> bool {
 }
 
 impl DaemonBench {
+    /// One line for diagnostics: id, next fence, errors.
+    pub fn describe(&self) -> String {
+        format!("bench {} next {} of {} errors {}", self.id, self.next, self.count, self.errors)
+    }
+
     fn data(&mut self, rank: Rank, i: u64) -> Bytes {
         let bytes = self.bytes;
         let base = self.base.entry(rank).or_insert_with(|| bench_data(rank, 0, bytes));

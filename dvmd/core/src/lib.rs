@@ -351,12 +351,19 @@ impl Core {
         self.out.push(Effect::Transmit { next_hop: next, header, payload });
     }
 
+    /// A daemon command to `dst`. Reports to the HNP go straight over the lifeline every
+    /// daemon keeps to it: a relay that dies would otherwise take the report with it (a
+    /// benchmark's end, a proc's exit), and nothing resends daemon commands after a repair.
     fn send_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
         if dst == self.me {
             self.on_cmd(self.me, body);
             return;
         }
         let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
+        if dst == 0 {
+            self.transmit_direct(0, Tag::DaemonCmd, payload);
+            return;
+        }
         let header = self.header(dst, Tag::DaemonCmd);
         self.route(header, payload);
     }

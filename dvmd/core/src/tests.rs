@@ -1,1 +1,290 @@
+//! The core's rules on a small in-memory network: frames delivered in FIFO order, daemons
+//! that can be killed or frozen. The simulator (`dvm-sim`) runs the same cores at scale with
+//! a carrier model and generated fault schedules; these tests pin single rules.
 
+use std::collections::{BTreeSet, VecDeque};
+
+use super::*;
+use dvm_grpcomm::Participants;
+
+struct Net {
+    cores: Vec<Core>,
+    /// (from, to, header, payload) in flight, FIFO.
+    wire: VecDeque<(Rank, Rank, FrameHeader, Bytes)>,
+    /// Frames held for a frozen daemon.
+    held: VecDeque<(Rank, Rank, FrameHeader, Bytes)>,
+    dead: BTreeSet<Rank>,
+    frozen: BTreeSet<Rank>,
+    now: u64,
+    /// Effects other than Transmit, per daemon, in order.
+    seen: Vec<Vec<Effect>>,
+}
+
+fn epoch_of(r: Rank) -> u64 {
+    0x1000 + r as u64 * 7
+}
+
+impl Net {
+    fn boot(n: u32, radix: u32) -> Net {
+        let cores = (0..n)
+            .map(|r| {
+                let cfg = CoreConfig {
+                    me: r,
+                    host: format!("n{r}"),
+                    epoch: epoch_of(r),
+                    radix,
+                    size: n,
+                    grpcomm: Config::default(),
+                };
+                let own = (r == 0).then(|| Contact {
+                    rank: 0,
+                    host: "n0".into(),
+                    pid: 1,
+                    addr: "127.0.0.1:1".into(),
+                    ..Default::default()
+                });
+                Core::new(cfg, own).expect("valid geometry")
+            })
+            .collect();
+        let mut net = Net {
+            cores,
+            wire: VecDeque::new(),
+            held: VecDeque::new(),
+            dead: BTreeSet::new(),
+            frozen: BTreeSet::new(),
+            now: 0,
+            seen: (0..n).map(|_| Vec::new()).collect(),
+        };
+        for r in 1..n {
+            let own =
+                Contact { rank: r, host: format!("n{r}"), addr: format!("127.0.0.{}:1", r + 1), ..Default::default() };
+            net.input(r, Input::CheckIn(own));
+        }
+        if n == 1 {
+            net.input(0, Input::WireSingle);
+        }
+        net.run();
+        assert!(net.cores[0].is_ready(), "the DVM never became ready");
+        net
+    }
+
+    fn input(&mut self, r: Rank, input: Input) {
+        self.now += 1_000;
+        let now = self.now;
+        self.cores[r as usize].step(input, now);
+        self.collect(r);
+    }
+
+    fn collect(&mut self, r: Rank) {
+        let effects: Vec<Effect> = self.cores[r as usize].drain().collect();
+        for e in effects {
+            match e {
+                Effect::Transmit { next_hop, header, payload } => self.wire.push_back((r, next_hop, header, payload)),
+                other => self.seen[r as usize].push(other),
+            }
+        }
+    }
+
+    /// Deliver frames until none is in flight (frames to dead daemons vanish, frames to
+    /// frozen ones wait).
+    fn run(&mut self) {
+        let mut steps = 0;
+        while let Some((from, to, header, payload)) = self.wire.pop_front() {
+            steps += 1;
+            assert!(steps < 1_000_000, "the network never went quiet");
+            if self.dead.contains(&to) || self.dead.contains(&from) {
+                continue;
+            }
+            if self.frozen.contains(&to) || self.frozen.contains(&from) {
+                self.held.push_back((from, to, header, payload));
+                continue;
+            }
+            self.input(to, Input::Frame { from_peer: from, header, payload });
+        }
+    }
+
+    /// Deliver at most `n` frames.
+    fn run_some(&mut self, n: usize) {
+        for _ in 0..n {
+            let Some((from, to, header, payload)) = self.wire.pop_front() else { return };
+            if self.dead.contains(&to) || self.frozen.contains(&to) {
+                continue;
+            }
+            self.input(to, Input::Frame { from_peer: from, header, payload });
+        }
+    }
+
+    /// The tree neighbours of `r` notice it is gone.
+    fn lose(&mut self, r: Rank) {
+        let neighbours: Vec<Rank> = (0..self.cores.len() as Rank)
+            .filter(|&o| o != r && !self.dead.contains(&o) && !self.frozen.contains(&o))
+            .filter(|&o| {
+                let t = self.cores[o as usize].topology();
+                t.parent() == Some(r) || t.children().contains(&r)
+            })
+            .collect();
+        for o in neighbours {
+            self.input(o, Input::PeerLost { peer: r, reason: "test".into() });
+        }
+    }
+
+    fn failed_at_hnp(&self) -> BTreeSet<Rank> {
+        self.cores[0].topology().failed().clone()
+    }
+
+    fn bench_replies(&mut self) -> Vec<Result<BenchReply, String>> {
+        let mut out = Vec::new();
+        self.seen[0].retain(|e| match e {
+            Effect::BenchDone(r) => {
+                out.push(r.clone());
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+}
+
+#[test]
+fn boot_wires_every_daemon_at_radix_2_and_64() {
+    for (n, radix) in [(1, 2), (8, 2), (16, 4), (10, 64)] {
+        let net = Net::boot(n, radix);
+        for r in 1..n {
+            let got =
+                net.seen[r as usize].iter().any(|e| matches!(e, Effect::SetContacts(t) if t.len() as u32 == n - 1));
+            assert!(got, "daemon {r} of {n} (radix {radix}) never got the contact table");
+        }
+    }
+}
+
+#[test]
+fn a_fence_storm_that_loses_a_daemon_ends_with_its_name_and_the_next_one_passes() {
+    for victim in [1, 5, 7] {
+        let mut net = Net::boot(8, 2);
+        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 100_000, bytes: 16 });
+        net.run_some(3_000);
+        net.dead.insert(victim);
+        net.lose(victim);
+        net.run();
+        let replies = net.bench_replies();
+        if replies.is_empty() {
+            for (r, c) in net.cores.iter().enumerate() {
+                eprintln!(
+                    "daemon {r}: bench {:?} owned {} failed {:?} quiescent {}",
+                    c.bench.as_ref().map(|b| b.describe()),
+                    c.owned_ops(),
+                    c.topology().failed(),
+                    c.grpcomm().is_quiescent()
+                );
+            }
+        }
+        assert_eq!(replies.len(), 1, "victim {victim}: the benchmark must answer exactly once");
+        let r = replies[0].as_ref().expect("a benchmark reply");
+        assert!(r.errors > 0, "victim {victim}: a storm that lost a daemon cannot be clean");
+        assert!(
+            r.first_error.contains(&format!("lost daemon {victim} on host n{victim}")),
+            "victim {victim}: error does not name it: {}",
+            r.first_error
+        );
+        assert_eq!(net.failed_at_hnp(), [victim].into_iter().collect());
+        // The survivors run the next benchmark cleanly.
+        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 50, bytes: 16 });
+        net.run();
+        let replies = net.bench_replies();
+        let r = replies[0].as_ref().expect("a benchmark reply");
+        assert_eq!((r.errors, r.daemons, r.latencies_ns.len()), (0, 7, 50), "{}", r.first_error);
+        for (rank, c) in net.cores.iter().enumerate() {
+            if rank as Rank != victim {
+                assert_eq!(c.owned_ops(), 0, "daemon {rank} still owns operations");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_frozen_daemon_declared_dead_is_evicted_and_takes_nobody_with_it() {
+    let mut net = Net::boot(8, 2);
+    net.frozen.insert(1);
+    net.lose(1);
+    net.run();
+    assert_eq!(net.failed_at_hnp(), [1].into_iter().collect());
+    // It wakes up: first it notices the silence of everyone it heard from (its timers fire
+    // before its queued frames are read), then the frames queued for it arrive.
+    net.frozen.remove(&1);
+    let t = net.cores[1].topology().clone();
+    for peer in t.children().iter().copied().chain(t.parent()) {
+        if peer != 0 {
+            net.input(1, Input::PeerLost { peer, reason: "heartbeat silence while frozen".into() });
+        }
+    }
+    let held: Vec<_> = net.held.drain(..).collect();
+    net.wire.extend(held);
+    net.run();
+    assert_eq!(net.failed_at_hnp(), [1].into_iter().collect(), "a healthy daemon was declared lost");
+    let evicted = net.seen[1].iter().any(|e| matches!(e, Effect::Exit(Exit::Evicted(_))));
+    assert!(evicted, "the daemon declared dead was not told to exit: {:?}", net.seen[1]);
+    for r in 2..8 {
+        assert_eq!(net.cores[r].topology().failed(), &[1].into_iter().collect(), "daemon {r}");
+    }
+    assert!(net.cores[0].stale_frames > 0, "the HNP admitted frames from a dead daemon");
+}
+
+#[test]
+fn frames_from_a_stale_incarnation_change_nothing() {
+    let mut net = Net::boot(4, 2);
+    let h = FrameHeader { origin: 3, dst: 0, tag: Tag::DaemonCmd as u32, epoch: epoch_of(3) + 1, seq: 99 };
+    let body = daemon_cmd::Body::DaemonLost(DaemonLost { lost: 2, reason: "forged".into() });
+    let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
+    let from = net.cores[0].topology().route_to(3);
+    let Route::Down(hop) = from else { panic!("3 is below 0: {from:?}") };
+    net.input(0, Input::Frame { from_peer: hop, header: h.clone(), payload: payload.clone() });
+    net.run();
+    assert!(net.failed_at_hnp().is_empty(), "a stale incarnation's report was acted on");
+    assert_eq!(net.cores[0].stale_frames, 1);
+    // The same report with the right epoch is acted on: the check is what stopped it.
+    net.input(0, Input::Frame { from_peer: hop, header: FrameHeader { epoch: epoch_of(3), ..h }, payload });
+    net.run();
+    assert_eq!(net.failed_at_hnp(), [2].into_iter().collect());
+}
+
+#[test]
+fn every_armed_deadline_fires_not_only_the_earliest() {
+    let mut net = Net::boot(2, 2);
+    // Daemon 1 never joins these fences: only their timeouts can end them.
+    net.dead.insert(1);
+    let sig = |name: &str| FenceSignature::new(name.as_bytes().to_vec(), Participants::Daemons(vec![0, 1]));
+    let t0 = net.now;
+    for (name, key, timeout) in [("late", 2, 20_000_000), ("early", 1, 10_000_000)] {
+        let req = FenceRequest { sig: sig(name), collect: false, data: Bytes::new(), timeout: Some(timeout) };
+        net.input(0, Input::Fence { owner: FenceOwner::Pmix(key), req });
+    }
+    let first = net.cores[0].next_deadline().expect("a deadline is armed");
+    assert!(first >= t0 + 10_000_000 && first < t0 + 20_000_000, "earliest deadline {first}");
+    net.now = first;
+    net.input(0, Input::Tick);
+    let second = net.cores[0].next_deadline().expect("the later deadline must still be armed");
+    assert!(second >= t0 + 20_000_000, "second deadline {second}");
+    net.now = second;
+    net.input(0, Input::Tick);
+    let done: Vec<u64> = net.seen[0]
+        .iter()
+        .filter_map(|e| match e {
+            Effect::FenceDone { key, result: Err(FenceError::Timeout { .. }) } => Some(*key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![1, 2], "both fences must time out, earliest first");
+    assert_eq!(net.cores[0].owned_ops(), 0);
+}
+
+#[test]
+fn losing_the_hnp_ends_every_daemon() {
+    let mut net = Net::boot(4, 2);
+    for r in 1..4 {
+        net.input(r, Input::PeerLost { peer: 0, reason: "closed".into() });
+        assert!(
+            net.seen[r as usize].iter().any(|e| matches!(e, Effect::Exit(Exit::LostHnp(_)))),
+            "daemon {r} kept running without its HNP"
+        );
+    }
+}
