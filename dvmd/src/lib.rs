@@ -1,16 +1,25 @@
 //! dvmd: the DVM daemon and its tools.
 //!
-//! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon actor that
-//! drives `grpcomm` over the `rml` transport, jobs (mapping in `jobmap`, launch and exits in
-//! `jobs`, processes and output in `odls`), hosting libpmix's server (`pmix`), the HNP's
-//! control API (tonic), session directories, and the tools `prun`, `pterm` and `dvm-bench`.
-//! Never: protocol decisions of the collectives (they live in `grpcomm`) or routing math
-//! (`rml::topology`). The actor never blocks for long: every input is an event on its loop,
-//! and PMIx upcalls are answered from it, never inside libpmix's thread.
+//! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon shell that
+//! carries out the decisions of the sans-IO daemon core (`dvm_core`, re-exported as
+//! [`core`]) over the `rml` transport, jobs (mapping in `jobmap`, launch and exits in `jobs`,
+//! processes and output in `odls`), hosting libpmix's server (`pmix`), the HNP's control API
+//! (tonic), session directories, and the tools `prun`, `pterm` and `dvm-bench`.
+//!
+//! Where to look: an input enters in `daemon::Daemon::run` (one `select!`); every protocol
+//! decision is made in `dvm_core::Core::step`; effects leave in `daemon::Daemon::drive`, the
+//! one place they are drained, in order.
+//!
+//! Never: protocol decisions of the collectives (they live in `grpcomm`), routing, loss or
+//! epoch decisions (`dvm_core`), or routing math (`rml::topology`). The actor never blocks
+//! for long: every input is an event on its loop, and PMIx upcalls are answered from it,
+//! never inside libpmix's thread.
 //! Traps: the DVM secret travels on a daemon's stdin, never on a command line; every daemon
-//! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone;
-//! deregistering PMIx clients one by one raced with the next job's connections (a rank hung in
-//! PMIx_Init about 1 job in 20), so only whole namespaces are deregistered.
+//! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone and
+//! how its reports reach the HNP when a relay dies; deregistering PMIx clients one by one
+//! raced with the next job's connections (a rank hung in PMIx_Init about 1 job in 20), so only
+//! whole namespaces are deregistered.
+pub use dvm_core as core;
 pub mod control;
 pub mod daemon;
 pub mod hostfile;

@@ -1,0 +1,239 @@
+//! Faults a running DVM must survive, with real daemons on loopback, at radix 2 (a deep tree
+//! with relays) and 64 (flat): a daemon killed during a fence storm, a daemon frozen until it
+//! is declared dead and then resumed, pterm while a job runs.
+//!
+//! Waits are bounded guards against hangs (a passed bound fails the test with a message);
+//! no assertion depends on how long something took.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{alive, procs_with, session_dirs, text, Dvm, Nodes, PTERM};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_dvm-bench");
+const PRUN: &str = env!("CARGO_BIN_EXE_prun");
+
+/// Pid of daemon `rank` of this DVM.
+fn daemon_pid(dvm: &Dvm, rank: u32) -> u32 {
+    if rank == 0 {
+        return dvm.pids[0];
+    }
+    let found: Vec<u32> =
+        procs_with(&format!("--rank={rank}\0")).into_iter().filter(|p| dvm.pids.contains(p)).collect();
+    assert_eq!(found.len(), 1, "daemon {rank}: pids {found:?}");
+    found[0]
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a pid this test started.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Wait for `child` to exit, at most `limit`; on a hang kill it and fail naming `what`.
+fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = std::process::Output { status: child.wait().unwrap(), stdout: Vec::new(), stderr: Vec::new() };
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_end(&mut out.stdout);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_end(&mut out.stderr);
+    }
+    out
+}
+
+/// Poll until `cond` holds, at most `limit`; fail naming `what` otherwise.
+fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn bench(dvm: &Dvm, args: &[&str]) -> Child {
+    Command::new(BENCH)
+        .arg("--dvm-uri")
+        .arg(&dvm.uri)
+        .args(args)
+        .env("DVM_TMPDIR", &dvm.root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn prun_bg(dvm: &Dvm, args: &[&str]) -> Child {
+    Command::new(PRUN)
+        .arg("--dvm-uri")
+        .arg(&dvm.uri)
+        .args(args)
+        .env("DVM_TMPDIR", &dvm.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Processes of a job: `sleep <marker>` under this DVM's HNP (its daemons are its children).
+fn job_procs(dvm: &Dvm, marker: &str) -> usize {
+    let mine: std::collections::BTreeSet<u32> = common::descendants(dvm.pids[0]).into_iter().collect();
+    mine.into_iter()
+        .filter(|&p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c) == format!("sleep\0{marker}\0"))
+        })
+        .count()
+}
+
+/// Case: `dvm-bench --check-fences` with a daemon killed by SIGKILL mid-storm ends with an
+/// error naming that daemon, and the survivors then pass a clean storm.
+fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
+    let dvm = Dvm::start(name, Nodes::Local { daemons, slots: 1 }, radix, &[("DVM_LOG", "warn")]);
+    let mut storm = bench(&dvm, &["--check-fences", "100000000"]);
+    // Let the storm get going (if the kill came first, the storm would run on survivors and
+    // never end: the bound below would then fail the test, never pass it).
+    std::thread::sleep(Duration::from_millis(800));
+    let pid = daemon_pid(&dvm, victim);
+    signal(pid, libc::SIGKILL);
+    let out = wait_bounded(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{name}: the storm that lost daemon {victim} reported success: {o}");
+    assert!(
+        e.contains(&format!("lost daemon {victim} on host")),
+        "{name}: the error does not name daemon {victim}: {e}"
+    );
+    let mut again = bench(&dvm, &["--check-fences", "300"]);
+    let out = wait_bounded(&mut again, Duration::from_secs(120), "the storm on the survivors");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{name}: survivors failed the next storm: {o}{e}");
+    assert!(o.contains(&format!("on {} daemons", daemons - 1)), "{name}: {o}");
+    dvm.assert_up();
+    dvm.stop();
+}
+
+#[test]
+fn fence_storm_kill_leaf_radix_2() {
+    storm_with_a_kill("stormleaf2", 16, 2, 15);
+}
+
+#[test]
+fn fence_storm_kill_interior_radix_2() {
+    // Daemon 3 relays for 7 and 11.
+    storm_with_a_kill("storminner2", 16, 2, 3);
+}
+
+#[test]
+fn fence_storm_kill_hnp_child_radix_2() {
+    storm_with_a_kill("stormchild2", 16, 2, 1);
+}
+
+#[test]
+fn fence_storm_kill_radix_4_depth_2() {
+    // 16 daemons at radix 4: two levels below the HNP; 1 relays for 5, 9, 13.
+    storm_with_a_kill("storm4", 16, 4, 1);
+}
+
+#[test]
+fn fence_storm_kill_radix_64() {
+    storm_with_a_kill("storm64", 10, 64, 6);
+}
+
+/// Case: a daemon frozen (SIGSTOP) until it is declared dead fails the job running on it,
+/// naming it; resumed (SIGCONT) it is refused and exits, and every other daemon still runs
+/// jobs — nobody healthy is dropped.
+fn frozen_then_resumed(name: &str, radix: u32) {
+    let dvm = Dvm::start(name, Nodes::Local { daemons: 8, slots: 1 }, radix, &[("DVM_LOG", "warn")]);
+    // The heartbeat bound (default 1 s x 5) is what declares the frozen daemon dead.
+    for round in 0..2 {
+        let marker = format!("{}{round}", 7000 + radix);
+        let mut job = prun_bg(&dvm, &["--map-by", "node", "-n", &(8 - round).to_string(), "sleep", &marker]);
+        until(Duration::from_secs(30), "the job's procs to start", || job_procs(&dvm, &marker) == 8 - round);
+        let victim = 1 + round as u32;
+        let pid = daemon_pid(&dvm, victim);
+        signal(pid, libc::SIGSTOP);
+        let out = wait_bounded(&mut job, Duration::from_secs(60), "the job on a frozen daemon");
+        let (_, e) = text(&out);
+        assert!(!out.status.success(), "{name}: the job on frozen daemon {victim} succeeded");
+        assert!(e.contains(&format!("daemon {victim} on node")), "{name}: error does not name daemon {victim}: {e}");
+        signal(pid, libc::SIGCONT);
+        until(Duration::from_secs(30), "the resumed daemon to exit", || !alive(pid));
+        // Every survivor still takes a proc: one per live daemon.
+        let survivors = 7 - round as usize;
+        let out = dvm.prun(&["--map-by", "node", "-n", &survivors.to_string(), "printenv", "DVM_DAEMON"]);
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "{name}: {e}");
+        let mut got: Vec<u32> = o.lines().map(|l| l.trim().parse().unwrap()).collect();
+        got.sort_unstable();
+        let want: Vec<u32> = (0..8).filter(|&r| r == 0 || r > victim).collect();
+        assert_eq!(got, want, "{name}: round {round}: a healthy daemon was dropped (stderr: {e})");
+        assert!(
+            dvm.log().contains(&format!("daemon {victim} was declared dead but spoke again")) || !alive(pid),
+            "{name}: {}",
+            dvm.log()
+        );
+    }
+    dvm.stop();
+}
+
+#[test]
+fn frozen_daemon_resumed_is_refused_radix_2() {
+    frozen_then_resumed("frozen2", 2);
+}
+
+#[test]
+fn frozen_daemon_resumed_is_refused_radix_64() {
+    frozen_then_resumed("frozen64", 64);
+}
+
+/// Case: pterm while a job runs ends the job at once with the documented status and a
+/// sentence, then stops every daemon and leaves nothing behind.
+fn pterm_during_job(name: &str, radix: u32) {
+    let dvm = Dvm::start(name, Nodes::Local { daemons: 4, slots: 2 }, radix, &[]);
+    let marker = format!("{}", 8000 + radix);
+    let mut job = prun_bg(&dvm, &["-n", "8", "sleep", &marker]);
+    until(Duration::from_secs(30), "the job's procs to start", || {
+        if let Ok(Some(st)) = job.try_wait() {
+            panic!("{name}: prun ended early ({st}): {:?}", wait_bounded(&mut job, Duration::from_secs(1), "prun"));
+        }
+        job_procs(&dvm, &marker) == 8
+    });
+    let st = Command::new(PTERM).arg("--dvm-uri").arg(&dvm.uri).env("DVM_TMPDIR", &dvm.root).output().unwrap();
+    assert!(st.status.success(), "pterm: {}", text(&st).1);
+    let out = wait_bounded(&mut job, Duration::from_secs(30), "prun after pterm");
+    let (_, e) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{name}: prun status after pterm (stderr: {e})");
+    assert!(e.contains("the DVM was terminated (pterm) while job"), "{name}: {e}");
+    until(Duration::from_secs(20), "every daemon to exit", || dvm.pids.iter().all(|&p| !alive(p)));
+    assert_eq!(job_procs(&dvm, &marker), 0);
+    assert!(procs_with(&format!("sleep {marker}")).is_empty(), "{name}: job procs outlived the DVM");
+    let left = session_dirs(&dvm.root);
+    assert!(left.is_empty(), "{name}: session dirs left: {left:?}");
+}
+
+#[test]
+fn pterm_during_a_job_radix_2() {
+    pterm_during_job("ptermjob2", 2);
+}
+
+#[test]
+fn pterm_during_a_job_radix_64() {
+    pterm_during_job("ptermjob64", 64);
+}
