@@ -1,6 +1,7 @@
 //! DVMs over fake nodes: one network namespace per host (own address, own hostname) joined by a
 //! bridge, daemons started through the `ip netns exec {host}` launch agent, the HNP on the
-//! head address. Needs root; prints SKIP otherwise.
+//! head address. Needs root: otherwise each test records a skip (`dvm_tests::skip`); as root
+//! a skip is a failure.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
