@@ -5,6 +5,7 @@ use dvm_proto::job::{proc_map, AppContext, JobMap, JobSpec, MapBy, NodeRange, Ra
 use dvm_proto::Message;
 use dvmd::jobmap::{encode, launch_sizes, local_procs, map_job, LaunchError, LaunchSizes, NodeSlots, Placement};
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 fn spec(np: u32, map_by: MapBy, ppr: u32) -> JobSpec {
     JobSpec {
@@ -214,21 +215,97 @@ fn malformed_residuals_name_the_daemon_and_rank() {
     assert!(local_procs(&map, &r(vec![rr(0, 1, 0)]), 9).unwrap_err().to_string().contains("daemon 9"));
 }
 
-proptest! {
-    /// Arbitrary bytes as a JobMap / Residual: decoding either fails or yields a placement
-    /// whose queries agree with each other. Never a panic.
-    #[test]
-    fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64), me in 0u32..8) {
-        if let Ok(map) = JobMap::decode(&bytes[..]) {
-            if let Ok(p) = Placement::from_job_map(&map) {
-                let _ = p.node_of(0);
+/// What a daemon may do with a launch from the network: refuse it with a `LaunchError` that
+/// names the job (a map that does not decode to a placement) or this daemon (anything else),
+/// or accept it as exactly the procs the placement puts on this daemon, in order.
+fn refused_by_name_or_exact(map: &JobMap, res: &Residual, me: u32) -> Result<(), TestCaseError> {
+    let placement = Placement::from_job_map(map);
+    match local_procs(map, res, me) {
+        Ok(procs) => {
+            let Ok(p) = placement else {
+                return Err(TestCaseError::fail(format!("accepted a map its placement refuses: {map:?}")));
+            };
+            prop_assert_eq!(res.jobid, map.jobid, "accepted a residual of another job");
+            prop_assert!(
+                procs.iter().map(|l| l.rank).eq(p.procs_on(me).iter()),
+                "daemon {}: accepted ranks differ from the placement's: residual {:?}",
+                me,
+                res
+            );
+            for (i, l) in procs.iter().enumerate() {
+                prop_assert_eq!((l.local_rank, Some(l.app)), (i as u32, p.app_of(l.rank)));
             }
-            let _ = local_procs(&map, &Residual::default(), me);
+            // ... and the residual lists exactly those ranks, each once.
+            let listed: u64 = res.ranks.iter().map(|r| r.count as u64).sum();
+            prop_assert_eq!(listed, procs.len() as u64, "daemon {}: accepted {:?} for {} procs", me, res, procs.len());
+            let mut ranks: Vec<u64> = res
+                .ranks
+                .iter()
+                .flat_map(|r| (0..r.count as u64).map(move |k| r.first as u64 + k * r.stride.max(1) as u64))
+                .collect();
+            ranks.sort_unstable();
+            prop_assert!(
+                ranks.iter().copied().eq(procs.iter().map(|l| l.rank as u64)),
+                "daemon {}: accepted {:?}",
+                me,
+                res
+            );
         }
-        let (map, _) = launch();
-        if let Ok(res) = Residual::decode(&bytes[..]) {
-            let _ = local_procs(&map, &res, me);
+        Err(LaunchError::BadMap { job, reason }) => {
+            prop_assert!(placement.is_err(), "BadMap ({}) for a map that decodes", reason);
+            prop_assert_eq!(job, map.jobid);
         }
+        Err(e) => {
+            prop_assert!(placement.is_ok(), "{} for a map that does not decode", e);
+            let text = e.to_string();
+            prop_assert!(text.starts_with(&format!("daemon {me}: ")), "error does not name daemon {}: {}", me, text);
+            prop_assert!(text.contains(&format!("job {}", map.jobid)), "error does not name the job: {}", text);
+        }
+    }
+    Ok(())
+}
+
+/// `bytes` with each (position, value) edit applied (positions wrap; empty stays empty).
+fn edited(mut bytes: Vec<u8>, edits: &[(usize, u8)]) -> Vec<u8> {
+    let n = bytes.len();
+    for &(at, v) in edits.iter().filter(|_| n > 0) {
+        bytes[at % n] = v;
+    }
+    bytes
+}
+
+proptest! {
+    /// Arbitrary bytes as a JobMap or a Residual, real launch messages with bytes
+    /// overwritten, and residuals of small rank ranges: every one that decodes is refused by name or accepted exactly (see
+    /// `refused_by_name_or_exact`). Never a panic.
+    #[test]
+    fn garbage_never_panics(
+        bytes in prop::collection::vec(any::<u8>(), 0..64),
+        edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        ranges in prop::collection::vec((0u32..14, 0u32..5, 0u32..3), 0..4),
+        me in 0u32..8,
+    ) {
+        let (map, res) = launch();
+        let own = res.iter().find(|(d, _)| *d == me).map(|(_, r)| r.clone()).unwrap_or(Residual { jobid: map.jobid, ..Default::default() });
+        // The genuine launch is accepted: the oracle holds for it.
+        prop_assert!(local_procs(&map, &own, me).is_ok());
+        refused_by_name_or_exact(&map, &own, me)?;
+        if let Ok(garbage) = JobMap::decode(&bytes[..]) {
+            refused_by_name_or_exact(&garbage, &Residual { jobid: garbage.jobid, ..Default::default() }, me)?;
+            refused_by_name_or_exact(&garbage, &own, me)?;
+        }
+        if let Ok(garbage) = Residual::decode(&bytes[..]) {
+            refused_by_name_or_exact(&map, &garbage, me)?;
+        }
+        if let Ok(m) = JobMap::decode(&edited(map.encode_to_vec(), &edits)[..]) {
+            refused_by_name_or_exact(&m, &own, me)?;
+        }
+        if let Ok(r) = Residual::decode(&edited(own.encode_to_vec(), &edits)[..]) {
+            refused_by_name_or_exact(&map, &r, me)?;
+        }
+        // Well-formed residuals listing small, often wrong, rank ranges.
+        let ranks = ranges.iter().map(|&(first, count, stride)| RankRange { first, count, stride }).collect();
+        refused_by_name_or_exact(&map, &Residual { jobid: map.jobid, ranks }, me)?;
     }
 
     /// Field-level corruption of a valid launch (small and huge values): errors or a placement

@@ -5,24 +5,32 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
 
 use common::{alive, session_dirs};
 use dvm_proto::control::{BenchKind, BenchRequest};
+use dvm_tests::LineReader;
 use dvmd::control::Client;
 use dvmd::session::DvmUri;
 
 const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
 const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
 
+/// Only guards against a hung dvmd; never what decides pass or fail.
+const BOOT_GUARD: Duration = Duration::from_secs(120);
+const EXIT_GUARD: Duration = Duration::from_secs(30);
+
 /// A DVM started by a test; everything is killed by PID and removed on drop.
 struct TestDvm {
     hnp: Child,
     root: PathBuf,
     uri_file: PathBuf,
+    /// Every line the HNP printed on stdout so far (all of it once `pterm` returned).
     stdout_lines: Vec<String>,
+    out: LineReader,
     pids: Vec<u32>,
 }
 
@@ -31,6 +39,21 @@ fn test_root(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     root
+}
+
+/// Echoes a child's stderr as it comes; the whole of it arrives on the channel at its end.
+fn tee_stderr(err: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("{l}");
+            all.push_str(&l);
+            all.push('\n');
+        }
+        let _ = tx.send(all);
+    });
+    rx
 }
 
 impl TestDvm {
@@ -48,36 +71,41 @@ impl TestDvm {
             cmd.env(k, v);
         }
         let mut hnp = cmd.spawn().expect("start dvmd");
-        let mut out = BufReader::new(hnp.stdout.take().unwrap());
+        // Both pipes are read on threads, so dvmd never blocks on them and no wait here is
+        // unbounded.
+        let mut out = LineReader::new(hnp.stdout.take().unwrap());
+        let err = tee_stderr(hnp.stderr.take().unwrap());
         let mut stdout_lines = Vec::new();
-        let mut line = String::new();
+        let deadline = Instant::now() + BOOT_GUARD;
         loop {
-            line.clear();
-            if out.read_line(&mut line).unwrap_or(0) == 0 {
-                // dvmd ended before it was ready.
-                let mut err = String::new();
-                hnp.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                let code = hnp.wait().unwrap().code().unwrap_or(-1);
-                let _ = std::fs::remove_dir_all(&root);
-                return Err((code, err));
-            }
-            stdout_lines.push(line.trim_end().to_string());
-            if line.trim_end() == "DVM ready" {
-                break;
+            match out.next_line(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Some(line)) => {
+                    let ready = line == "DVM ready";
+                    stdout_lines.push(line);
+                    if ready {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    // dvmd ended before it was ready.
+                    let code = wait_exit(&mut hnp, EXIT_GUARD).unwrap_or_else(|| {
+                        let _ = hnp.kill();
+                        let _ = hnp.wait();
+                        panic!("dvmd closed its stdout before `DVM ready` but did not exit")
+                    });
+                    let err = err.recv_timeout(EXIT_GUARD).expect("stderr of the exited dvmd did not end");
+                    let _ = std::fs::remove_dir_all(&root);
+                    return Err((code, err));
+                }
+                Err(e) => {
+                    let _ = hnp.kill();
+                    let _ = hnp.wait();
+                    let _ = std::fs::remove_dir_all(&root);
+                    panic!("dvmd {extra:?} was not ready within {BOOT_GUARD:?}: {e}");
+                }
             }
         }
-        // Keep draining stdout/stderr so the HNP never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = out.read_to_string(&mut rest);
-        });
-        let err = hnp.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("{l}");
-            }
-        });
-        Ok(TestDvm { hnp, root, uri_file, stdout_lines, pids: Vec::new() })
+        Ok(TestDvm { hnp, root, uri_file, stdout_lines, out, pids: Vec::new() })
     }
 
     fn uri(&self) -> DvmUri {
@@ -98,8 +126,12 @@ impl TestDvm {
         let st =
             Command::new(PTERM).arg("--dvm-uri").arg(format!("file:{}", self.uri_file.display())).status().unwrap();
         assert!(st.success(), "pterm failed: {st}");
-        let code = wait_exit(&mut self.hnp, Duration::from_secs(20)).expect("dvmd did not exit after pterm");
+        let code = wait_exit(&mut self.hnp, EXIT_GUARD).expect("dvmd did not exit after pterm");
         assert_eq!(code, 0, "dvmd exit status after pterm");
+        // The rest of its stdout, to its end.
+        while let Some(line) = self.out.next_line(EXIT_GUARD).expect("stdout of the exited dvmd did not end") {
+            self.stdout_lines.push(line);
+        }
     }
 
     /// Nothing left: no daemon process, no session directory.
@@ -159,7 +191,6 @@ async fn boot_and_exercise(radix: u32) {
     let mut dvm = TestDvm::start(&format!("boot{radix}"), &["--local", "16", "--radix", &radix.to_string()], &[])
         .unwrap_or_else(|(code, err)| panic!("dvmd failed ({code}): {err}"));
     dvm.learn_pids().await;
-    assert_eq!(dvm.stdout_lines.iter().filter(|l| *l == "DVM ready").count(), 1);
     let mut c = dvm.client().await;
 
     // Every daemon's own view of the tree matches the HNP's and the layout formula.
@@ -177,23 +208,51 @@ async fn boot_and_exercise(radix: u32) {
         }
     }
 
+    // The depth the matrix is here for: radix 2 and 4 over 16 daemons are multi-level trees
+    // (every relay path exercised), radix 64 is flat.
+    let depth_of = |mut r: u32| {
+        let mut d = 0;
+        while views[r as usize].parent != u32::MAX {
+            r = views[r as usize].parent;
+            d += 1;
+            assert!(d <= n, "parent cycle through daemon {r}");
+        }
+        d
+    };
+    let height = (0..n).map(depth_of).max().unwrap();
+    let want_height = match radix {
+        2 => 4,
+        4 => 2,
+        _ => 1,
+    };
+    assert_eq!(height, want_height, "tree height at radix {radix} over {n} daemons");
+
     // A 1 MiB xcast completes (every daemon holds it).
     let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20 }).await.unwrap();
     assert_eq!((x.latencies_ns.len(), x.errors), (1, 0));
 
     // 1,000 back-to-back fences alternating barrier and modex: every daemon checks every result.
-    let count = if radix == 2 { 1000 } else { 200 };
+    let count = if radix < n { 1000 } else { 200 };
     let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count, bytes: 64 }).await.unwrap();
     assert_eq!(f.errors, 0, "{}", f.first_error);
     assert_eq!(f.latencies_ns.len() as u64, count);
 
     dvm.pterm();
+    // Over the DVM's whole life (boot, collectives, teardown) the HNP announced it once.
+    let ready = dvm.stdout_lines.iter().filter(|l| *l == "DVM ready").count();
+    assert_eq!(ready, 1, "`DVM ready` printed {ready} times; stdout: {:?}", dvm.stdout_lines);
     dvm.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_daemons_radix_2() {
     boot_and_exercise(2).await;
+}
+
+/// Two levels below the HNP: 1 + 4 + 11 daemons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_daemons_radix_4() {
+    boot_and_exercise(4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,15 +1,15 @@
 //! DVMs over fake nodes: one network namespace per host (own address, own hostname) joined by a
 //! bridge, daemons started through the `ip netns exec {host}` launch agent, the HNP on the
-//! head address. Needs root; prints SKIP otherwise.
+//! head address. Needs root: otherwise each test records a skip (`dvm_tests::skip`); as root
+//! a skip is a failure.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
 use dvm_proto::control::{BenchKind, BenchRequest};
-use dvm_tests::process::{assert_no_leftovers, ChildGuard, TestTag};
+use dvm_tests::process::{assert_no_leftovers, wait_for_line, ChildGuard, LineReader, TestTag};
 use dvm_tests::{require_netns, FakeCluster};
 use dvmd::control::Client;
 use dvmd::session::DvmUri;
@@ -18,15 +18,35 @@ const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
 const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
 const PRUN: &str = env!("CARGO_BIN_EXE_prun");
 
+/// Only guards against a hung boot; never what decides pass or fail.
+const BOOT_GUARD: Duration = Duration::from_secs(120);
+
 struct NetnsDvm {
     cluster: FakeCluster,
     hnp: ChildGuard,
+    /// Keeps draining the HNP's stdout.
+    _out: LineReader,
     dir: std::path::PathBuf,
     uri_file: std::path::PathBuf,
     tag: TestTag,
 }
 
-fn start(name: &str, nodes: usize, radix: u32) -> NetnsDvm {
+/// How long a daemon may stay silent before its peers declare it lost (`--heartbeat-ms` x
+/// `--heartbeat-misses`).
+#[derive(Clone, Copy)]
+struct Heartbeat {
+    ms: u64,
+    misses: u32,
+}
+
+/// For tests that are not about losing a node: 30 s of silence, which a loaded two-core
+/// machine running 1,000 fences over namespaces does not reach, so no daemon is lost by
+/// accident.
+const LOSS_NOT_TESTED: Heartbeat = Heartbeat { ms: 1000, misses: 30 };
+/// For the test about detecting a silent node: 3 s, well inside its 30 s guard.
+const LOSS_TESTED: Heartbeat = Heartbeat { ms: 500, misses: 6 };
+
+fn start(name: &str, nodes: usize, radix: u32, hb: Heartbeat) -> NetnsDvm {
     let cluster = FakeCluster::new(nodes).expect("fake cluster");
     let dir = std::env::temp_dir().join(format!("dvm-netns-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -45,7 +65,9 @@ fn start(name: &str, nodes: usize, radix: u32) -> NetnsDvm {
         .arg("--radix")
         .arg(radix.to_string())
         .arg("--heartbeat-ms")
-        .arg("300")
+        .arg(hb.ms.to_string())
+        .arg("--heartbeat-misses")
+        .arg(hb.misses.to_string())
         .arg("--report-uri")
         .arg(&uri_file)
         .env("DVM_TMPDIR", &dir)
@@ -53,18 +75,12 @@ fn start(name: &str, nodes: usize, radix: u32) -> NetnsDvm {
     tag.apply(&mut cmd);
     let mut hnp = ChildGuard::spawn(&mut cmd).expect("start dvmd");
     let out = hnp.take_stdout().unwrap();
-    let mut lines = BufReader::new(out).lines();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l == "DVM ready" => break,
-            Some(Ok(_)) => {}
-            _ => panic!("dvmd over {nodes} fake nodes ended before it was ready"),
-        }
-        assert!(Instant::now() < deadline, "no DVM ready");
-    }
-    std::thread::spawn(move || for _ in lines {});
-    NetnsDvm { cluster, hnp, dir, uri_file, tag }
+    let out = match wait_for_line(out, "DVM ready", BOOT_GUARD) {
+        Ok((_, out)) => out,
+        // The guards kill dvmd and everything in the nodes on the way out.
+        Err(e) => panic!("dvmd over {nodes} fake nodes (radix {radix}) not ready: {e}"),
+    };
+    NetnsDvm { cluster, hnp, _out: out, dir, uri_file, tag }
 }
 
 impl NetnsDvm {
@@ -100,7 +116,7 @@ impl Drop for NetnsDvm {
 }
 
 async fn four_fake_nodes(radix: u32) {
-    let mut dvm = start(&format!("r{radix}"), 4, radix);
+    let mut dvm = start(&format!("r{radix}"), 4, radix, LOSS_NOT_TESTED);
     let mut c = dvm.client().await;
     let st = c.status().await.unwrap();
     assert_eq!(st.num_daemons, 5, "HNP plus one daemon per node");
@@ -160,7 +176,7 @@ async fn four_fake_nodes_radix_64() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_node_is_detected_and_named() {
     require_netns!();
-    let mut dvm = start("cut", 4, 2);
+    let mut dvm = start("cut", 4, 2, LOSS_TESTED);
     let mut c = dvm.client().await;
     // Node 3 holds daemon 4, a leaf at radix 2 (children of 1 are 3 and 5; 4 is 2's child).
     dvm.cluster.cut(3).unwrap();

@@ -130,8 +130,12 @@ async fn env_and_cwd_are_exactly_what_was_asked() {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    // The test process has variables (HOME, PATH...) that must not leak.
-    assert!(std::env::vars().count() > 0);
+    // Leak probes: variables of this (the forking) process that the proc was not given. The
+    // process needs one for the check to mean anything; the libtest harness and cargo set
+    // several.
+    let asked: std::collections::BTreeSet<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    let probes: Vec<String> = std::env::vars().map(|(k, _)| k).filter(|k| !asked.contains(k.as_str())).collect();
+    assert!(!probes.is_empty(), "this process has no variable outside the proc's env to probe a leak with");
 
     let mut s = spec(1, 0, &["/usr/bin/env"]);
     s.env = env.clone();
@@ -142,6 +146,9 @@ async fn env_and_cwd_are_exactly_what_was_asked() {
     // Oracle: the last setting of each name, as a map.
     let want: std::collections::BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let want: Vec<String> = want.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let leaked: Vec<&String> =
+        probes.iter().filter(|k| got.iter().any(|l| l.split_once('=').is_some_and(|(n, _)| n == k.as_str()))).collect();
+    assert!(leaked.is_empty(), "the forking process's variables leaked into the proc: {leaked:?}");
     assert_eq!(got, want);
 
     let mut s = spec(1, 1, &["pwd", "-P"]);

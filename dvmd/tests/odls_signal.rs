@@ -71,8 +71,10 @@ async fn an_exited_leader_with_a_child_holding_stdout_stays_killable() {
     h.odls.spawn(sh(1, 0, "sleep 100 & echo started"));
     h.wait_stdout((1, 0), "started").await;
     let pid = h.procs[&(1, 0)].pid.unwrap();
-    // Wait (not a pass/fail timing) until the leader is a zombie.
+    // Wait until the leader is a zombie (the bound only guards against a hang).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while proc_state(pid) != Some('Z') {
+        assert!(std::time::Instant::now() < deadline, "leader {pid} never became a zombie: {:?}", proc_state(pid));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(h.odls.live(1), 1);

@@ -170,7 +170,8 @@ fn run_suite(radix: u32) {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while procs_with(&marker).len() < 5 && Instant::now() < deadline {
+    while procs_with(&marker).len() < 5 {
+        assert!(Instant::now() < deadline, "prun and its 4 procs never all ran: {:?}", procs_with(&marker));
         std::thread::sleep(Duration::from_millis(20));
     }
     unsafe {
@@ -197,7 +198,8 @@ fn run_suite(radix: u32) {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while procs_with(&format!("sleep {marker}")).len() < 2 && Instant::now() < deadline {
+    while procs_with(&format!("sleep {marker}")).len() < 2 {
+        assert!(Instant::now() < deadline, "the 2 procs never started their sleep");
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: kill(2) on the prun this test started.

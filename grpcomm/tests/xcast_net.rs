@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_grpcomm::{tags, Config, Effect, Grpcomm, Topology, XcastId};
+use dvm_proto::grpcomm::grpcomm_msg::Body;
 
 struct Rng(u64);
 impl Rng {
@@ -20,12 +21,34 @@ impl Rng {
     }
 }
 
+type Msg = dvm_proto::grpcomm::GrpcommMsg;
+
+/// One delivered hop, for tests that check who sent what when.
+#[derive(Debug, Clone)]
+struct Hop {
+    from: u32,
+    to: u32,
+    msg: Msg,
+}
+
 struct Net {
     nodes: Vec<Grpcomm>,
     dead: BTreeSet<u32>,
-    links: BTreeMap<(u32, u32), VecDeque<(u32, dvm_proto::grpcomm::GrpcommMsg)>>,
+    links: BTreeMap<(u32, u32), VecDeque<(u32, Msg)>>,
     delivered: Vec<Vec<(u64, Bytes)>>,
     completed: Vec<Vec<XcastId>>,
+    /// A process-first op delivered to the driver and not confirmed yet, per daemon. The
+    /// driver confirms it later, as a step of its own, so the network moves in between.
+    unconfirmed: Vec<Option<u64>>,
+    /// Process-first ops each daemon's driver has confirmed.
+    confirmed: Vec<BTreeSet<u64>>,
+    /// Confirmations that were held while at least one message reached that daemon.
+    held_across_traffic: usize,
+    /// Broken rules seen by the driver (a forward before the confirmation, a delivery while
+    /// a process-first op waits).
+    violations: Vec<String>,
+    /// Every hop handed to a daemon, in order, when tracing is on.
+    trace: Option<Vec<Hop>>,
     rng: Rng,
 }
 
@@ -44,8 +67,17 @@ impl Net {
             links: BTreeMap::new(),
             delivered: vec![Vec::new(); n as usize],
             completed: vec![Vec::new(); n as usize],
+            unconfirmed: vec![None; n as usize],
+            confirmed: vec![BTreeSet::new(); n as usize],
+            held_across_traffic: 0,
+            violations: Vec::new(),
+            trace: None,
             rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         }
+    }
+
+    fn process_first(&self, r: u32, tag: u32) -> bool {
+        self.nodes[r as usize].config().process_first.contains(&tag)
     }
 
     fn pump(&mut self, r: u32) {
@@ -53,6 +85,14 @@ impl Net {
         for e in effects {
             match e {
                 Effect::Send { to, msg } => {
+                    if let Some(Body::Forward(f)) = &msg.body {
+                        if self.process_first(r, f.tag) && !self.confirmed[r as usize].contains(&f.op_id) {
+                            self.violations.push(format!(
+                                "daemon {r} forwarded process-first op {} (tag {}) to {to} before its driver confirmed it",
+                                f.op_id, f.tag
+                            ));
+                        }
+                    }
                     // Route hop by hop with the sender's own topology.
                     let hop = self.nodes[r as usize].topology().route_to(to).next_hop().unwrap_or(to);
                     if self.dead.contains(&hop) {
@@ -63,10 +103,15 @@ impl Net {
                     }
                 }
                 Effect::Deliver { op_id, tag, payload, .. } => {
+                    if let Some(waiting) = self.unconfirmed[r as usize] {
+                        self.violations.push(format!(
+                            "daemon {r} delivered op {op_id} while process-first op {waiting} awaited its driver"
+                        ));
+                    }
                     self.delivered[r as usize].push((op_id, payload));
-                    if tag == tags::WIREUP || tag == tags::DAEMON_DIED {
-                        self.nodes[r as usize].xcast_processed(op_id);
-                        self.pump(r);
+                    if self.process_first(r, tag) {
+                        // Held: confirmed by a later step, not inside this pump.
+                        self.unconfirmed[r as usize] = Some(op_id);
                     }
                 }
                 Effect::XcastComplete { id, .. } => self.completed[r as usize].push(id),
@@ -76,26 +121,55 @@ impl Net {
         }
     }
 
-    /// Deliver one message from a random non-empty link. Returns false when idle.
+    /// The driver of daemon `r` confirms the process-first op it holds.
+    fn confirm(&mut self, r: u32) {
+        if let Some(op) = self.unconfirmed[r as usize].take() {
+            self.confirmed[r as usize].insert(op);
+            self.nodes[r as usize].xcast_processed(op);
+            self.pump(r);
+        }
+    }
+
+    /// Deliver one message from a random non-empty link, or let one driver confirm its held
+    /// process-first op. Returns false when idle.
     fn step(&mut self) -> bool {
         let live: Vec<(u32, u32)> = self.links.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
-        if live.is_empty() {
+        let waiting: Vec<u32> = (0..self.nodes.len() as u32)
+            .filter(|r| self.unconfirmed[*r as usize].is_some() && !self.dead.contains(r))
+            .collect();
+        if live.is_empty() && waiting.is_empty() {
             return false;
         }
-        let (from, to) = live[self.rng.below(live.len() as u64) as usize];
+        let pick = self.rng.below((live.len() + waiting.len()) as u64) as usize;
+        if pick >= live.len() {
+            self.confirm(waiting[pick - live.len()]);
+            return true;
+        }
+        let (from, to) = live[pick];
+        self.deliver_hop(from, to);
+        true
+    }
+
+    /// Deliver the next message queued on link `from -> to`.
+    fn deliver_hop(&mut self, from: u32, to: u32) {
         let (dst, msg) = self.links.get_mut(&(from, to)).unwrap().pop_front().unwrap();
         if self.dead.contains(&to) {
-            return true;
+            return;
         }
         if dst != to {
             // Relay: forward along this hop's route.
             let hop = self.nodes[to as usize].topology().route_to(dst).next_hop().unwrap_or(dst);
             self.links.entry((to, hop)).or_default().push_back((dst, msg));
-            return true;
+            return;
+        }
+        if self.unconfirmed[to as usize].is_some() {
+            self.held_across_traffic += 1;
+        }
+        if let Some(t) = self.trace.as_mut() {
+            t.push(Hop { from, to, msg: msg.clone() });
         }
         self.nodes[to as usize].handle(from, msg);
         self.pump(to);
-        true
     }
 
     fn run(&mut self) {
@@ -108,6 +182,7 @@ impl Net {
 
     fn crash(&mut self, victim: u32) {
         self.dead.insert(victim);
+        self.unconfirmed[victim as usize] = None;
         let failed = self.dead.clone();
         for r in 0..self.nodes.len() as u32 {
             if !self.dead.contains(&r) {
@@ -116,9 +191,13 @@ impl Net {
             }
         }
     }
+
+    fn assert_driver_rules_kept(&self) {
+        assert!(self.violations.is_empty(), "{} violation(s):\n{}", self.violations.len(), self.violations.join("\n"));
+    }
 }
 
-fn msg_with_dst(msg: dvm_proto::grpcomm::GrpcommMsg, dst: u32) -> (u32, dvm_proto::grpcomm::GrpcommMsg) {
+fn msg_with_dst(msg: Msg, dst: u32) -> (u32, Msg) {
     (dst, msg)
 }
 
@@ -128,6 +207,7 @@ fn payload(i: u64, big: bool) -> Bytes {
 }
 
 fn check_in_order(net: &Net, expect_ops: u64) {
+    net.assert_driver_rules_kept();
     let reference = &net.delivered[0];
     assert_eq!(reference.len() as u64, expect_ops);
     for (r, d) in net.delivered.iter().enumerate() {
@@ -168,15 +248,147 @@ fn every_daemon_delivers_every_op_once_in_order() {
     }
 }
 
+/// A process-first op (WIREUP, DAEMON_DIED) leaves a daemon only after its driver confirmed
+/// it, and nothing later is delivered there in between. The harness holds each confirmation
+/// as a step of its own, so messages keep arriving while a daemon waits for its driver.
 #[test]
 fn process_first_tags_wait_for_the_driver() {
+    // Directed: the root holds WIREUP unconfirmed; nothing goes down the tree until it
+    // confirms, and then it goes to every child.
     let mut net = Net::new(7, 2, 3);
-    net.nodes[3].xcast(tags::WIREUP, Bytes::from_static(b"contacts"));
-    net.pump(3);
-    net.nodes[5].xcast(tags::USER, Bytes::from_static(b"after"));
-    net.pump(5);
+    net.nodes[0].xcast(tags::WIREUP, Bytes::from_static(b"contacts"));
+    net.pump(0);
+    assert_eq!(net.unconfirmed[0], Some(0), "the root delivered WIREUP to its driver");
+    let queued: usize = net.links.values().map(VecDeque::len).sum();
+    assert_eq!(queued, 0, "the root sent before its driver confirmed WIREUP: {:?}", net.links);
+    net.confirm(0);
+    let mut sent_to: Vec<u32> = net.links.iter().filter(|(_, q)| !q.is_empty()).map(|((_, to), _)| *to).collect();
+    sent_to.sort();
+    assert_eq!(sent_to, vec![1, 2], "after the confirmation WIREUP goes to each child");
     net.run();
-    check_in_order(&net, 2);
+    check_in_order(&net, 1);
+
+    // Seeded: process-first and ordinary tags mixed, from every origin, on a deep tree.
+    let mut held = 0;
+    for radix in [2, 3] {
+        for seed in 0..40 {
+            let n = 16;
+            let mut net = Net::new(n, radix, seed);
+            for i in 0..12u64 {
+                let origin = net.rng.below(n as u64) as u32;
+                let tag = match net.rng.below(3) {
+                    0 => tags::WIREUP,
+                    1 => tags::DAEMON_DIED,
+                    _ => tags::USER,
+                };
+                net.nodes[origin as usize].xcast(tag, payload(i, false));
+                net.pump(origin);
+                for _ in 0..net.rng.below(6) {
+                    net.step();
+                }
+            }
+            net.run();
+            check_in_order(&net, 12);
+            held += net.held_across_traffic;
+        }
+    }
+    // The window the rule is about was exercised: daemons received traffic while holding an
+    // unconfirmed op.
+    assert!(held > 100, "only {held} messages arrived while a confirmation was held");
+}
+
+/// After a repair a promoted daemon takes its failed parent's slot. It no longer holds an op
+/// its new children lack (its own subtree had it, so it let it go); it holds their replay
+/// until its new parent replays that op, and passes it on in order. Scenario, radix 2 over 15:
+/// daemon 1 (children 3 and 5) received op K, passed it to 3 only and died; 3's subtree
+/// acknowledged K to 3. 3 is promoted into slot 1 under the root, with 5 as a new child
+/// whose subtree (5, 9, 13) lacks K. Later ops start from inside that subtree.
+#[test]
+fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
+    const K: u64 = 4;
+    for seed in 0..30 {
+        let mut net = Net::new(15, 2, seed);
+        for i in 0..K {
+            net.nodes[0].xcast(tags::USER, payload(i, false));
+            net.pump(0);
+        }
+        net.run();
+        // Op K: 0 -> 1 -> 3 only, then 3's subtree (7, 11) acknowledges it to 3.
+        net.nodes[0].xcast(tags::USER, payload(K, true));
+        net.pump(0);
+        net.deliver_hop(0, 1);
+        net.deliver_hop(1, 3);
+        for (from, to) in [(3, 7), (3, 11), (7, 3), (11, 3)] {
+            net.deliver_hop(from, to);
+        }
+        assert!(net.delivered[3].iter().any(|(op, _)| *op == K));
+        assert!(!net.delivered[5].iter().any(|(op, _)| *op == K));
+        // 1 dies with the forward to 5 unsent (and 3's ack to it unread).
+        net.links.retain(|&(from, to), _| from != 1 && to != 1);
+        net.dead.insert(1);
+        let failed = net.dead.clone();
+        net.trace = Some(Vec::new());
+        let mut deltas = BTreeMap::new();
+        for r in (0..15).filter(|r| *r != 1) {
+            deltas.insert(r, net.nodes[r as usize].topology_changed(&failed).unwrap());
+            net.pump(r);
+        }
+        let d3 = &deltas[&3];
+        assert!(d3.promoted, "daemon 3 takes slot 1");
+        assert_eq!(d3.parent_changed, Some((Some(1), Some(0))));
+        assert_eq!(d3.children_added, vec![5]);
+        // Ops started inside the subtree that lacks K, while the repair settles.
+        let mut started = Vec::new();
+        for (i, origin) in [5u32, 13, 9].into_iter().enumerate() {
+            started.push(net.nodes[origin as usize].xcast(tags::USER, payload(K + 1 + i as u64, i == 1)));
+            net.pump(origin);
+            for _ in 0..net.rng.below(5) {
+                net.step();
+            }
+        }
+        net.run();
+
+        let total = K + 4;
+        let want: Vec<u64> = (0..total).collect();
+        let reference = net.delivered[0].clone();
+        for r in (0..15u32).filter(|r| *r != 1) {
+            let ids: Vec<u64> = net.delivered[r as usize].iter().map(|(op, _)| *op).collect();
+            assert_eq!(ids, want, "seed {seed}: daemon {r} delivered out of order, twice or not at all");
+            assert_eq!(net.delivered[r as usize], reference, "seed {seed}: daemon {r} payloads");
+        }
+        for r in (0..15u32).filter(|r| *r != 1) {
+            assert!(net.nodes[r as usize].is_quiescent(), "seed {seed}: daemon {r} not quiescent");
+        }
+        let done: BTreeSet<XcastId> = net.completed.iter().flatten().copied().collect();
+        for id in &started {
+            assert!(done.contains(id), "seed {seed}: xcast {id:?} never completed");
+        }
+        net.assert_driver_rules_kept();
+
+        // Where 5 got K from: its new parent 3, only after 3's new parent (the root) replayed
+        // K to it; 3 never sent K to 5 from a copy of its own.
+        let trace = net.trace.take().unwrap();
+        let is_fwd = |h: &Hop, from: u32, to: u32| {
+            h.from == from && h.to == to && matches!(&h.msg.body, Some(Body::Forward(f)) if f.op_id == K)
+        };
+        let replay_in = trace.iter().position(|h| is_fwd(h, 0, 3)).expect("the root replays K to 3");
+        let to_five: Vec<usize> = (0..trace.len()).filter(|&i| is_fwd(&trace[i], 3, 5)).collect();
+        assert!(!to_five.is_empty(), "seed {seed}: K never reached 5");
+        assert!(to_five[0] > replay_in, "seed {seed}: 3 sent K to 5 before the root replayed it to 3");
+        // The replay arrives in op order: the root never hands 3 an op before the ones below
+        // it (replays may repeat; the first time each op comes is ascending).
+        let mut from_root: Vec<u64> = trace
+            .iter()
+            .filter(|h| h.from == 0 && h.to == 3)
+            .filter_map(|h| match &h.msg.body {
+                Some(Body::Forward(f)) => Some(f.op_id),
+                _ => None,
+            })
+            .collect();
+        let mut seen = BTreeSet::new();
+        from_root.retain(|op| seen.insert(*op));
+        assert_eq!(from_root, (K..total).collect::<Vec<_>>(), "seed {seed}: what the root sent 3 after the repair");
+    }
 }
 
 #[test]
@@ -215,6 +427,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                     }
                 }
                 net.run();
+                net.assert_driver_rules_kept();
                 let reference: Vec<u64> = net.delivered[0].iter().map(|(op, _)| *op).collect();
                 for r in 0..n {
                     if net.dead.contains(&r) {

@@ -28,7 +28,7 @@
 //! use std::time::Duration;
 //! use dvm_tests::{assert_no_leftovers, wait_for_line, ChildGuard, FakeCluster, TestTag};
 //!
-//! dvm_tests::require_netns!(Ok(())); // prints `SKIP ...` and returns when not root
+//! dvm_tests::require_netns!(Ok(())); // records a skip and returns when not root
 //! let cluster = FakeCluster::new(4)?; // dropped last: kills what is left in the nodes
 //! let hostfile = std::env::temp_dir().join("hosts");
 //! cluster.write_hostfile(&hostfile, 2)?; // "dvm<k>n0 slots=2" ...
@@ -98,10 +98,34 @@ pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) 
     move |source| HarnessError::Io { context, source }
 }
 
-/// Returns from the current test with a `SKIP` line on stderr when fake clusters cannot be
-/// built here (not root, no usable `ip netns`). On a root machine with iproute2 it does
-/// nothing, so the test runs. `require_netns!(value)` returns `value` instead, for tests
-/// that return a `Result`.
+/// Environment variable naming a directory where a skipped test leaves a record
+/// (`scripts/test.sh` sets it and summarizes the records at the end).
+pub const SKIP_DIR_VAR: &str = "DVM_TEST_SKIP_DIR";
+
+/// Records that `test` is skipped because of `reason`, or fails it when this process is root:
+/// root (CI) can build fake clusters, so there a skip would hide a broken harness. The
+/// record is a line `test<TAB>reason` in a file of its own under `$DVM_TEST_SKIP_DIR` (when
+/// set) and a `SKIP` line on stderr.
+pub fn skip(test: &str, reason: &str) {
+    if nix::unistd::geteuid().is_root() {
+        panic!("{test}: running as root, so it must not skip, but: {reason}");
+    }
+    eprintln!("SKIP {test}: {reason}");
+    if let Some(dir) = std::env::var_os(SKIP_DIR_VAR) {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = std::path::Path::new(&dir).join(format!("{}-{n}.skip", std::process::id()));
+        let line = format!("{}\t{}\n", test, reason.replace(['\n', '\t'], " "));
+        if let Err(e) = std::fs::write(&file, line) {
+            panic!("{test}: cannot record its skip in {}: {e}", file.display());
+        }
+    }
+}
+
+/// Returns from the current test when fake clusters cannot be built here (not root, no
+/// usable `ip netns`), after recording the skip with [`skip`] (which fails the test instead
+/// when running as root). On a root machine with iproute2 it does nothing, so the test
+/// runs. `require_netns!(value)` returns `value` instead, for tests that return a `Result`.
 #[macro_export]
 macro_rules! require_netns {
     () => {
@@ -111,7 +135,8 @@ macro_rules! require_netns {
         if let Err(reason) = $crate::FakeCluster::availability() {
             // libtest names each test's thread after the test.
             let current = std::thread::current();
-            eprintln!("SKIP {}: {}", current.name().unwrap_or(module_path!()), reason);
+            let name = format!("{}::{}", module_path!(), current.name().unwrap_or("?"));
+            $crate::skip(&name, &reason);
             return $skipped;
         }
     };

@@ -71,7 +71,7 @@ fn harness_is_available_to_root() {
     if nix::unistd::geteuid().is_root() {
         assert_eq!(FakeCluster::availability(), Ok(()));
     } else {
-        eprintln!("SKIP harness_is_available_to_root: not root");
+        dvm_tests::skip("netns_harness::harness_is_available_to_root", "not root");
     }
 }
 

@@ -2,12 +2,12 @@
 //! `prun`, stopped with `pterm`; everything it started is killed by PID on drop.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dvm_tests::FakeCluster;
+use dvm_tests::{wait_for_line, FakeCluster, LineReader};
 
 pub const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
 pub const PRUN: &str = env!("CARGO_BIN_EXE_prun");
@@ -96,7 +96,12 @@ pub struct Dvm {
     /// The HNP and its daemons.
     pub pids: Vec<u32>,
     pub cluster: Option<FakeCluster>,
+    /// Keeps draining the HNP's stdout.
+    _stdout: LineReader,
 }
+
+/// Only guards against a hung boot; never what decides pass or fail.
+const BOOT_GUARD: Duration = Duration::from_secs(120);
 
 impl Dvm {
     /// Start a DVM; `env` goes to dvmd (and so to every daemon and proc).
@@ -129,17 +134,29 @@ impl Dvm {
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
         let mut hnp = cmd.spawn().unwrap();
-        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l == "DVM ready" => break,
-                Some(Ok(_)) => {}
-                _ => panic!("dvmd did not start: {}", std::fs::read_to_string(&log).unwrap_or_default()),
+        // Read on a thread (it keeps draining stdout), so the wait for the boot is bounded.
+        let stdout = match wait_for_line(hnp.stdout.take().unwrap(), "DVM ready", BOOT_GUARD) {
+            Ok((_, lines)) => lines,
+            Err(e) => {
+                let started = descendants(hnp.id());
+                let _ = hnp.kill();
+                let _ = hnp.wait();
+                for p in started {
+                    // SAFETY: plain kill(2) on what this dvmd started.
+                    unsafe {
+                        libc::kill(p as i32, libc::SIGKILL);
+                    }
+                }
+                if let Some(c) = &cluster {
+                    c.kill_all_in_netns();
+                }
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                let _ = std::fs::remove_dir_all(&root);
+                panic!("dvmd did not start: {e}\n{log}");
             }
-        }
-        std::thread::spawn(move || for _ in lines {});
+        };
         let pids = std::iter::once(hnp.id()).chain(descendants(hnp.id())).collect();
-        Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster }
+        Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster, _stdout: stdout }
     }
 
     pub fn prun(&self, args: &[&str]) -> Output {

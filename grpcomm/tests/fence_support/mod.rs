@@ -130,7 +130,11 @@ impl Net {
     }
 
     pub fn run(&mut self) {
-        while self.step() {}
+        let mut steps = 0u64;
+        while self.step() {
+            steps += 1;
+            assert!(steps < 10_000_000, "no quiescence after {steps} deliveries");
+        }
     }
 
     pub fn crash(&mut self, victim: Rank) {
@@ -169,7 +173,10 @@ impl Net {
     pub fn drive(&mut self, mut plans: Vec<VecDeque<FenceRequest>>, sequential: bool) {
         let mut started: Vec<usize> = self.done.iter().map(Vec::len).collect();
         let mut unrepaired: Vec<Rank> = Vec::new();
+        let mut rounds = 0u64;
         loop {
+            rounds += 1;
+            assert!(rounds < 10_000_000, "drive: no quiescence after {rounds} rounds");
             if let Some(&(at, victim)) = self.scheduled_crashes.first() {
                 if self.delivered >= at && unrepaired.is_empty() {
                     self.scheduled_crashes.remove(0);
