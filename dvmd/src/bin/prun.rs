@@ -13,7 +13,7 @@ use dvm_proto::control::{job_event, JobOutput, StdinMsg};
 use dvm_proto::job::StdinTarget;
 use dvmd::control::Client;
 use dvmd::prun_cli::{self, OneShot, PrunCommand};
-use dvmd::session::DvmUri;
+use dvmd::session::{self, Discovery, DvmUri};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -46,7 +46,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// A DVM started for this job only; terminated (and, failing that, killed) when dropped.
+/// A DVM started for this job only (`dvmd --private`: no other command discovers it);
+/// terminated (and, failing that, killed) when dropped.
 struct Transient {
     child: Option<tokio::process::Child>,
     uri: DvmUri,
@@ -72,7 +73,8 @@ impl Transient {
             }
         }
         // A job is coming at once: PMIx servers start during the boot, not with the job.
-        cmd.arg("--pmix-start").arg("eager");
+        // Private to this prun: no other command discovers it.
+        cmd.arg("--pmix-start").arg("eager").arg("--private");
         // Extra dvmd options for one-shot DVMs (e.g. "--radix 2 --launch-agent ...").
         if let Ok(extra) = std::env::var("PRUN_DVMD_ARGS") {
             cmd.args(shell_words(&extra));
@@ -209,27 +211,46 @@ impl Output {
     }
 }
 
+/// Where the job runs.
+enum Target {
+    Attach(DvmUri),
+    OneShot(OneShot),
+}
+
+/// `--local` always boots a one-shot DVM; `--dvm-uri` attaches. Otherwise prun attaches to the
+/// only persistent DVM of this user, boots a one-shot DVM from `--hostfile`/`--host` when none
+/// runs, and refuses to guess when several run. One-shot DVMs are private to their prun and
+/// never found here, so this choice never depends on another prun's job.
+fn choose_dvm(cmd: &PrunCommand) -> Result<Target> {
+    if let Some(one) = &cmd.one_shot {
+        return Ok(Target::OneShot(one.clone()));
+    }
+    if cmd.dvm_uri.is_some() {
+        return Ok(Target::Attach(DvmUri::resolve(cmd.dvm_uri.as_deref())?));
+    }
+    match session::discover() {
+        Discovery::One(uri) => Ok(Target::Attach(uri)),
+        Discovery::None { root } => match cmd.one_shot_candidate() {
+            Some(one) => Ok(Target::OneShot(one)),
+            None => bail!(
+                "no running DVM found under {} (start one with `dvmd --local N --daemonize`, pass --dvm-uri, \
+                 or give --local N for a one-shot DVM)",
+                root.display()
+            ),
+        },
+        several @ Discovery::Several { .. } => several.into_uri().map(Target::Attach),
+    }
+}
+
 async fn run(cmd: PrunCommand) -> Result<i32> {
     let mut transient = None;
-    let uri = if let Some(one) = &cmd.one_shot {
-        let t = Transient::start(one).await?;
-        let u = t.uri.clone();
-        transient = Some(t);
-        u
-    } else if cmd.dvm_uri.is_some() {
-        DvmUri::resolve(cmd.dvm_uri.as_deref())?
-    } else {
-        match DvmUri::resolve(None) {
-            Ok(u) => u,
-            Err(e) => match cmd.one_shot_candidate() {
-                Some(one) => {
-                    let t = Transient::start(&one).await?;
-                    let u = t.uri.clone();
-                    transient = Some(t);
-                    u
-                }
-                None => return Err(e.context("no DVM to run on (give --local N for a one-shot DVM)")),
-            },
+    let uri = match choose_dvm(&cmd)? {
+        Target::Attach(uri) => uri,
+        Target::OneShot(one) => {
+            let t = Transient::start(&one).await?;
+            let u = t.uri.clone();
+            transient = Some(t);
+            u
         }
     };
     let result = run_job(&cmd, uri).await;
