@@ -9,6 +9,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -34,6 +35,14 @@ impl Scratch {
     /// A path unique to this test, to put on a job's command line.
     fn marker(&mut self, what: &str) -> String {
         let m = format!("{}/{what}", self.root.display());
+        self.markers.push(m.clone());
+        m
+    }
+
+    /// A `sleep` duration of about 300 s unique to this test (`n` unique in this file), so the
+    /// job's processes can be found by command line.
+    fn sleep_marker(&mut self, n: u32) -> String {
+        let m = format!("300.{}{n:02}", std::process::id());
         self.markers.push(m.clone());
         m
     }
@@ -110,6 +119,14 @@ fn kill(pid: u32, sig: i32) {
     }
 }
 
+/// Signal a process group this test started (as a terminal does on Ctrl-C).
+fn kill_group(pgid: u32, sig: i32) {
+    // SAFETY: kill(2) on the process group of a prun this test started in its own group.
+    unsafe {
+        libc::kill(-(pgid as i32), sig);
+    }
+}
+
 /// Wait (at most `secs`) for `cond`; false if it never held.
 fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -164,6 +181,67 @@ fn parent_of(pid: u32) -> Option<u32> {
 /// The one-shot dvmd (HNP) that `prun` started.
 fn hnp_of(prun: u32) -> Option<u32> {
     children_of(prun).into_iter().find(|&c| cmdline(c).starts_with(DVMD))
+}
+
+// ------------------------------------------------------------------ case 3: early signals
+
+/// A SIGINT (to prun's whole process group, as a terminal's Ctrl-C) or a SIGTERM (to prun alone)
+/// at any moment of a one-shot job — during dvmd's start, its boot, the launch, or the job —
+/// gives 128 + signo and leaves nothing running. Only the exit status and the leftovers are
+/// asserted: which phase a delay lands in does not matter. A signal that lands before prun's
+/// `main` runs kills prun by that signal, which a shell reports as the same 128 + signo.
+#[test]
+fn a_signal_at_any_early_moment_gives_128_plus_signo_and_leaves_nothing() {
+    let mut s = Scratch::new("early");
+    let marker = s.sleep_marker(1);
+    let cases: Vec<(u64, i32, bool)> = [0u64, 5, 10, 20, 35, 50, 80, 150, 300, 600]
+        .iter()
+        .map(|&d| (d, libc::SIGINT, true))
+        .chain([10u64, 50, 300].iter().map(|&d| (d, libc::SIGTERM, false)))
+        .collect();
+    for (delay, sig, group) in cases {
+        let what = format!("signal {sig} {}after {delay} ms", if group { "to the process group " } else { "" });
+        let mut prun = s
+            .prun(&["--local", "4", "-n", "4", "sleep", &marker])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        if group {
+            kill_group(prun.id(), sig);
+        } else {
+            kill(prun.id(), sig);
+        }
+        let st = wait_prun(&mut prun, &what);
+        let err = stderr_of(&mut prun);
+        assert!(
+            st.code() == Some(128 + sig) || (st.code().is_none() && st.signal() == Some(sig)),
+            "{what}: prun ended with {st}, want status {}; stderr: {err}",
+            128 + sig
+        );
+        s.assert_clean(&what);
+    }
+}
+
+/// The common case, with the job's processes known to run: Ctrl-C gives 130, nothing is left.
+#[test]
+fn ctrl_c_during_a_one_shot_job_gives_130_and_leaves_nothing() {
+    let mut s = Scratch::new("ctrlc");
+    let marker = s.sleep_marker(2);
+    let mut prun = s
+        .prun(&["--local", "4", "--slots", "2", "-n", "8", "sleep", &marker])
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(60, || job_procs(&marker).len() == 8), "the job's 8 processes never ran");
+    kill_group(prun.id(), libc::SIGINT);
+    let st = wait_prun(&mut prun, "Ctrl-C");
+    assert_eq!(st.code(), Some(130), "{}", stderr_of(&mut prun));
+    s.assert_clean("Ctrl-C during the job");
 }
 
 // ------------------------------------------------------------------ case 8: private one-shots
