@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, children_of, descendants, procs_with, session_dirs, text, DVMD, PRUN, PTERM};
+use common::{alive, children_of, descendants, procs_with, session_dirs, text, Dvm, Nodes, DVMD, PRUN, PTERM};
 
 /// A session root for one test. Every process that carries it in `DVM_TMPDIR` (prun, dvmd and
 /// its daemons) or whose command line holds one of the markers (the job's processes) is killed
@@ -242,6 +242,69 @@ fn ctrl_c_during_a_one_shot_job_gives_130_and_leaves_nothing() {
     let st = wait_prun(&mut prun, "Ctrl-C");
     assert_eq!(st.code(), Some(130), "{}", stderr_of(&mut prun));
     s.assert_clean("Ctrl-C during the job");
+}
+
+// ------------------------------------------------------------------ case 4: closed stdout
+
+/// Read two lines of a job's endless output, then close the pipe (as `prun ... | head -2`):
+/// prun ends the job and exits 141 without any complaint about a signal.
+fn read_two_lines_then_close(mut prun: Child, what: &str) -> (ExitStatus, String) {
+    let mut out = BufReader::new(prun.stdout.take().unwrap());
+    for _ in 0..2 {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "{what}: the job printed nothing");
+    }
+    drop(out);
+    let st = wait_prun(&mut prun, what);
+    (st, stderr_of(&mut prun))
+}
+
+fn assert_quiet(what: &str, st: ExitStatus, err: &str) {
+    assert_eq!(st.code(), Some(141), "{what}: want the SIGPIPE status 141; stderr: {err}");
+    // Not a word from prun, nor about a signal nobody sent. (Lines the daemons log through
+    // tracing are theirs, not prun's.)
+    assert!(!err.lines().any(|l| l.starts_with("prun:")), "{what}: stderr: {err}");
+    assert!(!err.contains("signal") && !err.contains("killed"), "{what}: stderr: {err}");
+}
+
+#[test]
+fn a_closed_stdout_ends_a_one_shot_job_quietly_with_status_141() {
+    let mut s = Scratch::new("pipe1");
+    let marker = s.marker("pipe1");
+    let script = format!("while :; do echo line-$DVM_RANK; done # {marker}");
+    for tag in [false, true] {
+        let mut args = vec!["--local", "2", "-n", "2"];
+        if tag {
+            args.extend(["--output", "tag"]);
+        }
+        args.extend(["sh", "-c", &script]);
+        let prun = s.prun(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let what = format!("one-shot, tagged output {tag}");
+        let (st, err) = read_two_lines_then_close(prun, &what);
+        assert_quiet(&what, st, &err);
+        s.assert_clean(&what);
+    }
+}
+
+#[test]
+fn a_closed_stdout_ends_a_job_on_a_persistent_dvm_quietly_with_status_141() {
+    let dvm = Dvm::start("edge-pipe", Nodes::Local { daemons: 3, slots: 2 }, 2, &[]);
+    let marker = format!("{}/pipe2", dvm.root.display());
+    let script = format!("while :; do echo line-$DVM_RANK; done # {marker}");
+    let prun = Command::new(PRUN)
+        .args(["--dvm-uri", &dvm.uri, "-n", "4", "sh", "-c", &script])
+        .env("DVM_TMPDIR", &dvm.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (st, err) = read_two_lines_then_close(prun, "persistent DVM");
+    assert_quiet("persistent DVM", st, &err);
+    assert!(wait_until(20, || job_procs(&marker).is_empty()), "the job outlived prun");
+    dvm.assert_up();
+    assert!(dvm.leftover_procs().is_empty(), "processes left under the daemons: {:?}", dvm.leftover_procs());
+    dvm.stop();
 }
 
 // ------------------------------------------------------------------ case 8: private one-shots

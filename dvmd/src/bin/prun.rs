@@ -1,7 +1,8 @@
 //! `prun`: run a job on a DVM (a running one, or a transient one started for this job with
 //! `--local N`, `--hostfile F` or `--host list`, like `prterun`/`mpirun`). Exit status: 0, or
 //! the first failing process's status (signal death = 128 + signo); 128 + signo when SIGINT or
-//! SIGTERM reached prun before the job ended successfully; 1 when prun could not run the job.
+//! SIGTERM reached prun before the job ended successfully; 141 when prun's stdout was closed;
+//! 1 when prun could not run the job.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -19,6 +20,9 @@ use nix::sys::signal::{SigSet, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
+/// Exit status when prun's stdout was closed (a reader such as `head` went away), as for any
+/// filter killed by SIGPIPE.
+const CLOSED_STDOUT: i32 = 128 + libc::SIGPIPE;
 /// How long an orderly stop of a one-shot DVM may take before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(15);
 
@@ -413,27 +417,22 @@ fn shell_words(s: &str) -> Vec<String> {
     out
 }
 
-/// Writes job output: raw, or tagged per line `[job,rank]<stream>: line`.
+/// Writes job output: raw, or tagged per line `[job,rank]<stream>: line`. Once prun's stdout is
+/// closed, what would go there is dropped; errors on stderr are ignored.
 struct Output {
     jobid: u32,
     tag: bool,
     merge: bool,
     partial: HashMap<(u32, u32), Vec<u8>>,
+    stdout_closed: bool,
 }
 
 impl Output {
-    fn write(&mut self, o: JobOutput) -> std::io::Result<()> {
-        let stream = if self.merge { 1 } else { o.stream };
+    /// Write one chunk; true when this write found stdout closed.
+    fn write(&mut self, o: JobOutput) -> bool {
+        let to = if self.merge { 1 } else { o.stream };
         if !self.tag {
-            return if stream == 2 {
-                let mut e = std::io::stderr().lock();
-                e.write_all(&o.data)?;
-                e.flush()
-            } else {
-                let mut s = std::io::stdout().lock();
-                s.write_all(&o.data)?;
-                s.flush()
-            };
+            return self.put(to, &o.data);
         }
         let buf = self.partial.entry((o.rank, o.stream)).or_default();
         buf.extend_from_slice(&o.data);
@@ -441,37 +440,49 @@ impl Output {
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
             lines.push(buf.drain(..=nl).collect::<Vec<u8>>());
         }
+        let mut closed = false;
         for l in lines {
-            self.emit(o.rank, o.stream, stream, &l)?;
+            closed |= self.emit(o.rank, o.stream, to, &l);
         }
-        Ok(())
+        closed
     }
 
-    fn emit(&self, rank: u32, from: u32, to: u32, line: &[u8]) -> std::io::Result<()> {
+    fn emit(&mut self, rank: u32, from: u32, to: u32, line: &[u8]) -> bool {
         let name = if from == 2 { "stderr" } else { "stdout" };
         let mut text = format!("[{},{}]<{name}>: ", self.jobid, rank).into_bytes();
         text.extend_from_slice(line);
         if !text.ends_with(b"\n") {
             text.push(b'\n');
         }
+        self.put(to, &text)
+    }
+
+    /// Write to stream `to` (2: stderr, else stdout); true when this write found stdout closed.
+    fn put(&mut self, to: u32, data: &[u8]) -> bool {
         if to == 2 {
             let mut e = std::io::stderr().lock();
-            e.write_all(&text)?;
-            e.flush()
-        } else {
-            let mut s = std::io::stdout().lock();
-            s.write_all(&text)?;
-            s.flush()
+            let _ = e.write_all(data).and_then(|()| e.flush());
+            return false;
+        }
+        if self.stdout_closed {
+            return false;
+        }
+        let mut s = std::io::stdout().lock();
+        match s.write_all(data).and_then(|()| s.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.stdout_closed = true;
+                true
+            }
+            _ => false,
         }
     }
 
-    fn finish(&mut self) -> std::io::Result<()> {
+    fn finish(&mut self) {
         let rest: Vec<((u32, u32), Vec<u8>)> = self.partial.drain().filter(|(_, b)| !b.is_empty()).collect();
         for ((rank, from), line) in rest {
             let to = if self.merge { 1 } else { from };
-            self.emit(rank, from, to, &line)?;
+            self.emit(rank, from, to, &line);
         }
-        Ok(())
     }
 }
 
@@ -497,7 +508,13 @@ async fn run_job(cmd: &PrunCommand, head: &Head, signals: &mut Signals, mut pend
         return Ok(JobResult { code: 0, abandon: false });
     }
     let mut events = client.launch(spec.clone()).await?;
-    let mut out = Output { jobid: 0, tag: spec.tag_output, merge: spec.merge_stderr, partial: HashMap::new() };
+    let mut out = Output {
+        jobid: 0,
+        tag: spec.tag_output,
+        merge: spec.merge_stderr,
+        partial: HashMap::new(),
+        stdout_closed: false,
+    };
     let mut jobid = None;
     // The first SIGINT/SIGTERM: the job is killed, and prun never reports success after it.
     let mut interrupted: Option<i32> = None;
@@ -535,21 +552,24 @@ async fn run_job(cmd: &PrunCommand, head: &Head, signals: &mut Signals, mut pend
                 }
             }
             Some(job_event::Event::Output(o)) => {
-                if let Err(e) = out.write(o) {
-                    if let (std::io::ErrorKind::BrokenPipe, Some(j)) = (e.kind(), jobid) {
-                        forward_signal(uri, j, libc::SIGTERM).await;
-                    }
+                // The first write that finds stdout closed (nobody reads prun's output any
+                // more) ends the job, quietly, like a filter killed by SIGPIPE.
+                let closed_now = out.write(o);
+                if let (true, Some(j)) = (closed_now, jobid) {
+                    forward_signal(uri, j, libc::SIGTERM).await;
                 }
             }
-            Some(job_event::Event::Notice(n)) => eprintln!("prun: {}", n.text),
+            // Quiet once stdout is closed: the job ends because prun's reader went away.
+            Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
             Some(job_event::Event::Ended(e)) => {
-                let _ = out.finish();
+                out.finish();
                 if jobid.is_none() && !e.message.is_empty() {
                     // Refused before launch (mapping): the message is the reason.
                     eprintln!("prun: {}", e.message);
                 }
-                let code = match interrupted {
-                    Some(sig) if e.exit_code == 0 => 128 + sig,
+                let code = match (out.stdout_closed, interrupted) {
+                    (true, _) => CLOSED_STDOUT,
+                    (false, Some(sig)) if e.exit_code == 0 => 128 + sig,
                     _ => e.exit_code,
                 };
                 return Ok(JobResult { code, abandon: false });
