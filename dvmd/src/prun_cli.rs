@@ -34,6 +34,10 @@ one-shot DVM booted for it and private to it (--local, or --host/--hostfile when
 DVM is running). Everything after EXE is passed to it, up to a lone ':' that starts the next
 app (MPMD).
 
+Exit status: 0; the first failing process's status (killed by signal S: 128+S); 127 exec failure;
+124 --timeout; 130/143 prun got SIGINT/SIGTERM; 141 prun's stdout was closed; 125 the DVM's head
+process ended (or was lost) during the job; 1 prun could not run the job.
+
 App options (before each EXE; -x and --wdir before the first EXE apply to every app):
   -n, --np N                 number of processes of this app (default: fill the slots, or -N per node)
   -x VAR | VAR=value         export VAR from prun's environment, or set it to value

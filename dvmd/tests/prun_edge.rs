@@ -307,6 +307,66 @@ fn a_closed_stdout_ends_a_job_on_a_persistent_dvm_quietly_with_status_141() {
     dvm.stop();
 }
 
+// ------------------------------------------------------------------ case 6: HNP killed
+
+/// prun's whole stderr is one sentence saying the head process ended, naming its pid and URI;
+/// no transport text.
+fn assert_names_the_head(err: &str, hnp: u32, st: ExitStatus) {
+    assert_eq!(st.code(), Some(125), "want the lost-DVM status 125; stderr: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("prun:")).collect();
+    assert_eq!(lines.len(), 1, "want one line from prun: {err}");
+    let line = lines[0];
+    assert!(line.contains("head process ended during the job"), "{line}");
+    assert!(line.contains(&format!("pid {hnp}")) && line.contains("dvm://"), "{line}");
+    for raw in ["h2", "status:", "Unknown", "transport", "message:"] {
+        assert!(!line.contains(raw), "transport text '{raw}' in: {line}");
+    }
+}
+
+#[test]
+fn the_head_process_killed_during_a_job_on_a_persistent_dvm_is_named_in_one_sentence() {
+    let dvm = Dvm::start("edge-hnp", Nodes::Local { daemons: 3, slots: 2 }, 2, &[]);
+    let marker = format!("300.{}03", std::process::id());
+    let mut prun = Command::new(PRUN)
+        .args(["--dvm-uri", &dvm.uri, "-n", "6", "sleep", &marker])
+        .env("DVM_TMPDIR", &dvm.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(60, || job_procs(&marker).len() == 6), "the job's processes never ran");
+    let hnp = dvm.pids[0];
+    kill(hnp, libc::SIGKILL);
+    let st = wait_prun(&mut prun, "HNP killed");
+    let err = stderr_of(&mut prun);
+    assert_names_the_head(&err, hnp, st);
+    // Daemons and ranks end with the head; the head's session directory does not stay behind.
+    assert!(wait_until(20, || dvm.pids.iter().all(|&p| !alive(p))), "daemons outlived the HNP");
+    assert!(wait_until(20, || job_procs(&marker).is_empty()), "the job outlived the HNP");
+    assert!(wait_until(20, || session_dirs(&dvm.root).is_empty()), "left: {:?}", session_dirs(&dvm.root));
+}
+
+#[test]
+fn the_head_process_of_a_one_shot_dvm_killed_during_a_job_is_named_in_one_sentence() {
+    let mut s = Scratch::new("hnp2");
+    let marker = s.sleep_marker(4);
+    let mut prun = s
+        .prun(&["--local", "3", "-n", "3", "sleep", &marker])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(60, || job_procs(&marker).len() == 3), "the job's processes never ran");
+    let hnp = hnp_of(prun.id()).expect("prun's dvmd");
+    kill(hnp, libc::SIGKILL);
+    let st = wait_prun(&mut prun, "one-shot HNP killed");
+    let err = stderr_of(&mut prun);
+    assert_names_the_head(&err, hnp, st);
+    assert!(err.contains("killed by signal 9"), "{err}");
+    s.assert_clean("one-shot HNP killed");
+}
+
 // ------------------------------------------------------------------ case 8: private one-shots
 
 /// A job of `n` processes that runs until `flag` exists.

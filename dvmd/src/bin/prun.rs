@@ -2,10 +2,12 @@
 //! `--local N`, `--hostfile F` or `--host list`, like `prterun`/`mpirun`). Exit status: 0, or
 //! the first failing process's status (signal death = 128 + signo); 128 + signo when SIGINT or
 //! SIGTERM reached prun before the job ended successfully; 141 when prun's stdout was closed;
-//! 1 when prun could not run the job.
+//! 125 when the DVM failed under the job; 1 when prun could not run the job.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -20,6 +22,9 @@ use nix::sys::signal::{SigSet, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
+/// Exit status when the DVM failed under the job (its head process ended, or prun lost contact
+/// with it): the job's own outcome is unknown.
+const LOST_DVM: i32 = 125;
 /// Exit status when prun's stdout was closed (a reader such as `head` went away), as for any
 /// filter killed by SIGPIPE.
 const CLOSED_STDOUT: i32 = 128 + libc::SIGPIPE;
@@ -59,7 +64,8 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("prun: {e:#}");
-            ExitCode::from(1)
+            let code = if e.downcast_ref::<LostDvm>().is_some() { LOST_DVM } else { 1 };
+            ExitCode::from(code as u8)
         }
     }
 }
@@ -167,10 +173,68 @@ fn choose_dvm(cmd: &PrunCommand) -> Result<Target> {
     }
 }
 
-/// The DVM the job runs on.
+/// The DVM's head process as prun knows it, to say what happened when the DVM goes away.
 struct Head {
     uri: DvmUri,
+    /// Its pid (from the session directory's name; the HNP runs on this machine, where prun
+    /// reads the DVM secret).
+    pid: Option<u32>,
     one_shot: bool,
+}
+
+/// The DVM went away during the job.
+#[derive(Debug)]
+struct LostDvm {
+    uri: DvmUri,
+    pid: Option<u32>,
+    host: String,
+    /// The head process is gone (else prun only lost its connection to it).
+    hnp_ended: bool,
+    /// How the head process ended, when prun is its parent.
+    how: Option<String>,
+    /// What the transport said.
+    detail: String,
+}
+
+impl fmt::Display for LostDvm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.hnp_ended {
+            return write!(f, "lost contact with the DVM at {} during the job ({})", self.uri, self.detail);
+        }
+        write!(f, "the DVM's head process ended during the job (dvmd")?;
+        if let Some(pid) = self.pid {
+            write!(f, " pid {pid}")?;
+        }
+        write!(f, " on host {}", self.host)?;
+        if let Some(how) = &self.how {
+            write!(f, ", {how}")?;
+        }
+        write!(f, "; {})", self.uri)
+    }
+}
+
+impl std::error::Error for LostDvm {}
+
+impl Head {
+    /// Why the job's event stream broke: the head process ended (waited for up to 2 s), or not.
+    async fn lost(&self, detail: &str) -> LostDvm {
+        let hnp_ended = match self.pid {
+            Some(pid) => {
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while !session::process_gone(pid) && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                session::process_gone(pid)
+            }
+            None => !matches!(
+                tokio::time::timeout(Duration::from_secs(2), Client::connect(self.uri.clone())).await,
+                Ok(Ok(_))
+            ),
+        };
+        let host =
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+        LostDvm { uri: self.uri.clone(), pid: self.pid, host, hnp_ended, how: None, detail: detail.to_string() }
+    }
 }
 
 async fn run(cmd: PrunCommand) -> Result<i32> {
@@ -178,20 +242,34 @@ async fn run(cmd: PrunCommand) -> Result<i32> {
     let mut pending = Vec::new();
     match choose_dvm(&cmd)? {
         Target::Attach(uri) => {
-            let head = Head { uri, one_shot: false };
-            run_job(&cmd, &head, &mut signals, pending).await.map(|r| r.code)
+            let head = Head { pid: uri.hnp_pid(), uri, one_shot: false };
+            match run_job(&cmd, &head, &mut signals, pending).await {
+                Ok(r) => Ok(r.code),
+                Err(e) => {
+                    if let Some(lost) = e.downcast_ref::<LostDvm>() {
+                        // A head process that died cannot remove its own session directory.
+                        if lost.hnp_ended && head.pid.is_some() {
+                            let _ = std::fs::remove_dir_all(&head.uri.session);
+                        }
+                    }
+                    Err(e)
+                }
+            }
         }
         Target::OneShot(kind) => {
             let mut t = match Transient::start(&kind, &mut signals, &mut pending).await? {
                 Boot::Ready(t) => t,
                 Boot::Interrupted(sig) => return Ok(128 + sig),
             };
-            let head = Head { uri: t.uri.clone(), one_shot: true };
+            let head = Head { uri: t.uri.clone(), pid: Some(t.pgid), one_shot: true };
             let result = run_job(&cmd, &head, &mut signals, pending).await;
             let r = match result {
                 Ok(r) => r,
-                Err(e) => {
-                    if let Err(stop) = t.stop(&mut signals).await {
+                Err(mut e) => {
+                    if let Some(lost) = e.downcast_mut::<LostDvm>() {
+                        lost.how = t.how_it_ended().await;
+                        t.kill_all();
+                    } else if let Err(stop) = t.stop(&mut signals).await {
                         eprintln!("prun: {stop:#}");
                     }
                     return Err(e);
@@ -349,6 +427,17 @@ impl Transient {
                 Ok(Some(sig))
             }
         }
+    }
+
+    /// How the head process ended, if it has (waiting up to 2 s: its main thread shows as a
+    /// zombie while its other threads still exit).
+    async fn how_it_ended(&mut self) -> Option<String> {
+        let st = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await.ok()?.ok()?;
+        Some(match (st.code(), st.signal()) {
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "ended".to_string(),
+        })
     }
 
     /// Kill every process of the DVM on this machine (its process group), wait until they are
@@ -537,8 +626,10 @@ async fn run_job(cmd: &PrunCommand, head: &Head, signals: &mut Signals, mut pend
                 continue;
             }
         };
-        let Some(ev) = next.context("lost the DVM during the job")? else {
-            bail!("the DVM ended the job's output stream without a result");
+        let ev = match next {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return Err(head.lost("its job event stream ended without a result").await.into()),
+            Err(status) => return Err(head.lost(status.message()).await.into()),
         };
         match ev.event {
             Some(job_event::Event::Started(s)) => {
