@@ -29,9 +29,14 @@ use crate::hostfile::{self, HostfileError};
 pub const USAGE: &str = "\
 Usage: prun [job options] [app options] EXE [ARGS...] [: [app options] EXE [ARGS...]]...
 
-Runs a job on a running DVM, or on a one-shot DVM booted for it (--local, or --host/--hostfile
-when no DVM is running). Everything after EXE is passed to it, up to a lone ':' that starts
-the next app (MPMD).
+Runs a job on a running DVM (--dvm-uri, else the only persistent DVM of this user), or on a
+one-shot DVM booted for it and private to it (--local, or --host/--hostfile when no persistent
+DVM is running). Everything after EXE is passed to it, up to a lone ':' that starts the next
+app (MPMD).
+
+Exit status: 0; the first failing process's status (killed by signal S: 128+S); 127 exec failure;
+124 --timeout; 130/143 prun got SIGINT/SIGTERM; 141 prun's stdout was closed; 125 the DVM's head
+process ended (or was lost) during the job; 1 prun could not run the job.
 
 App options (before each EXE; -x and --wdir before the first EXE apply to every app):
   -n, --np N                 number of processes of this app (default: fill the slots, or -N per node)
@@ -93,7 +98,8 @@ pub enum OneShot {
 }
 
 impl PrunCommand {
-    /// The one-shot DVM to boot if no DVM is running: `--local`, else `--hostfile`, else `--host`.
+    /// The one-shot DVM to boot if no persistent DVM is running: `--local`, else `--hostfile`,
+    /// else `--host`.
     pub fn one_shot_candidate(&self) -> Option<OneShot> {
         if let Some(o) = &self.one_shot {
             return Some(o.clone());

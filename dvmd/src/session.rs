@@ -3,6 +3,11 @@
 //! The HNP's session directory (`<tmp>/dvm-<uid>/dvm-<pid>-<random>`, mode 0700) holds the DVM
 //! secret (`secret`, 0600), the contact URI (`uri`) and, when daemonized, the log. Every
 //! daemon removes its own session directory on exit.
+//!
+//! Discovery: a tool given no `--dvm-uri` attaches to the only persistent DVM of this user on
+//! this machine, i.e. the only session directory that holds a `uri` file and whose HNP is alive.
+//! A one-shot DVM (`dvmd --private`, started by `prun`) writes no `uri` file: it belongs to the
+//! `prun` that started it and is never discovered by any other command.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -20,18 +25,28 @@ pub fn session_root() -> PathBuf {
     base.join(format!("dvm-{}", nix::unistd::getuid()))
 }
 
+/// The process that owns a session directory, from its name `<tag>-<pid>-<random>`.
+pub fn owner_pid(dir: &Path) -> Option<u32> {
+    let name = dir.file_name()?.to_str()?;
+    let mut parts = name.rsplitn(3, '-');
+    let (Some(_rand), Some(pid), Some(_tag)) = (parts.next(), parts.next(), parts.next()) else { return None };
+    pid.parse().ok()
+}
+
+/// The process has ended: it does not exist, or it is a zombie nobody has reaped yet.
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
 /// Remove session directories of this user whose owner process is gone (a daemon killed with
 /// SIGKILL cannot clean up after itself). Names are `<tag>-<pid>-<random>`.
 pub fn sweep_stale() {
     let Ok(entries) = std::fs::read_dir(session_root()) else { return };
     for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let mut parts = name.rsplitn(3, '-');
-        let (Some(_rand), Some(pid)) = (parts.next(), parts.next()) else { continue };
-        let Ok(pid) = pid.parse::<i32>() else { continue };
-        let gone =
-            matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
-        if gone {
+        if owner_pid(&e.path()).is_some_and(process_gone) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -118,8 +133,14 @@ impl DvmUri {
         self.session.join("secret")
     }
 
-    /// Resolve the `--dvm-uri` argument: a URI, `file:PATH`, or (None) the only DVM of this
-    /// user on this machine.
+    /// The process id of this DVM's HNP (from its session directory's name), if it follows the
+    /// naming scheme.
+    pub fn hnp_pid(&self) -> Option<u32> {
+        owner_pid(&self.session)
+    }
+
+    /// Resolve the `--dvm-uri` argument: a URI, `file:PATH`, or (None) the only persistent DVM
+    /// of this user on this machine.
     pub fn resolve(arg: Option<&str>) -> Result<DvmUri> {
         match arg {
             Some(a) if a.starts_with("file:") => {
@@ -128,31 +149,58 @@ impl DvmUri {
                 DvmUri::parse(&text).with_context(|| format!("in DVM URI file {path}"))
             }
             Some(a) => DvmUri::parse(a),
-            None => {
-                let root = session_root();
-                let mut found = Vec::new();
-                if let Ok(entries) = std::fs::read_dir(&root) {
-                    for e in entries.flatten() {
-                        let uri = e.path().join("uri");
-                        if let Ok(text) = std::fs::read_to_string(&uri) {
-                            if let Ok(u) = DvmUri::parse(&text) {
-                                found.push(u);
-                            }
-                        }
-                    }
-                }
-                match found.len() {
-                    0 => bail!("no running DVM found under {} (start one with `dvmd --local N --daemonize`, or pass --dvm-uri)", root.display()),
-                    1 => Ok(found.remove(0)),
-                    _ => bail!(
-                        "{} DVMs found under {}; choose one with --dvm-uri: {}",
-                        found.len(),
-                        root.display(),
-                        found.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
-                    ),
-                }
-            }
+            None => discover().into_uri(),
         }
+    }
+}
+
+/// The persistent DVMs of this user on this machine that a tool may attach to unasked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovery {
+    None { root: PathBuf },
+    One(DvmUri),
+    Several { root: PathBuf, uris: Vec<DvmUri> },
+}
+
+impl Discovery {
+    /// The one DVM, or a one-sentence error saying there is none or naming every candidate.
+    pub fn into_uri(self) -> Result<DvmUri> {
+        match self {
+            Discovery::One(u) => Ok(u),
+            Discovery::None { root } => bail!(
+                "no running DVM found under {} (start one with `dvmd --local N --daemonize`, or pass --dvm-uri)",
+                root.display()
+            ),
+            Discovery::Several { uris, .. } => bail!(
+                "{} DVMs of this user are running ({}); choose one with --dvm-uri",
+                uris.len(),
+                uris.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
+/// Persistent DVMs of this user: session directories under [`session_root`] with a `uri` file
+/// whose HNP is alive (the `uri` of an HNP killed with SIGKILL stays behind and is skipped).
+/// One-shot DVMs write no `uri` file and are never found here.
+pub fn discover() -> Discovery {
+    let root = session_root();
+    let mut uris = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for e in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path().join("uri")) else { continue };
+            let Ok(u) = DvmUri::parse(&text) else { continue };
+            if u.hnp_pid().is_some_and(process_gone) {
+                continue;
+            }
+            uris.push(u);
+        }
+    }
+    uris.sort_by_key(|u| u.to_string());
+    match uris.len() {
+        0 => Discovery::None { root },
+        1 => Discovery::One(uris.remove(0)),
+        _ => Discovery::Several { root, uris },
     }
 }
 
@@ -177,5 +225,14 @@ mod tests {
         assert!(DvmUri::parse("http://x").is_err());
         assert!(DvmUri::parse("dvm://nohost").is_err());
         assert!(DvmUri::parse("dvm://a:b/tmp").unwrap_err().to_string().contains("'a:b'"));
+    }
+
+    #[test]
+    fn owner_pid_from_session_dir_names() {
+        assert_eq!(owner_pid(Path::new("/tmp/dvm-0/dvm-1234-0a1b2c3d")), Some(1234));
+        assert_eq!(owner_pid(Path::new("/tmp/dvm-0/dvmd-r7-99-0a1b2c3d")), Some(99));
+        assert_eq!(owner_pid(Path::new("/tmp/dvm-0/x")), None);
+        assert_eq!(owner_pid(Path::new("/tmp/dvm-0/dvm-x-0a1b2c3d")), None);
+        assert!(!process_gone(std::process::id()));
     }
 }

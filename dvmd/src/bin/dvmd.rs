@@ -81,6 +81,10 @@ struct Args {
     host_label: Option<String>,
     #[arg(long, hide = true)]
     daemonized_child: bool,
+    /// A one-shot DVM that belongs to the `prun` that started it: no `uri` file in the session
+    /// directory, so no other `prun`, `pterm` or `dvm-bench` discovers it.
+    #[arg(long, hide = true)]
+    private: bool,
 }
 
 fn main() -> ExitCode {
@@ -343,7 +347,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     };
     startup_timer.abort();
     if ready {
-        session::write_private(&session.uri_path(), &format!("{uri}\n"))?;
+        if !args.private {
+            session::write_private(&session.uri_path(), &format!("{uri}\n"))?;
+        }
         match args.report_uri.as_deref() {
             Some("-") => println!("{uri}"),
             Some(f) => session::write_private(std::path::Path::new(f), &format!("{uri}\n"))
