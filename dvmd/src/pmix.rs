@@ -9,6 +9,14 @@
 //!   with `PMIx_server_dmodex_request`.
 //! - abort: reply first, then the job fails once the aborting rank has exited (the order that
 //!   keeps libpmix healthy); log: the text reaches prun.
+//!
+//! Trap (libpmix 4.2.2, measured in docs/soak.md): the server never frees what it holds for a
+//! client once the client has connected — not when it disconnects, not on `deregister_client`
+//! or `deregister_nspace`; only `PMIx_server_finalize` does, and the server cannot be started
+//! again in the same process (its listener is set up once per process). With the shared-memory
+//! store (ds21, libpmix's default) that is ~39 KiB per 8-rank job on every daemon; ranks are
+//! therefore told to use the hash store ([`CLIENT_GDS`]), which leaves ~15 KiB. A job may
+//! still choose with `-x PMIX_GDS_MODULE=...`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -53,6 +61,11 @@ pub(crate) struct PmixHost {
 pub fn nspace_of(dvm: &str, jobid: u32) -> String {
     format!("dvm-{dvm}-job{jobid}")
 }
+
+/// The PMIx data store every rank uses (`PMIX_GDS_MODULE`). libpmix 4.2.2 keeps the
+/// shared-memory store's per-client records for the daemon's lifetime; the hash store keeps
+/// far less (docs/soak.md).
+pub const CLIENT_GDS: &str = "hash";
 
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
     match e {
@@ -203,6 +216,9 @@ impl Daemon {
                 return Vec::new();
             }
         };
+        // setup_fork offers every store libpmix has (the client picks the first): offer one.
+        env.retain(|(k, _)| k != "PMIX_GDS_MODULE");
+        env.push(("PMIX_GDS_MODULE".into(), CLIENT_GDS.into()));
         // Open MPI 4.1 treats a rank it did not start as a singleton without this.
         env.push(("OMPI_MCA_schizo".into(), "^orte".into()));
         if let Some(dir) = session {

@@ -64,6 +64,12 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
         ("PMIX_MCA_pmix_server_fence_localonly_opt", "0"),
     ];
     let dvm = Dvm::start(&name, nodes, radix, &env);
+    // Every rank is offered the hash store only: libpmix 4.2.2 keeps the shared-memory store's
+    // records of every client until the daemon exits (docs/soak.md).
+    let o = dvm.prun(&["-n", "8", "printenv", "PMIX_GDS_MODULE"]);
+    assert!(o.status.success(), "{}", out(&o).1);
+    let stores: Vec<String> = out(&o).0.lines().map(String::from).collect();
+    assert_eq!(stores, vec!["hash".to_string(); 8], "PMIX_GDS_MODULE of the ranks");
     check_programs(&dvm, &[]);
     // The MPI_Init modex collects; the two barriers do not; sequence numbers 0, 1, 2.
     let log = dvm.log();
