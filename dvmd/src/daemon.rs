@@ -56,7 +56,7 @@ type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
 
 /// Grace the HNP gives running jobs to end when the DVM is terminated, before it stops the
 /// daemons regardless.
-const TERMINATE_GRACE: Duration = Duration::from_secs(3);
+const TERMINATE_GRACE: Duration = Duration::from_millis(crate::jobs::KILL_GRACE.as_millis() as u64 + 2_000);
 
 /// HNP-only state of the shell (replies owed to control calls, boot bookkeeping).
 pub struct Hnp {
@@ -176,6 +176,11 @@ impl Daemon {
     /// The one place the core's effects are drained.
     fn drive(&mut self) {
         while let Some(input) = self.inbox.pop_front() {
+            if self.exit.is_some() {
+                // The core said this daemon ends: nothing queued may act any more.
+                self.inbox.clear();
+                return;
+            }
             let now = self.now();
             self.core.step(input, now);
             let effects: Vec<Effect> = self.core.drain().collect();
@@ -311,7 +316,8 @@ impl Daemon {
             Effect::DaemonsFailed { newly } => {
                 if self.hnp.is_some() {
                     for &r in &newly {
-                        eprintln!("dvmd: daemon {r} on host {} was lost", self.core.host_of(r));
+                        let why = self.core.loss_reason(r).unwrap_or("declared dead");
+                        eprintln!("dvmd: daemon {r} on host {} was lost: {why}", self.core.host_of(r));
                     }
                     self.jobs_lost_daemons(&newly.iter().copied().collect());
                     self.maybe_finish_tree_query();
@@ -495,6 +501,8 @@ impl Daemon {
             return;
         }
         self.terminating = true;
+        // Jobs that did not end within the grace still tell their prun why.
+        self.end_remaining_jobs();
         self.submit(CoreInput::Terminate);
     }
 

@@ -232,6 +232,17 @@ impl Daemon {
         self.submit(CoreInput::Xcast { tag: tags::JOB_CONTROL, payload: Bytes::from(ctl.encode_to_vec()) });
     }
 
+    /// HNP: the DVM stops now: every job still in the table tells its prun how it ended (its
+    /// first failure, or [`TERMINATED_EXIT`]) before the daemons go.
+    pub(crate) fn end_remaining_jobs(&mut self) {
+        for (jobid, job) in std::mem::take(&mut self.jobs.hnp) {
+            let (exit_code, message) = job
+                .first_failure
+                .unwrap_or_else(|| (TERMINATED_EXIT, format!("the DVM was terminated (pterm) while job {jobid} ran")));
+            let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
+        }
+    }
+
     /// HNP: the DVM is being terminated: end every running job with [`TERMINATED_EXIT`] and a
     /// sentence saying so. False when no job runs.
     pub(crate) fn end_jobs_for_termination(&mut self) -> bool {

@@ -51,6 +51,8 @@ pub struct HnpBench {
     errors: u64,
     first_error: String,
     issued: u64,
+    /// The daemon a ping benchmark talks to.
+    ping_peer: Option<Rank>,
 }
 
 /// Incompressible bytes (xorshift) with the fence index stamped in front, so an xcast
@@ -120,6 +122,7 @@ impl Core {
             errors: 0,
             first_error: String::new(),
             issued: 0,
+            ping_peer: None,
         });
         match kind {
             BenchKind::Xcast => self.next_bench_xcast(),
@@ -256,6 +259,14 @@ impl Core {
         let topo = self.g.topology();
         let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
         let Some(b) = self.hnp.as_ref().and_then(|h| h.bench.as_ref()) else { return };
+        if let Some(peer) = b.ping_peer.filter(|&p| b.kind == BenchKind::Ping && !topo.is_alive(p)) {
+            let text = format!("the ping benchmark lost its peer, {}", self.describe(&[peer]));
+            if let Some(h) = self.hnp.as_mut() {
+                h.bench = None;
+            }
+            self.out.push(Effect::BenchDone(Err(text)));
+            return;
+        }
         if matches!(b.kind, BenchKind::Xcast | BenchKind::Ping) {
             return;
         }
@@ -264,10 +275,10 @@ impl Core {
         }
     }
 
-    pub(crate) fn on_bench_xcast_done(&mut self) {
+    pub(crate) fn on_bench_xcast_done(&mut self, bench: u64) {
         let now = self.now;
         let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
-        if b.kind != BenchKind::Xcast {
+        if b.kind != BenchKind::Xcast || b.id != bench {
             return;
         }
         if let Some(t0) = b.started_at.take() {
@@ -286,8 +297,9 @@ impl Core {
         b.issued += 1;
         let payload = bench_data(0, b.issued, b.bytes);
         b.started_at = Some(now);
+        let bench = b.id;
         let id = self.g.xcast(dtags::BENCH_XCAST, payload);
-        self.xcast_owners.insert(id, XcastOwner::Core);
+        self.xcast_owners.insert(id, XcastOwner::BenchXcast(bench));
     }
 
     pub(crate) fn on_pong(&mut self) {
@@ -304,13 +316,21 @@ impl Core {
 
     fn next_bench_ping(&mut self) {
         let now = self.now;
-        let peer = if self.g.topology().size() > 1 { 1 } else { 0 };
+        let topo = self.g.topology();
+        let Some(peer) = (1..topo.size()).find(|&r| topo.is_alive(r)) else {
+            if let Some(h) = self.hnp.as_mut() {
+                h.bench = None;
+            }
+            self.out.push(Effect::BenchDone(Err("a ping benchmark needs a second live daemon".into())));
+            return;
+        };
         let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) else { return };
         if b.issued == b.count {
             self.finish_bench();
             return;
         }
         b.issued += 1;
+        b.ping_peer = Some(peer);
         let seq = b.issued;
         let payload = Bytes::from(vec![0u8; b.bytes as usize]);
         b.started_at = Some(now);

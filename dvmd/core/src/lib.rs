@@ -58,8 +58,10 @@ pub enum FenceOwner {
 /// Who asked for an xcast started on this daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XcastOwner {
-    /// The core itself (WIREUP, DAEMON_DIED, TERMINATE, benchmarks).
+    /// The core itself (WIREUP, DAEMON_DIED, TERMINATE).
     Core,
+    /// One xcast of the xcast benchmark with this id: its completion times it.
+    BenchXcast(u64),
     /// The shell, which wants no completion (job launch and control, tree queries).
     Shell,
 }
@@ -178,6 +180,11 @@ pub struct Core {
     /// Failed daemons already told to exit (each once).
     evicted: BTreeSet<Rank>,
     hnp_pid: Option<u32>,
+    /// The last grpcomm message encoded: forwards of one op to many children are encoded
+    /// once and share their bytes.
+    last_encoded: Option<(GrpcommMsg, Bytes)>,
+    /// HNP: why each daemon was declared lost (for the error text).
+    loss_reasons: BTreeMap<Rank, String>,
     out: Vec<Effect>,
     /// Frames dropped by the epoch check (for tests and the simulator).
     pub stale_frames: u64,
@@ -215,6 +222,8 @@ impl Core {
             bench: None,
             evicted: BTreeSet::new(),
             hnp_pid,
+            last_encoded: None,
+            loss_reasons: BTreeMap::new(),
             out: Vec::new(),
             stale_frames: 0,
         })
@@ -256,6 +265,10 @@ impl Core {
     pub fn owned_ops(&self) -> usize {
         self.fence_owners.len() + self.xcast_owners.len()
     }
+    /// HNP: why daemon `r` was declared lost.
+    pub fn loss_reason(&self, r: Rank) -> Option<&str> {
+        self.loss_reasons.get(&r).map(String::as_str)
+    }
     /// The HNP's pid (its own, or from WIREUP).
     pub fn hnp_pid(&self) -> Option<u32> {
         self.hnp_pid
@@ -283,7 +296,11 @@ impl Core {
             Input::Frame { from_peer, header, payload } => self.on_frame(from_peer, header, payload),
             Input::PeerLost { peer, reason } => self.on_peer_lost(peer, reason),
             Input::SendFailed { peer } => {
-                if self.g.topology().is_alive(peer) && !self.terminating {
+                if peer == 0 && self.me != 0 {
+                    let why = "cannot send to the HNP over the lifeline".to_string();
+                    let exit = if self.terminating { Exit::Terminated } else { Exit::LostHnp(why) };
+                    self.out.push(Effect::Exit(exit));
+                } else if peer < self.g.topology().size() && self.g.topology().is_alive(peer) {
                     self.g.peer_unreachable(peer);
                 }
             }
@@ -463,7 +480,11 @@ impl Core {
                 warn!(rank = c.rank, "check-in after WIREUP refused (daemon {} already known)", c.rank);
                 continue;
             }
-            c.epoch = epoch;
+            if c.rank == from_peer {
+                // The frame's own epoch is the one its origin runs with; a contact relayed
+                // for another daemon keeps the epoch it carries.
+                c.epoch = epoch;
+            }
             debug!(rank = c.rank, host = %c.host, addr = %c.addr, "daemon checked in");
             self.epochs.insert(c.rank, epoch);
             self.hosts.insert(c.rank, c.host.clone());
@@ -527,13 +548,18 @@ impl Core {
             self.out.push(Effect::Exit(exit));
             return;
         }
-        if self.terminating || peer >= self.g.topology().size() || !self.g.topology().is_alive(peer) {
+        if peer >= self.g.topology().size() || !self.g.topology().is_alive(peer) {
             return;
         }
         let topo = self.g.topology();
         let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
         if !neighbour {
             debug!(peer, "lost a non-tree connection: {reason}");
+            return;
+        }
+        if self.terminating {
+            // No repair any more, but TERMINATE's ACK rollup must not wait for it.
+            self.g.peer_unreachable(peer);
             return;
         }
         warn!(peer, "lost tree neighbour daemon {peer}: {reason}");
@@ -559,6 +585,7 @@ impl Core {
             return;
         }
         warn!(reporter, "daemon {} on host {} was lost: {}", lost.lost, self.host_of(lost.lost), lost.reason);
+        self.loss_reasons.insert(lost.lost, format!("{} (reported by daemon {reporter})", lost.reason));
         let mut failed: Vec<Rank> = topo.failed().iter().copied().collect();
         failed.push(lost.lost);
         // DAEMON_DIED stays on the tree and is processed before it is forwarded: it changes
@@ -619,6 +646,17 @@ impl Core {
         }
     }
 
+    fn encode_grpcomm(&mut self, msg: GrpcommMsg) -> Bytes {
+        if let Some((last, bytes)) = &self.last_encoded {
+            if *last == msg {
+                return bytes.clone();
+            }
+        }
+        let bytes = Bytes::from(msg.encode_to_vec());
+        self.last_encoded = Some((msg, bytes.clone()));
+        bytes
+    }
+
     /// Carry out grpcomm's effects: sends become frames, completions go to their owners.
     fn pump(&mut self) {
         loop {
@@ -629,8 +667,9 @@ impl Core {
             for e in effects {
                 match e {
                     G::Send { to, msg } => {
+                        let payload = self.encode_grpcomm(msg);
                         let header = self.header(to, Tag::Grpcomm);
-                        self.route(header, Bytes::from(msg.encode_to_vec()));
+                        self.route(header, payload);
                     }
                     G::Deliver { op_id, origin, tag, payload } => self.on_deliver(op_id, origin, tag, payload),
                     G::XcastComplete { id, .. } => self.on_xcast_complete(id),
@@ -679,8 +718,8 @@ impl Core {
             self.out.push(Effect::Terminated);
             return;
         }
-        if owner == Some(XcastOwner::Core) {
-            self.on_bench_xcast_done();
+        if let Some(XcastOwner::BenchXcast(b)) = owner {
+            self.on_bench_xcast_done(b);
         }
     }
 
