@@ -14,6 +14,9 @@
 //!   does not replay its own copies: its new parent replays in order, and every op it receives
 //!   (new or duplicate) goes on to each child whose last ack says it lacks it.
 //! - A child that cannot be reached is left out of the rollup instead of stalling it.
+//! - An op past a gap from a daemon that is not our parent (it applied a repair we have not:
+//!   when the repair travels as an op, DAEMON_DIED, it may sit behind that very gap) makes us
+//!   ask that daemon to replay from the gap.
 //!
 //! State is O(radix) per op: the op itself plus one ack level per child.
 
@@ -200,8 +203,16 @@ impl XcastState {
         }
     }
 
-    pub fn on_forward(&mut self, ctx: &mut Ctx<'_>, _from: Rank, m: XcastForward) {
+    pub fn on_forward(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastForward) {
         self.sync_children(ctx);
+        if m.op_id > self.next_deliver && ctx.topo.parent() != Some(from) && !self.buffered.contains_key(&m.op_id) {
+            // An op past a gap from a daemon that already took us as its child in a repair we
+            // have not applied: the ops in between died with our old parent. When the repair
+            // itself travels as an op (DAEMON_DIED), only that daemon can fill the gap: ask it
+            // to replay from there (it fetches what it no longer keeps from its parent).
+            debug!(from, held = self.next_deliver, op_id = m.op_id, "xcast gap: replay requested from new parent");
+            ctx.send(from, Body::Ack(XcastAck { held: self.next_deliver, keep: 0, ack_id: 0, is_request: true }));
+        }
         self.receive_op(ctx, m);
     }
 

@@ -1,5 +1,8 @@
-//! dvm-sim: a deterministic discrete-event simulator that runs N instances of the real
-//! `grpcomm::Grpcomm` state machines over `rml::topology` in one process.
+//! dvm-sim: a deterministic discrete-event simulator that runs, in one process, either N
+//! instances of the real `grpcomm::Grpcomm` state machines over `rml::topology` ([`engine`]),
+//! or N daemon cores (`dvm_core::Core`: routing, check-in and WIREUP, epochs, loss reports and
+//! DAEMON_DIED, eviction, fence and xcast owners, benchmarks) booted and driven through jobs
+//! and faults — kills, freezes, link cuts, HNP loss ([`daemons`], `--engine core`).
 //!
 //! Owns: virtual time (u64 ns); the carrier model (α + bytes·β per hop, the sender's egress and
 //! the receiver's ingress serialized, a per-message receive CPU cost, seeded jitter that keeps
@@ -10,7 +13,8 @@
 //!
 //! Never: a socket, a thread per daemon, a wall clock or a `HashMap` whose order could steer a
 //! run; never a protocol decision of its own (it only carries effects out, and acknowledges
-//! process-first deliveries right after recording them); never crashes rank 0 (the HNP).
+//! process-first deliveries right after recording them); the grpcomm engine never crashes
+//! rank 0 (the HNP) — the core engine does, and then every daemon must exit.
 //!
 //! Invariants: `(scenario, seed)` fixes the whole trace; a failing schedule prints the
 //! one-line `replay` command that reruns it exactly. Traps: a daemon's `state_bytes()` is
@@ -18,6 +22,7 @@
 //! still believes the peer alive.
 
 pub mod check;
+pub mod daemons;
 pub mod engine;
 pub mod net;
 pub mod project;
@@ -67,18 +72,23 @@ fn install_quiet_hook() {
     });
 }
 
-/// Run one scenario and check every invariant. A panic is reported as a violation.
-pub fn run(sc: &Scenario) -> Outcome {
+/// Run `f`, capturing a panic (and its message) instead of printing it.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> (Option<T>, String) {
     install_quiet_hook();
     QUIET.with(|q| *q.borrow_mut() = Some(String::new()));
-    let res = panic::catch_unwind(AssertUnwindSafe(|| engine::Engine::new(sc).run()));
+    let res = panic::catch_unwind(AssertUnwindSafe(f));
     let msg = QUIET.with(|q| q.borrow_mut().take()).unwrap_or_default();
-    match res {
-        Ok(trace) => {
+    (res.ok(), msg)
+}
+
+/// Run one scenario and check every invariant. A panic is reported as a violation.
+pub fn run(sc: &Scenario) -> Outcome {
+    match guarded(|| engine::Engine::new(sc).run()) {
+        (Some(trace), _) => {
             let violations = check::check(sc, &trace);
             Outcome { trace: Some(trace), violations }
         }
-        Err(_) => Outcome { trace: None, violations: vec![format!("panic: {msg}")] },
+        (None, msg) => Outcome { trace: None, violations: vec![format!("panic: {msg}")] },
     }
 }
 

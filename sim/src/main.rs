@@ -1,7 +1,10 @@
 //! dvm-sim: replay a generated schedule, run a campaign, or print α-β projections as CSV.
+//! `--engine grpcomm` (default) runs bare grpcomm state machines; `--engine core` runs the
+//! daemon cores (`dvm-core`) with their faults and workloads.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
 use dvm_sim::project::{project, Op, Row};
 use dvm_sim::{campaign, run, NetModel, Profile, Scenario};
 
@@ -12,18 +15,30 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Which state machines a schedule runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum EngineKind {
+    /// Bare grpcomm (profiles crash, clean).
+    Grpcomm,
+    /// The daemon core (profiles faults, clean, hnp).
+    Core,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Rerun one generated schedule exactly and print its violations (exit 1 if any).
     Replay {
+        #[arg(long, value_enum, default_value_t = EngineKind::Grpcomm)]
+        engine: EngineKind,
         #[arg(long)]
         seed: u64,
         #[arg(long)]
         n: u32,
         #[arg(long)]
         radix: u32,
-        #[arg(long, default_value = "crash")]
-        profile: Profile,
+        /// Default: crash (grpcomm), faults (core).
+        #[arg(long)]
+        profile: Option<String>,
         /// Also print the schedule and the trace summary.
         #[arg(long)]
         verbose: bool,
@@ -33,6 +48,8 @@ enum Cmd {
     },
     /// Run seeds `first..first+count` and print one replay line per failing seed.
     Campaign {
+        #[arg(long, value_enum, default_value_t = EngineKind::Grpcomm)]
+        engine: EngineKind,
         #[arg(long, default_value_t = 0)]
         first: u64,
         #[arg(long, default_value_t = 100)]
@@ -41,8 +58,9 @@ enum Cmd {
         n: u32,
         #[arg(long)]
         radix: u32,
-        #[arg(long, default_value = "crash")]
-        profile: Profile,
+        /// Default: crash (grpcomm), faults (core).
+        #[arg(long)]
+        profile: Option<String>,
         /// Print every violation of a failing seed, not only the first.
         #[arg(long)]
         verbose: bool,
@@ -79,7 +97,42 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Replay { seed, n, radix, profile, verbose, log } => {
+        Cmd::Replay { engine: EngineKind::Core, seed, n, radix, profile, verbose, log } => {
+            let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
+            replay_core(seed, n, radix, profile, verbose, log)?;
+        }
+        Cmd::Campaign { engine: EngineKind::Core, first, count, n, radix, profile, verbose } => {
+            let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
+            let rep = daemons::campaign(first..first + count, n, radix, profile);
+            for f in &rep.failures {
+                println!("FAIL {}  # {}", f.replay(), f.violations[0]);
+                if verbose {
+                    for v in &f.violations[1..] {
+                        println!("    {v}");
+                    }
+                }
+            }
+            println!(
+                "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} evictions, {} frames from dead daemons dropped: {} failing",
+                rep.runs,
+                rep.kills,
+                rep.step_kills,
+                rep.stops,
+                rep.cuts,
+                rep.hnp_losses,
+                rep.fences,
+                rep.benches,
+                rep.xcasts,
+                rep.evictions,
+                rep.dead_frames,
+                rep.failures.len()
+            );
+            if !rep.failures.is_empty() {
+                bail!("{} failing seed(s)", rep.failures.len());
+            }
+        }
+        Cmd::Replay { engine: EngineKind::Grpcomm, seed, n, radix, profile, verbose, log } => {
+            let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
             let sc = Scenario::generate(seed, n, radix, profile);
             if verbose {
                 println!("{sc:#?}");
@@ -114,7 +167,8 @@ fn main() -> Result<()> {
             }
             println!("ok: every invariant holds");
         }
-        Cmd::Campaign { first, count, n, radix, profile, verbose } => {
+        Cmd::Campaign { engine: EngineKind::Grpcomm, first, count, n, radix, profile, verbose } => {
+            let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
             let rep = campaign(first..first + count, n, radix, profile);
             for f in &rep.failures {
                 println!("FAIL {}  # {}", f.replay(), f.violations[0]);
@@ -192,5 +246,45 @@ fn main() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Rerun one generated daemon-core schedule and print its violations.
+fn replay_core(seed: u64, n: u32, radix: u32, profile: CoreProfile, verbose: bool, log: bool) -> Result<()> {
+    let sc = CoreScenario::generate(seed, n, radix, profile);
+    if verbose {
+        println!("{sc:#?}");
+    }
+    if log {
+        let (_, lines) = daemons::engine::CoreEngine::new(&sc).with_log().run_logged();
+        for l in lines {
+            println!("{l}");
+        }
+    }
+    let out = daemons::run(&sc);
+    if let Some(t) = &out.trace {
+        println!(
+            "seed {seed} n {n} radix {radix} profile {profile}: faults {:?}, {} fence calls, {} benchmarks, {} xcasts, {} frames, ready t={:?}, ended t={} ns (bound {} ns after the last fault at {})",
+            sc.faults.iter().map(|f| &f.kind).collect::<Vec<_>>(),
+            t.fence_calls.len(),
+            t.bench_starts.len(),
+            t.xcast_starts.len(),
+            t.stats.frames,
+            t.ready_at,
+            t.end_ns,
+            sc.bound_ns,
+            t.last_fault_at
+        );
+        if verbose {
+            println!("stats: {:?}\nends: {:?}\nfailed at the HNP: {:?}", t.stats, t.ends, t.final_failed.first());
+        }
+    }
+    for v in &out.violations {
+        println!("VIOLATION: {v}");
+    }
+    if !out.violations.is_empty() {
+        bail!("{} violation(s)", out.violations.len());
+    }
+    println!("ok: every invariant holds");
     Ok(())
 }

@@ -178,7 +178,7 @@ impl Core {
             let sig = b.sig.clone();
             self.bench = None;
             self.g.forget_fence_signature(&sig);
-            self.send_cmd(0, daemon_cmd::Body::BenchDone(done));
+            self.report_to_hnp(daemon_cmd::Body::BenchDone(done));
             return;
         }
         let i = b.next;

@@ -186,6 +186,9 @@ pub struct Core {
     /// HNP: why each daemon was declared lost (for the error text).
     loss_reasons: BTreeMap<Rank, String>,
     out: Vec<Effect>,
+    /// The daemon whose grpcomm frame (sent straight to us) is being handled: answers to it
+    /// go back on that link.
+    answering: Option<Rank>,
     /// Frames dropped by the epoch check (for tests and the simulator).
     pub stale_frames: u64,
 }
@@ -225,6 +228,7 @@ impl Core {
             last_encoded: None,
             loss_reasons: BTreeMap::new(),
             out: Vec::new(),
+            answering: None,
             stale_frames: 0,
         })
     }
@@ -332,6 +336,7 @@ impl Core {
             Input::Bench { kind, count, bytes } => self.start_bench(kind, count, bytes),
         }
         self.pump();
+        self.answering = None;
     }
 
     // ------------------------------------------------------------------ frames and routing
@@ -435,7 +440,12 @@ impl Core {
         }
         match Tag::try_from(header.tag as i32) {
             Ok(Tag::Grpcomm) => match GrpcommMsg::decode(payload) {
-                Ok(msg) => self.g.handle(header.origin, msg),
+                Ok(msg) => {
+                    // A neighbour that applied a repair before us (it took us as its child)
+                    // is not on our route to it yet: answer on the link it used.
+                    self.answering = (from_peer == header.origin).then_some(from_peer);
+                    self.g.handle(header.origin, msg)
+                }
                 Err(e) => warn!(from_peer, origin = header.origin, "undecodable grpcomm message: {e}"),
             },
             Ok(Tag::Checkin) => self.on_checkin(from_peer, header.epoch, payload),
@@ -564,12 +574,16 @@ impl Core {
         }
         warn!(peer, "lost tree neighbour daemon {peer}: {reason}");
         self.g.peer_unreachable(peer);
-        let lost = DaemonLost { lost: peer, reason };
+        self.report_to_hnp(daemon_cmd::Body::DaemonLost(DaemonLost { lost: peer, reason }));
+    }
+
+    /// A report the HNP must get (a loss, a benchmark's end): straight to it, never along the
+    /// tree, which may be broken at this very moment (a relay lost or cut off whose
+    /// DAEMON_DIED has not reached this daemon yet), and a routed command is never re-sent.
+    pub(crate) fn report_to_hnp(&mut self, body: daemon_cmd::Body) {
         if self.me == 0 {
-            self.on_daemon_lost(0, lost);
+            self.on_cmd(0, body);
         } else {
-            // Straight to the HNP: the tree may be broken at this very link.
-            let body = daemon_cmd::Body::DaemonLost(lost);
             let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
             self.transmit_direct(0, Tag::DaemonCmd, payload);
         }
@@ -666,6 +680,9 @@ impl Core {
             }
             for e in effects {
                 match e {
+                    G::Send { to, msg } if self.answering == Some(to) => {
+                        self.transmit_direct(to, Tag::Grpcomm, Bytes::from(msg.encode_to_vec()));
+                    }
                     G::Send { to, msg } => {
                         let payload = self.encode_grpcomm(msg);
                         let header = self.header(to, Tag::Grpcomm);

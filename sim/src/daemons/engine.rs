@@ -1,0 +1,910 @@
+//! The discrete-event engine over N `dvm_core::Core`s: the carrier of `Effect::Transmit`
+//! (one hop to `next_hop`, which steps `Input::Frame`), loss detection (heartbeats on tree
+//! links, closed sockets, failed sends), freezes, cuts and kills, and the workloads. One seeded
+//! RNG and one event heap ordered by `(time, insertion)`: a scenario fixes the whole trace.
+//!
+//! The loss model, for daemon `r` and peer `p`. `p` is *silent* to `r` when `p` is killed,
+//! exited or frozen, the link `r`-`p` is cut, or `p` has declared `r` dead (it stopped talking
+//! to it). A tree neighbour (in `r`'s own view) that is silent is reported to `r` as
+//! `PeerLost` one heartbeat bound later, if still silent then. A killed daemon's sockets are
+//! closed at once when the kill has `rst` (and always when a core exits): every connected peer
+//! gets `PeerLost` in order after the frames already on that link. A send to a dead daemon
+//! fails (`SendFailed`, after α, when its sockets were closed) and the connection gives up one
+//! heartbeat bound later (`PeerLost`). A frozen daemon queues every frame and socket close;
+//! when it resumes it works through its queue, then hears `PeerLost` at once from every tree
+//! neighbour still silent to it.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use bytes::Bytes;
+use dvm_core::{Core, CoreConfig, Effect, FenceOwner, Input};
+use dvm_grpcomm::{FenceRequest, Rank};
+use dvm_proto::control::BenchKind;
+use dvm_proto::daemon::{daemon_cmd, DaemonCmd};
+use dvm_proto::rml::{Contact, FrameHeader, Tag};
+use dvm_proto::Message;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::scenario::{CoreScenario, FaultKind, JOB_END, USER_XCAST};
+use super::trace::{CoreTrace, End, FenceCall};
+
+const MAX_EVENTS: u64 = 5_000_000;
+/// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
+/// receiver to declare the sender dead, then is dropped.
+const MAX_DELAY_ROUNDS: u32 = 20;
+
+#[derive(Debug, Clone)]
+enum Msg {
+    Frame {
+        header: FrameHeader,
+        payload: Bytes,
+        delayed: u32,
+    },
+    /// The sender closed its end of the connection (process ended).
+    Close,
+}
+
+#[derive(Debug)]
+enum Kind {
+    CheckIn { daemon: Rank },
+    Arrive { from: Rank, to: Rank, msg: Msg, sent_at: u64 },
+    Handle { from: Rank, to: Rank, msg: Msg },
+    Tick { daemon: Rank, at: u64 },
+    Lost { daemon: Rank, peer: Rank },
+    SendFailed { daemon: Rank, peer: Rank },
+    Fault { idx: usize },
+    Resume { daemon: Rank },
+    JobStep { job: usize, daemon: Rank, step: usize },
+    Bench { idx: usize },
+    Xcast { idx: usize },
+    JobEnd { job: usize },
+}
+
+struct Ev {
+    at: u64,
+    seq: u64,
+    kind: Kind,
+}
+impl PartialEq for Ev {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Stopped,
+    /// Killed; `rst`: its sockets were closed (sends to it are refused at once).
+    Dead {
+        rst: bool,
+    },
+}
+
+struct Node {
+    core: Core,
+    state: State,
+    /// Frames and closes that reached it while frozen, in arrival order.
+    queue: Vec<(Rank, Msg)>,
+    /// Workload inputs that came while frozen (its local clients waited).
+    deferred: Vec<Kind>,
+    egress_free: u64,
+    ingress_free: u64,
+    cpu_free: u64,
+    armed: BTreeSet<u64>,
+    /// Inputs stepped since ready.
+    steps: u64,
+    kill_at_step: Option<(u64, usize)>,
+    stopped_at: u64,
+}
+
+pub struct CoreEngine<'s> {
+    sc: &'s CoreScenario,
+    now: u64,
+    seq: u64,
+    heap: BinaryHeap<Ev>,
+    busy: u64,
+    nodes: Vec<Node>,
+    rng: StdRng,
+    link_last: BTreeMap<(Rank, Rank), u64>,
+    /// Pairs that have a connection (any frame went between them), `(min, max)`.
+    conns: BTreeSet<(Rank, Rank)>,
+    /// Cut links `(min, max)` and when each is (or will be) cut, with its lossy flag.
+    cut: BTreeSet<(Rank, Rank)>,
+    lossy_cuts: BTreeMap<(Rank, Rank), u64>,
+    /// `(daemon, peer)` with a loss detection pending.
+    detecting: BTreeSet<(Rank, Rank)>,
+    /// Whether any fault happened yet (loss detection work is skipped until then).
+    faulty: bool,
+    /// `(daemon, key) -> index in trace.fence_calls`.
+    pending: BTreeMap<(Rank, u64), usize>,
+    /// Members that finished each job's chain; whether its end was announced.
+    job_finished: Vec<BTreeSet<Rank>>,
+    job_ended: Vec<bool>,
+    /// `(p, r) -> time` daemon `p` applied the DAEMON_DIED that declared `r` dead.
+    declared: BTreeMap<(Rank, Rank), u64>,
+    log: Option<Vec<String>>,
+    pub trace: CoreTrace,
+}
+
+fn key_of(job: usize, step: usize) -> u64 {
+    ((job as u64) << 32) | step as u64
+}
+
+fn norm(a: Rank, b: Rank) -> (Rank, Rank) {
+    (a.min(b), a.max(b))
+}
+
+/// Whether a frame is the HNP's eviction notice.
+fn is_eviction(header: &FrameHeader, payload: &Bytes) -> bool {
+    header.tag == Tag::DaemonCmd as u32
+        && matches!(DaemonCmd::decode(payload.clone()), Ok(DaemonCmd { body: Some(daemon_cmd::Body::Evicted(_)) }))
+}
+
+impl<'s> CoreEngine<'s> {
+    pub fn new(sc: &'s CoreScenario) -> Self {
+        let nodes = (0..sc.n)
+            .map(|r| {
+                let cfg = CoreConfig {
+                    me: r,
+                    host: format!("n{r}"),
+                    epoch: (sc.seed.wrapping_mul(0x9E37_79B9) ^ (u64::from(r) << 20)) | 1,
+                    radix: sc.radix,
+                    size: sc.n,
+                    grpcomm: sc.cfg.clone(),
+                };
+                let own = (r == 0).then(|| contact(r));
+                Node {
+                    core: Core::new(cfg, own).expect("scenario geometry is valid"),
+                    state: State::Running,
+                    queue: Vec::new(),
+                    deferred: Vec::new(),
+                    egress_free: 0,
+                    ingress_free: 0,
+                    cpu_free: 0,
+                    armed: BTreeSet::new(),
+                    steps: 0,
+                    kill_at_step: None,
+                    stopped_at: 0,
+                }
+            })
+            .collect();
+        let n = sc.n as usize;
+        let trace = CoreTrace { deliveries: vec![Vec::new(); n], ends: vec![End::Running; n], ..CoreTrace::default() };
+        let mut e = CoreEngine {
+            sc,
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            busy: 0,
+            nodes,
+            rng: StdRng::seed_from_u64(sc.seed),
+            link_last: BTreeMap::new(),
+            conns: BTreeSet::new(),
+            cut: BTreeSet::new(),
+            lossy_cuts: BTreeMap::new(),
+            detecting: BTreeSet::new(),
+            faulty: false,
+            pending: BTreeMap::new(),
+            job_finished: vec![BTreeSet::new(); sc.jobs.len()],
+            job_ended: vec![false; sc.jobs.len()],
+            declared: BTreeMap::new(),
+            log: None,
+            trace,
+        };
+        for r in 1..sc.n {
+            let at = e.rng.gen_range(0..=sc.boot_stagger_ns);
+            e.push(at, Kind::CheckIn { daemon: r });
+        }
+        e
+    }
+
+    pub fn with_log(mut self) -> Self {
+        self.log = Some(Vec::new());
+        self
+    }
+
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if let Some(log) = &mut self.log {
+            log.push(format!("t={:>10} {}", self.now, line()));
+        }
+    }
+
+    fn push(&mut self, at: u64, kind: Kind) {
+        if !matches!(kind, Kind::Tick { .. }) {
+            self.busy += 1;
+        }
+        self.seq += 1;
+        self.heap.push(Ev { at: at.max(self.now), seq: self.seq, kind });
+    }
+
+    pub fn run(self) -> CoreTrace {
+        self.run_logged().0
+    }
+
+    pub fn run_logged(mut self) -> (CoreTrace, Vec<String>) {
+        let hard_stop = self.sc.bound_ns.saturating_mul(4);
+        while let Some(ev) = self.heap.pop() {
+            if !matches!(ev.kind, Kind::Tick { .. }) {
+                self.busy -= 1;
+            }
+            self.now = ev.at;
+            self.trace.stats.events += 1;
+            if self.now > hard_stop {
+                self.trace.engine_errors.push(format!(
+                    "still running at t={} ns, 4x past the bound of {} ns (livelock?)",
+                    self.now, self.sc.bound_ns
+                ));
+                break;
+            }
+            if self.trace.stats.events > MAX_EVENTS {
+                self.trace.engine_errors.push(format!("more than {MAX_EVENTS} events at t={} ns", self.now));
+                break;
+            }
+            self.event(ev.kind);
+            if self.busy == 0 && self.nodes.iter().all(|n| n.state != State::Running || n.core.grpcomm().is_quiescent())
+            {
+                break;
+            }
+        }
+        self.trace.end_ns = self.now;
+        for n in &self.nodes {
+            self.trace.final_failed.push(n.core.topology().failed().clone());
+            self.trace.final_owned.push(n.core.owned_ops());
+            self.trace.final_quiescent.push(n.core.grpcomm().is_quiescent());
+        }
+        (self.trace, self.log.unwrap_or_default())
+    }
+
+    fn running(&self, r: Rank) -> bool {
+        self.nodes[r as usize].state == State::Running
+    }
+
+    /// `p` says nothing to `r` (see the module docs).
+    fn silent(&self, r: Rank, p: Rank) -> bool {
+        self.nodes[p as usize].state != State::Running
+            || self.cut.contains(&norm(r, p))
+            || !self.nodes[p as usize].core.topology().is_alive(r)
+    }
+
+    /// Since when `p` has said nothing to `r` (only meaningful while [`Self::silent`]).
+    fn silent_since(&self, r: Rank, p: Rank) -> u64 {
+        let mut since = u64::MAX;
+        match (&self.trace.ends[p as usize], self.nodes[p as usize].state) {
+            (End::Killed(at) | End::Exited(at, _), _) => since = since.min(*at),
+            (_, State::Stopped) => since = since.min(self.nodes[p as usize].stopped_at),
+            _ => {}
+        }
+        if let Some(&(_, _, at)) = self.trace.cuts.iter().find(|c| norm(c.0, c.1) == norm(r, p)) {
+            since = since.min(at);
+        }
+        if let Some(&at) = self.declared.get(&(p, r)) {
+            since = since.min(at);
+        }
+        since
+    }
+
+    fn event(&mut self, kind: Kind) {
+        match kind {
+            Kind::CheckIn { daemon } => {
+                let c = contact(daemon);
+                self.drive(daemon, Input::CheckIn(c));
+            }
+            Kind::Arrive { from, to, msg, sent_at } => self.arrive(from, to, msg, sent_at),
+            Kind::Handle { from, to, msg } => self.handle(from, to, msg),
+            Kind::Tick { daemon, at } => {
+                self.nodes[daemon as usize].armed.remove(&at);
+                if self.running(daemon) {
+                    self.drive(daemon, Input::Tick);
+                }
+            }
+            Kind::Lost { daemon, peer } => {
+                self.detecting.remove(&(daemon, peer));
+                if self.running(daemon) && self.silent(daemon, peer) {
+                    self.peer_lost(daemon, peer, "heartbeat silence");
+                }
+            }
+            Kind::SendFailed { daemon, peer } => {
+                if self.running(daemon) {
+                    self.trace.stats.send_failed += 1;
+                    self.note(|| format!("d{daemon} SEND_FAILED d{peer}"));
+                    self.drive(daemon, Input::SendFailed { peer });
+                }
+            }
+            Kind::Fault { idx } => self.fault(idx),
+            Kind::Resume { daemon } => self.resume(daemon),
+            Kind::JobStep { job, daemon, step } => self.job_step(job, daemon, step),
+            Kind::JobEnd { job } => match self.nodes[0].state {
+                State::Running => {
+                    let payload = Bytes::from((job as u64).to_le_bytes().to_vec());
+                    self.note(|| format!("d0 JOB_END {job}"));
+                    self.drive(0, Input::Xcast { tag: JOB_END, payload });
+                }
+                State::Stopped => self.nodes[0].deferred.push(Kind::JobEnd { job }),
+                State::Dead { .. } => {}
+            },
+            Kind::Bench { idx } => {
+                if self.running(0) {
+                    let b = &self.sc.benches[idx];
+                    let input = Input::Bench { kind: BenchKind::Alternate, count: b.count, bytes: b.bytes };
+                    self.trace.bench_starts.push(self.now);
+                    self.note(|| format!("d0 BENCH {idx}"));
+                    self.drive(0, input);
+                } else if self.nodes[0].state == State::Stopped {
+                    self.nodes[0].deferred.push(Kind::Bench { idx });
+                }
+            }
+            Kind::Xcast { idx } => {
+                let x = &self.sc.xcasts[idx];
+                let (origin, tag, payload) = (x.origin, x.tag, x.payload.clone());
+                match self.nodes[origin as usize].state {
+                    State::Running => {
+                        self.trace.xcast_starts.push((origin, tag, payload.clone(), self.now));
+                        self.drive(origin, Input::Xcast { tag, payload });
+                    }
+                    State::Stopped => self.nodes[origin as usize].deferred.push(Kind::Xcast { idx }),
+                    State::Dead { .. } => {}
+                }
+            }
+        }
+    }
+
+    fn peer_lost(&mut self, daemon: Rank, peer: Rank, why: &str) {
+        self.trace.stats.peer_lost += 1;
+        self.note(|| format!("d{daemon} PEER_LOST d{peer} ({why})"));
+        self.drive(daemon, Input::PeerLost { peer, reason: why.to_string() });
+    }
+
+    // ------------------------------------------------------------------ the carrier
+
+    fn arrive(&mut self, from: Rank, to: Rank, msg: Msg, sent_at: u64) {
+        if matches!(msg, Msg::Frame { .. })
+            && matches!(self.nodes[from as usize].state, State::Dead { .. })
+            && self.trace.ends[from as usize].died_before(sent_at)
+        {
+            self.trace.stats.lost_frames += 1;
+            return; // still on the sender's NIC when it died: never left
+        }
+        match self.nodes[to as usize].state {
+            State::Dead { rst } => {
+                if let Msg::Frame { .. } = msg {
+                    self.trace.stats.lost_frames += 1;
+                    self.refused(from, to, rst);
+                }
+            }
+            State::Stopped => self.nodes[to as usize].queue.push((from, msg)),
+            State::Running => {
+                let n = &mut self.nodes[to as usize];
+                let at = n.cpu_free.max(self.now) + self.sc.net.cpu_ns;
+                n.cpu_free = at;
+                self.push(at, Kind::Handle { from, to, msg });
+            }
+        }
+    }
+
+    fn handle(&mut self, from: Rank, to: Rank, msg: Msg) {
+        match self.nodes[to as usize].state {
+            State::Dead { .. } => {}
+            State::Stopped => self.nodes[to as usize].queue.push((from, msg)),
+            State::Running => self.deliver(from, to, msg),
+        }
+    }
+
+    /// Hand one frame or close to a running daemon.
+    fn deliver(&mut self, from: Rank, to: Rank, msg: Msg) {
+        match msg {
+            Msg::Close => {
+                if from != to {
+                    self.peer_lost(to, from, "connection closed");
+                }
+            }
+            Msg::Frame { header, payload, delayed } => {
+                if delayed > 0 && self.nodes[to as usize].core.topology().is_alive(from) {
+                    // A frame held on a failing link comes out only once its receiver has
+                    // declared the sender dead (else it would overtake later frames).
+                    if delayed < MAX_DELAY_ROUNDS {
+                        let at = self.now + self.sc.heartbeat_ns;
+                        self.push(
+                            at,
+                            Kind::Handle { from, to, msg: Msg::Frame { header, payload, delayed: delayed + 1 } },
+                        );
+                    } else {
+                        self.trace.stats.lost_frames += 1;
+                    }
+                    return;
+                }
+                self.note(|| format!("d{to} <- d{from} {}", describe(&header, &payload)));
+                self.drive(to, Input::Frame { from_peer: from, header, payload });
+            }
+        }
+    }
+
+    /// A frame reached a dead daemon: refused at once if its sockets were closed; the
+    /// connection gives up one heartbeat bound later either way.
+    fn refused(&mut self, from: Rank, to: Rank, rst: bool) {
+        if matches!(self.nodes[from as usize].state, State::Dead { .. }) {
+            return;
+        }
+        if rst {
+            self.push(self.now + self.sc.net.alpha_ns, Kind::SendFailed { daemon: from, peer: to });
+        }
+        self.detect(from, to);
+    }
+
+    /// Report `peer` lost to `daemon` one heartbeat bound (plus jitter) from now, if it is
+    /// still silent then.
+    fn detect(&mut self, daemon: Rank, peer: Rank) {
+        if self.detecting.insert((daemon, peer)) {
+            let j = self.rng.gen_range(0..=self.sc.detect_jitter_ns);
+            self.push(self.now + self.sc.heartbeat_ns + j, Kind::Lost { daemon, peer });
+        }
+    }
+
+    /// Heartbeats: every tree neighbour of `r` (in its own view) that is silent is detected.
+    fn watch(&mut self, r: Rank) {
+        if !self.faulty || !self.running(r) {
+            return;
+        }
+        let topo = self.nodes[r as usize].core.topology();
+        let mut peers: Vec<Rank> = topo.children().to_vec();
+        peers.extend(topo.parent());
+        for p in peers {
+            if self.silent(r, p) {
+                self.detect(r, p);
+            }
+        }
+    }
+
+    fn transmit(&mut self, from: Rank, to: Rank, header: FrameHeader, payload: Bytes) {
+        if to == from || to >= self.sc.n {
+            self.trace
+                .engine_errors
+                .push(format!("daemon {from}: Transmit to next hop {to} (tag {}, dst {})", header.tag, header.dst));
+            return;
+        }
+        self.conns.insert(norm(from, to));
+        let link = norm(from, to);
+        if self.cut.contains(&link) {
+            self.trace.stats.lost_frames += 1;
+            self.detect(from, to);
+            return;
+        }
+        if let State::Dead { rst } = self.nodes[to as usize].state {
+            self.trace.stats.lost_frames += 1;
+            self.refused(from, to, rst);
+            return;
+        }
+        let bytes = header.encoded_len() + payload.len();
+        let mut copies = 1;
+        let mut delayed = 0;
+        if let Some(&cut_at) = self.lossy_cuts.get(&link) {
+            // The last few round trips before a lossy cut: frames vanish, double or stall.
+            if self.now + 8 * self.sc.net.alpha_ns >= cut_at {
+                match self.rng.gen_range(0..4) {
+                    0 => {
+                        self.trace.stats.lost_frames += 1;
+                        return;
+                    }
+                    1 => {
+                        self.trace.stats.duplicated += 1;
+                        copies = 2;
+                    }
+                    2 => {
+                        self.trace.stats.delayed += 1;
+                        delayed = 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for _ in 0..copies {
+            let msg = Msg::Frame { header, payload: payload.clone(), delayed };
+            if delayed > 0 {
+                let at = self.now + 2 * self.sc.heartbeat_ns + self.sc.detect_jitter_ns;
+                self.push(at, Kind::Handle { from, to, msg });
+            } else {
+                self.link_send(from, to, msg, bytes);
+            }
+        }
+    }
+
+    fn link_send(&mut self, from: Rank, to: Rank, msg: Msg, bytes: usize) {
+        let net = &self.sc.net;
+        let wire = net.wire_ns(bytes);
+        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
+        let sender = &mut self.nodes[from as usize];
+        let start = sender.egress_free.max(self.now);
+        sender.egress_free = start + wire;
+        let mut arrive = start + wire + net.alpha_ns + jitter;
+        if net.ingress_serialized {
+            let recv = &mut self.nodes[to as usize];
+            arrive = arrive.max(recv.ingress_free + wire);
+            recv.ingress_free = arrive;
+        }
+        let last = self.link_last.entry((from, to)).or_insert(0);
+        arrive = arrive.max(*last);
+        *last = arrive;
+        self.trace.stats.frames += 1;
+        self.trace.stats.bytes += bytes as u64;
+        self.push(arrive, Kind::Arrive { from, to, msg, sent_at: start });
+    }
+
+    // ------------------------------------------------------------------ faults
+
+    fn fault(&mut self, idx: usize) {
+        let f = self.sc.faults[idx].kind.clone();
+        self.faulty = true;
+        self.trace.last_fault_at = self.now;
+        self.note(|| format!("FAULT {f:?}"));
+        match f {
+            FaultKind::Kill { rank, rst } => self.kill(rank, rst),
+            FaultKind::KillAtStep { rank, step, carried } => {
+                let n = &mut self.nodes[rank as usize];
+                n.kill_at_step = Some((n.steps + step, carried));
+            }
+            FaultKind::Stop { rank, for_ns } => {
+                if self.running(rank) {
+                    self.nodes[rank as usize].state = State::Stopped;
+                    self.nodes[rank as usize].stopped_at = self.now;
+                    self.trace.stops.push((rank, self.now, self.now + for_ns));
+                    self.push(self.now + for_ns, Kind::Resume { daemon: rank });
+                }
+            }
+            FaultKind::Cut { a, b, .. } => {
+                self.cut.insert(norm(a, b));
+                self.trace.cuts.push((a, b, self.now));
+                // Both ends notice: the connection breaks (or never comes up).
+                for (x, y) in [(a, b), (b, a)] {
+                    if self.running(x) {
+                        self.detect(x, y);
+                    }
+                }
+            }
+        }
+        for r in 0..self.sc.n {
+            self.watch(r);
+        }
+    }
+
+    fn kill(&mut self, r: Rank, rst: bool) {
+        if matches!(self.nodes[r as usize].state, State::Dead { .. }) {
+            return;
+        }
+        self.note(|| format!("KILL d{r} rst {rst}"));
+        self.nodes[r as usize].state = State::Dead { rst };
+        self.nodes[r as usize].queue.clear();
+        self.trace.ends[r as usize] = End::Killed(self.now);
+        self.faulty = true;
+        self.trace.last_fault_at = self.trace.last_fault_at.max(self.now);
+        if rst {
+            self.close_all(r);
+        }
+        for p in 0..self.sc.n {
+            self.watch(p);
+        }
+    }
+
+    /// `r`'s process ended: every connected peer sees its socket close.
+    fn close_all(&mut self, r: Rank) {
+        let peers: Vec<Rank> =
+            self.conns.iter().filter(|&&(a, b)| a == r || b == r).map(|&(a, b)| if a == r { b } else { a }).collect();
+        for p in peers {
+            if !matches!(self.nodes[p as usize].state, State::Dead { .. }) && !self.cut.contains(&norm(r, p)) {
+                self.link_send(r, p, Msg::Close, 0);
+            }
+        }
+    }
+
+    fn resume(&mut self, r: Rank) {
+        if self.nodes[r as usize].state != State::Stopped {
+            return;
+        }
+        self.note(|| format!("RESUME d{r}"));
+        self.nodes[r as usize].state = State::Running;
+        let queue = std::mem::take(&mut self.nodes[r as usize].queue);
+        for (from, msg) in queue {
+            if !self.running(r) {
+                return;
+            }
+            self.deliver(from, r, msg);
+        }
+        if !self.running(r) {
+            return;
+        }
+        // Its heartbeat bound passed while it was frozen for every neighbour silent since
+        // before then; the others are detected in the usual way.
+        let topo = self.nodes[r as usize].core.topology();
+        let mut peers: Vec<Rank> = topo.children().to_vec();
+        peers.extend(topo.parent());
+        for p in peers {
+            if !self.running(r) || !self.silent(r, p) {
+                continue;
+            }
+            if self.silent_since(r, p) + self.sc.heartbeat_ns <= self.now {
+                self.peer_lost(r, p, "heartbeat silence while frozen");
+            } else {
+                self.detect(r, p);
+            }
+        }
+        if self.running(r) {
+            self.drive(r, Input::Tick);
+        }
+        for k in std::mem::take(&mut self.nodes[r as usize].deferred) {
+            self.push(self.now, k);
+        }
+    }
+
+    // ------------------------------------------------------------------ workloads
+
+    fn on_ready(&mut self) {
+        if self.trace.ready_at.is_some() {
+            return;
+        }
+        let t0 = self.now;
+        self.trace.ready_at = Some(t0);
+        self.trace.last_fault_at = t0;
+        for n in &mut self.nodes {
+            n.steps = 0;
+        }
+        let sc = self.sc;
+        for (j, job) in sc.jobs.iter().enumerate() {
+            for (&daemon, &at) in job.members.iter().zip(&job.first_start) {
+                self.push(t0 + at, Kind::JobStep { job: j, daemon, step: 0 });
+            }
+        }
+        for (i, b) in sc.benches.iter().enumerate() {
+            self.push(t0 + b.at, Kind::Bench { idx: i });
+        }
+        for (i, x) in sc.xcasts.iter().enumerate() {
+            self.push(t0 + x.at, Kind::Xcast { idx: i });
+        }
+        for (i, f) in sc.faults.iter().enumerate() {
+            if let FaultKind::Cut { a, b, lossy: true } = f.kind {
+                self.lossy_cuts.insert(norm(a, b), t0 + f.at);
+            }
+            self.push(t0 + f.at, Kind::Fault { idx: i });
+        }
+    }
+
+    fn job_step(&mut self, job: usize, daemon: Rank, step: usize) {
+        match self.nodes[daemon as usize].state {
+            State::Dead { .. } => return,
+            State::Stopped => {
+                self.nodes[daemon as usize].deferred.push(Kind::JobStep { job, daemon, step });
+                return;
+            }
+            State::Running => {}
+        }
+        let plan = &self.sc.jobs[job];
+        let data = plan.contribution(job, step, daemon);
+        let req = FenceRequest { sig: plan.sig.clone(), collect: plan.steps[step], data: data.clone(), timeout: None };
+        let key = key_of(job, step);
+        self.pending.insert((daemon, key), self.trace.fence_calls.len());
+        self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.now, done: None });
+        self.note(|| format!("d{daemon} FENCE job {job} step {step}"));
+        self.drive(daemon, Input::Fence { owner: FenceOwner::Pmix(key), req });
+    }
+
+    fn fence_done(&mut self, daemon: Rank, key: u64, result: Result<Bytes, dvm_grpcomm::FenceError>) {
+        let Some(idx) = self.pending.remove(&(daemon, key)) else {
+            self.trace.engine_errors.push(format!("daemon {daemon}: FenceDone for key {key:#x} with no fence pending"));
+            return;
+        };
+        let ok = result.is_ok();
+        let call = &mut self.trace.fence_calls[idx];
+        call.done = Some((self.now, result));
+        let (job, next) = (call.job, call.step + 1);
+        if ok && next < self.sc.jobs[job].steps.len() {
+            let think = self.rng.gen_range(0..=self.sc.think_ns);
+            self.push(self.now + think, Kind::JobStep { job, daemon, step: next });
+        } else {
+            self.job_finished[job].insert(daemon);
+            self.maybe_end_jobs();
+        }
+    }
+
+    /// A job ends once every member still alive finished its chain: the HNP announces it and
+    /// every daemon forgets the job's signature.
+    fn maybe_end_jobs(&mut self) {
+        if !self.running(0) {
+            return;
+        }
+        for j in 0..self.sc.jobs.len() {
+            if self.job_ended[j] {
+                continue;
+            }
+            let done = self.sc.jobs[j].members.iter().all(|&m| {
+                self.job_finished[j].contains(&m)
+                    || matches!(self.nodes[m as usize].state, State::Dead { .. })
+                    || !self.nodes[0].core.topology().is_alive(m)
+            });
+            if done {
+                self.job_ended[j] = true;
+                self.push(self.now, Kind::JobEnd { job: j });
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ the shell
+
+    /// Step `input` on daemon `r` and carry out its effects (and the inputs they cause) in
+    /// order, as the daemon's shell does.
+    fn drive(&mut self, r: Rank, input: Input) {
+        let mut inbox = VecDeque::from([input]);
+        while let Some(input) = inbox.pop_front() {
+            if !self.running(r) {
+                return;
+            }
+            let probe = match &input {
+                Input::Frame { from_peer, header, payload } => {
+                    let topo = self.nodes[r as usize].core.topology();
+                    let dead_hop = *from_peer != r && !topo.is_alive(*from_peer);
+                    let dead_origin =
+                        header.origin != r && header.origin < topo.size() && !topo.is_alive(header.origin);
+                    (dead_hop || dead_origin).then(|| (*from_peer, *header, is_eviction(header, payload)))
+                }
+                _ => None,
+            };
+            let node = &mut self.nodes[r as usize];
+            let stale_before = node.core.stale_frames;
+            node.core.step(input, self.now);
+            let mut effects: Vec<Effect> = node.core.drain().collect();
+            node.steps += 1;
+            let crash = match node.kill_at_step {
+                Some((at, carried)) if node.steps > at => {
+                    node.kill_at_step = None;
+                    effects.truncate(carried);
+                    true
+                }
+                _ => false,
+            };
+            if let Some((from, header, eviction)) = probe {
+                self.trace.stats.dead_frames += 1;
+                let admitted = self.nodes[r as usize].core.stale_frames == stale_before;
+                let only_notice = effects.iter().all(|e| {
+                    matches!(e, Effect::Transmit { next_hop, header: h, .. }
+                        if *next_hop == from && h.tag == Tag::DaemonCmd as u32)
+                });
+                if (admitted && !(eviction && effects.is_empty())) || !only_notice {
+                    self.trace.engine_errors.push(format!(
+                        "daemon {r} at t={}: a frame from daemon {from} (origin {}, tag {}), declared dead here, \
+                         was admitted or acted on ({} effects)",
+                        self.now,
+                        header.origin,
+                        header.tag,
+                        effects.len()
+                    ));
+                }
+            }
+            for e in effects {
+                self.apply(r, e, &mut inbox);
+            }
+            if crash {
+                self.kill(r, true);
+                return;
+            }
+            if !self.running(r) {
+                return;
+            }
+            if let Some(d) = self.nodes[r as usize].core.next_deadline() {
+                if self.nodes[r as usize].armed.insert(d) {
+                    self.push(d, Kind::Tick { daemon: r, at: d });
+                }
+            }
+            self.watch(r);
+        }
+    }
+
+    fn apply(&mut self, r: Rank, e: Effect, inbox: &mut VecDeque<Input>) {
+        match e {
+            Effect::Transmit { next_hop, header, payload } => self.transmit(r, next_hop, header, payload),
+            Effect::SetContacts(_) | Effect::ScatterDeliver { .. } | Effect::Cmd { .. } => {}
+            Effect::Ready => {
+                self.note(|| "READY".into());
+                if r == 0 {
+                    self.on_ready();
+                } else {
+                    self.trace.engine_errors.push(format!("daemon {r} reported Ready: only the HNP does"));
+                }
+            }
+            Effect::Deliver { tag, payload } => {
+                if tag == JOB_END {
+                    let j = payload.get(..8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().unwrap()));
+                    match self.sc.jobs.get(j as usize) {
+                        Some(job) => inbox.push_back(Input::ForgetFence(job.sig.clone())),
+                        None => self.trace.engine_errors.push(format!("daemon {r}: JOB_END for unknown job {j}")),
+                    }
+                } else if tag >= USER_XCAST {
+                    self.trace.deliveries[r as usize].push((tag, payload));
+                }
+            }
+            Effect::DaemonsFailed { newly } => {
+                self.note(|| format!("d{r} DAEMONS_FAILED {newly:?}"));
+                for x in newly {
+                    // x hears nothing more from r.
+                    self.declared.entry((r, x)).or_insert(self.now);
+                    self.watch(x);
+                }
+                if r == 0 {
+                    self.maybe_end_jobs();
+                }
+            }
+            Effect::FenceDone { key, result } => {
+                self.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
+                self.fence_done(r, key, result);
+            }
+            Effect::BenchDone(res) => {
+                self.note(|| format!("d{r} BENCH_DONE {res:?}"));
+                if r != 0 {
+                    self.trace.engine_errors.push(format!("daemon {r} answered a benchmark: only the HNP does"));
+                }
+                self.trace.bench_dones.push((self.now, res));
+            }
+            Effect::Terminated => {}
+            Effect::Exit(exit) => {
+                self.note(|| format!("d{r} EXIT {exit:?}"));
+                if self.trace.ends[r as usize] == End::Running {
+                    self.trace.ends[r as usize] = End::Exited(self.now, exit);
+                }
+                // The process ends once this batch of effects is carried out.
+                self.nodes[r as usize].state = State::Dead { rst: true };
+                self.nodes[r as usize].queue.clear();
+                self.close_all(r);
+                for p in 0..self.sc.n {
+                    self.watch(p);
+                }
+                self.maybe_end_jobs();
+            }
+        }
+    }
+}
+
+impl End {
+    fn died_before(&self, t: u64) -> bool {
+        match self {
+            End::Killed(at) | End::Exited(at, _) => *at < t,
+            End::Running => false,
+        }
+    }
+}
+
+fn contact(r: Rank) -> Contact {
+    Contact {
+        rank: r,
+        host: format!("n{r}"),
+        addr: format!("10.0.{}.{}:7100", r / 250, r % 250 + 1),
+        pid: 1000 + r,
+        slots: 1,
+        epoch: 0,
+    }
+}
+
+/// One line describing a frame, without payload bytes.
+pub fn describe(h: &FrameHeader, payload: &Bytes) -> String {
+    let what = match Tag::try_from(h.tag as i32) {
+        Ok(Tag::Grpcomm) => match dvm_proto::grpcomm::GrpcommMsg::decode(payload.clone()) {
+            Ok(m) => crate::engine::describe(&m),
+            Err(_) => "undecodable grpcomm".into(),
+        },
+        Ok(Tag::DaemonCmd) => match DaemonCmd::decode(payload.clone()) {
+            Ok(DaemonCmd { body: Some(b) }) => format!("{b:?}"),
+            _ => "undecodable command".into(),
+        },
+        Ok(t) => format!("{t:?}"),
+        Err(_) => format!("tag {}", h.tag),
+    };
+    format!("origin {} dst {} epoch {}: {what}", h.origin, h.dst, h.epoch)
+}

@@ -1,0 +1,130 @@
+//! The daemon-core engine: N `dvm_core::Core`s — the daemon's own decisions, not bare
+//! grpcomm — booted (check-in, WIREUP, Ready) and driven through jobs, benchmarks, xcasts
+//! and faults: kills (with or without closed sockets, or in the middle of a step's effects),
+//! freezes that outlast the heartbeat bound (or not), link cuts (some lossy), and the loss
+//! of the HNP.
+//!
+//! Owns: the shell's part for each simulated daemon (carry effects out in order, feed
+//! frames, losses, ticks and workload inputs), the loss model (see [`engine`]), the schedule
+//! generator ([`scenario`]) and the invariants ([`check`]).
+//!
+//! Never: a decision of the daemon's (who is lost, what a frame means, when a fence ends): the
+//! engine only reports what the carrier would (a closed socket, a silent neighbour, a refused
+//! send) and records what the cores do.
+
+pub mod check;
+pub mod engine;
+pub mod scenario;
+pub mod trace;
+
+pub use scenario::{CoreProfile, CoreScenario};
+pub use trace::CoreTrace;
+
+/// The result of one run.
+#[derive(Debug)]
+pub struct CoreOutcome {
+    /// Absent when a core (or the engine) panicked.
+    pub trace: Option<CoreTrace>,
+    pub violations: Vec<String>,
+}
+
+/// Run one scenario and check every invariant. A panic is reported as a violation.
+pub fn run(sc: &CoreScenario) -> CoreOutcome {
+    let (res, msg) = crate::guarded(|| engine::CoreEngine::new(sc).run());
+    match res {
+        Some(trace) => {
+            let violations = check::check(sc, &trace);
+            CoreOutcome { trace: Some(trace), violations }
+        }
+        None => CoreOutcome { trace: None, violations: vec![format!("panic: {msg}")] },
+    }
+}
+
+/// The command that reruns one generated core schedule and prints its violations.
+pub fn replay_command(seed: u64, n: u32, radix: u32, profile: CoreProfile) -> String {
+    format!("cargo run -p dvm-sim --release -- replay --engine core --seed {seed} --n {n} --radix {radix} --profile {profile}")
+}
+
+/// A generated schedule that violated an invariant.
+#[derive(Debug)]
+pub struct CoreFailure {
+    pub seed: u64,
+    pub n: u32,
+    pub radix: u32,
+    pub profile: CoreProfile,
+    pub violations: Vec<String>,
+}
+
+impl CoreFailure {
+    pub fn replay(&self) -> String {
+        replay_command(self.seed, self.n, self.radix, self.profile)
+    }
+}
+
+/// Summary of a campaign.
+#[derive(Debug, Default)]
+pub struct CoreCampaignReport {
+    pub runs: u64,
+    /// Faults by kind: kill, kill in a step, freeze, cut, HNP loss.
+    pub kills: u64,
+    pub step_kills: u64,
+    pub stops: u64,
+    pub cuts: u64,
+    pub hnp_losses: u64,
+    pub fences: u64,
+    pub benches: u64,
+    pub xcasts: u64,
+    /// Daemons evicted, and frames from declared-dead daemons that survivors dropped.
+    pub evictions: u64,
+    pub dead_frames: u64,
+    pub failures: Vec<CoreFailure>,
+}
+
+impl CoreCampaignReport {
+    pub fn merge(&mut self, o: CoreCampaignReport) {
+        self.runs += o.runs;
+        self.kills += o.kills;
+        self.step_kills += o.step_kills;
+        self.stops += o.stops;
+        self.cuts += o.cuts;
+        self.hnp_losses += o.hnp_losses;
+        self.fences += o.fences;
+        self.benches += o.benches;
+        self.xcasts += o.xcasts;
+        self.evictions += o.evictions;
+        self.dead_frames += o.dead_frames;
+        self.failures.extend(o.failures);
+    }
+}
+
+/// Run the generated core schedules `seeds` at `(n, radix, profile)`.
+pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: CoreProfile) -> CoreCampaignReport {
+    use scenario::FaultKind;
+    let mut rep = CoreCampaignReport::default();
+    for seed in seeds {
+        let sc = CoreScenario::generate(seed, n, radix, profile);
+        let out = run(&sc);
+        rep.runs += 1;
+        for f in &sc.faults {
+            match f.kind {
+                FaultKind::Kill { rank: 0, .. } => rep.hnp_losses += 1,
+                FaultKind::Kill { .. } => rep.kills += 1,
+                FaultKind::KillAtStep { .. } => rep.step_kills += 1,
+                FaultKind::Stop { .. } => rep.stops += 1,
+                FaultKind::Cut { .. } => rep.cuts += 1,
+            }
+        }
+        if let Some(t) = &out.trace {
+            rep.fences += t.fence_calls.len() as u64;
+            rep.benches += t.bench_starts.len() as u64;
+            rep.xcasts += t.xcast_starts.len() as u64;
+            rep.dead_frames += t.stats.dead_frames;
+            rep.evictions +=
+                t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
+        }
+        if !out.violations.is_empty() {
+            rep.failures.push(CoreFailure { seed, n, radix, profile, violations: out.violations });
+        }
+    }
+    rep
+}

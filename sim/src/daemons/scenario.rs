@@ -1,0 +1,273 @@
+//! What happens in one run of the daemon-core engine: boot, then PMIx-like jobs (fence
+//! chains over fixed participant sets), fence benchmarks at the HNP, xcasts, and faults.
+//! Everything is derived from `(seed, n, radix, profile)`; workload and fault times are
+//! offsets from the moment the HNP reports the DVM ready.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use dvm_grpcomm::{tags, Config, FenceSignature, Participants, Rank, Topology};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::net::NetModel;
+
+/// xcast tag of the "job ended" announcement: every daemon forgets the job's signature.
+pub const JOB_END: u32 = tags::USER + 40;
+/// xcast tags of plain user broadcasts start here.
+pub const USER_XCAST: u32 = tags::USER + 50;
+
+/// A PMIx-like job: its daemons call fence over the job's signature, one after the other.
+#[derive(Debug, Clone)]
+pub struct JobPlan {
+    pub sig: FenceSignature,
+    /// Participating daemons (sorted).
+    pub members: Vec<Rank>,
+    /// `PMIX_COLLECT_DATA` of each fence.
+    pub steps: Vec<bool>,
+    /// Offset after ready at which each member (same order) calls fence 0.
+    pub first_start: Vec<u64>,
+}
+
+impl JobPlan {
+    /// Contribution of `daemon` to fence `step` of job `job`: distinct, of varying length.
+    pub fn contribution(&self, job: usize, step: usize, daemon: Rank) -> Bytes {
+        if !self.steps[step] {
+            return Bytes::from_static(b"barrier!");
+        }
+        let pad = (daemon as usize * 13 + step * 5 + job) % 11;
+        let mut s = format!("<j{job}s{step}d{daemon}:");
+        s.extend(std::iter::repeat_n('y', pad));
+        s.push('>');
+        Bytes::from(s)
+    }
+}
+
+/// A fence benchmark asked of the HNP.
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    pub at: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct XcastPlan {
+    pub at: u64,
+    pub origin: Rank,
+    pub tag: u32,
+    pub payload: Bytes,
+}
+
+/// What goes wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The daemon stops forever. `rst`: its sockets are closed (every connected peer hears at
+    /// once); otherwise only heartbeats and failed sends notice.
+    Kill { rank: Rank, rst: bool },
+    /// Killed right after its `step`-th input after ready, with only the first `carried`
+    /// effects of that step carried out (a crash in the middle of draining).
+    KillAtStep { rank: Rank, step: u64, carried: usize },
+    /// Frozen for `for_ns`: frames to it queue; it resumes and works through its queue.
+    Stop { rank: Rank, for_ns: u64 },
+    /// The link between `a` and `b` is cut for good. `lossy`: frames on it shortly before the
+    /// cut are dropped, duplicated or delayed past the cut's detection.
+    Cut { a: Rank, b: Rank, lossy: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct FaultPlan {
+    pub at: u64,
+    pub kind: FaultKind,
+}
+
+/// Families of generated schedules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoreProfile {
+    /// Jobs, benchmarks and xcasts, no fault.
+    Clean,
+    /// The same mix with 1..=3 faults: kills (with and without RST, at a step), freezes
+    /// (short and long), link cuts (some lossy).
+    Faults,
+    /// The mix, some faults, and the HNP killed at a random point.
+    HnpLoss,
+}
+
+impl fmt::Display for CoreProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CoreProfile::Clean => "clean",
+            CoreProfile::Faults => "faults",
+            CoreProfile::HnpLoss => "hnp",
+        })
+    }
+}
+
+impl FromStr for CoreProfile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "clean" => Ok(CoreProfile::Clean),
+            "faults" => Ok(CoreProfile::Faults),
+            "hnp" => Ok(CoreProfile::HnpLoss),
+            _ => Err(format!("unknown core profile '{s}' (known: clean, faults, hnp)")),
+        }
+    }
+}
+
+/// A complete, reproducible schedule for the daemon-core engine.
+#[derive(Debug, Clone)]
+pub struct CoreScenario {
+    pub n: u32,
+    pub radix: u32,
+    pub seed: u64,
+    pub profile: CoreProfile,
+    pub net: NetModel,
+    pub cfg: Config,
+    /// Largest delay before a daemon checks in.
+    pub boot_stagger_ns: u64,
+    /// Heartbeat bound: a silent tree neighbour is reported lost after this (plus jitter).
+    pub heartbeat_ns: u64,
+    /// Largest extra delay of one loss detection.
+    pub detect_jitter_ns: u64,
+    /// Largest pause between a fence completing and the next one of its job.
+    pub think_ns: u64,
+    pub jobs: Vec<JobPlan>,
+    pub benches: Vec<BenchPlan>,
+    pub xcasts: Vec<XcastPlan>,
+    pub faults: Vec<FaultPlan>,
+    /// The run must be quiet this long after ready plus the last fault.
+    pub bound_ns: u64,
+}
+
+impl CoreScenario {
+    pub fn height(&self) -> u32 {
+        Topology::new(0, self.radix, self.n).expect("scenario geometry is valid").height()
+    }
+
+    /// The generated schedule for `(seed, n, radix, profile)`.
+    pub fn generate(seed: u64, n: u32, radix: u32, profile: CoreProfile) -> Self {
+        assert!(n >= 3, "a generated core schedule needs at least 3 daemons (n = {n})");
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xc0de_da3e_0000_0009);
+        let alpha = 50_000u64;
+        let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(&mut rng).unwrap();
+        let cpu = *[0u64, 1_000, 5_000].choose(&mut rng).unwrap();
+        let net = NetModel {
+            alpha_ns: alpha,
+            beta_ps_per_byte: 1_000,
+            cpu_ns: cpu,
+            jitter_ns: jitter,
+            ingress_serialized: rng.gen_bool(0.5),
+        };
+        let h = Topology::new(0, radix, n).expect("scenario geometry is valid").height() as u64;
+        let round = 2 * (h + 1) * (alpha + jitter) + 2 * (h + 1) * radix.min(n) as u64 * (cpu + 1_000);
+        let heartbeat_ns = rng.gen_range(4 * alpha..=20 * alpha);
+        let detect_jitter_ns = rng.gen_range(0..=4 * alpha);
+        let think_ns = rng.gen_range(0..=2 * alpha);
+        let cfg = Config { relay_retry_ns: 4 * round + heartbeat_ns + detect_jitter_ns, ..Config::default() };
+
+        // Jobs over fixed participant sets, several at once.
+        let mut jobs = Vec::new();
+        let mut longest = 0;
+        for j in 0..rng.gen_range(1..=3) {
+            let mut pool: Vec<Rank> = (0..n).collect();
+            pool.shuffle(&mut rng);
+            let size = if rng.gen_bool(0.3) { n } else { rng.gen_range(1..=n) };
+            let mut members = pool[..size as usize].to_vec();
+            members.sort_unstable();
+            let steps: Vec<bool> = (0..rng.gen_range(2..=6)).map(|_| rng.gen_bool(0.5)).collect();
+            longest = longest.max(steps.len());
+            let first_start = members.iter().map(|_| rng.gen_range(0..=6 * alpha)).collect();
+            let sig = FenceSignature::new(format!("job{j}:").into_bytes(), Participants::Daemons(members.clone()));
+            jobs.push(JobPlan { sig, members, steps, first_start });
+        }
+        let window = (longest as u64 + 2) * (round + think_ns);
+
+        let mut benches = Vec::new();
+        for _ in 0..rng.gen_range(0..=2) {
+            benches.push(BenchPlan {
+                at: rng.gen_range(0..=window),
+                count: rng.gen_range(1..=6),
+                bytes: rng.gen_range(0..=48),
+            });
+        }
+        let mut xcasts = Vec::new();
+        for i in 0..rng.gen_range(1..=5) {
+            let origin = rng.gen_range(0..n);
+            let len = rng.gen_range(0..64);
+            let mut s = format!("xcast {i} from {origin}|");
+            s.extend((0..len).map(|k| (b'a' + (k % 26) as u8) as char));
+            xcasts.push(XcastPlan {
+                at: rng.gen_range(0..=window),
+                origin,
+                tag: USER_XCAST + rng.gen_range(0..4),
+                payload: Bytes::from(s),
+            });
+        }
+
+        let mut faults = Vec::new();
+        if profile != CoreProfile::Clean {
+            let count = if profile == CoreProfile::HnpLoss { rng.gen_range(0..=1) } else { rng.gen_range(1..=3) };
+            let mut victims: Vec<Rank> = (1..n).collect();
+            victims.shuffle(&mut rng);
+            for &rank in victims.iter().take(count) {
+                let at = rng.gen_range(0..=window);
+                let roll: f64 = rng.gen();
+                let kind = if roll < 0.3 {
+                    FaultKind::Kill { rank, rst: rng.gen_bool(0.5) }
+                } else if roll < 0.45 {
+                    FaultKind::KillAtStep { rank, step: rng.gen_range(0..40), carried: rng.gen_range(0..4) }
+                } else if roll < 0.7 {
+                    // Long freezes outlast every detection; short ones stay under the bound.
+                    let for_ns = if rng.gen_bool(0.75) {
+                        heartbeat_ns + detect_jitter_ns + rng.gen_range(10 * alpha..=40 * alpha)
+                    } else {
+                        rng.gen_range(0..heartbeat_ns / 2)
+                    };
+                    FaultKind::Stop { rank, for_ns }
+                } else {
+                    let mut b = rng.gen_range(0..n - 1);
+                    if b >= rank {
+                        b += 1;
+                    }
+                    FaultKind::Cut { a: rank.min(b), b: rank.max(b), lossy: rng.gen_bool(0.5) }
+                };
+                faults.push(FaultPlan { at, kind });
+            }
+            if profile == CoreProfile::HnpLoss {
+                faults.push(FaultPlan {
+                    at: rng.gen_range(0..=window),
+                    kind: FaultKind::Kill { rank: 0, rst: rng.gen_bool(0.5) },
+                });
+            }
+            faults.sort_by_key(|f| f.at);
+        }
+
+        let ops = (longest + 8 + xcasts.len() + 8 * benches.len()) as u64;
+        let losses = faults.len() as u64 * (2 * heartbeat_ns + 2 * detect_jitter_ns + 60 * alpha + 8 * round);
+        let bound_ns = 2 * window
+            + 6 * ops * (round + think_ns)
+            + 2 * losses
+            + 3 * faults.len() as u64 * cfg.relay_retry_ns
+            + 40 * alpha;
+        CoreScenario {
+            n,
+            radix,
+            seed,
+            profile,
+            net,
+            cfg,
+            boot_stagger_ns: rng.gen_range(0..=4 * alpha),
+            heartbeat_ns,
+            detect_jitter_ns,
+            think_ns,
+            jobs,
+            benches,
+            xcasts,
+            faults,
+            bound_ns,
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! What a run of the daemon-core engine observed, judged by [`super::check`].
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use dvm_core::Exit;
+use dvm_grpcomm::{FenceError, Rank};
+use dvm_proto::control::BenchReply;
+
+/// One `Input::Fence` of a PMIx-like owner.
+#[derive(Debug, Clone)]
+pub struct FenceCall {
+    pub daemon: Rank,
+    pub job: usize,
+    pub step: usize,
+    pub data: Bytes,
+    pub at: u64,
+    pub done: Option<(u64, Result<Bytes, FenceError>)>,
+}
+
+/// How a daemon's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Still running at the end of the run.
+    Running,
+    /// Killed by the schedule at this time.
+    Killed(u64),
+    /// Its core asked to exit.
+    Exited(u64, Exit),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CoreStats {
+    pub frames: u64,
+    pub bytes: u64,
+    pub events: u64,
+    /// Frames lost with a dead daemon or a cut link.
+    pub lost_frames: u64,
+    /// Frames duplicated or delayed on a lossy cut link.
+    pub duplicated: u64,
+    pub delayed: u64,
+    /// Frames handed to a survivor from a daemon it had already declared dead.
+    pub dead_frames: u64,
+    pub peer_lost: u64,
+    pub send_failed: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CoreTrace {
+    pub ready_at: Option<u64>,
+    /// Absolute time of the last fault (ready time when there is none).
+    pub last_fault_at: u64,
+    pub fence_calls: Vec<FenceCall>,
+    /// `(time)` of each benchmark asked for, and each answer.
+    pub bench_starts: Vec<u64>,
+    pub bench_dones: Vec<(u64, Result<BenchReply, String>)>,
+    /// `(daemon, tag, payload, time)` of each xcast a workload started.
+    pub xcast_starts: Vec<(Rank, u32, Bytes, u64)>,
+    /// Per daemon, the workload xcasts delivered, in order.
+    pub deliveries: Vec<Vec<(u32, Bytes)>>,
+    /// Per daemon, how its run ended.
+    pub ends: Vec<End>,
+    /// Daemons frozen by the schedule: `(rank, from, until)`.
+    pub stops: Vec<(Rank, u64, u64)>,
+    /// Cut links `(a, b, time)`.
+    pub cuts: Vec<(Rank, Rank, u64)>,
+    /// Per daemon at the end: its failed set, owned operations, grpcomm quiescence.
+    pub final_failed: Vec<BTreeSet<Rank>>,
+    pub final_owned: Vec<usize>,
+    pub final_quiescent: Vec<bool>,
+    /// Violations seen while running (a frame from a dead daemon admitted, a stray effect).
+    pub engine_errors: Vec<String>,
+    pub stats: CoreStats,
+    pub end_ns: u64,
+}
+
+impl CoreTrace {
+    pub fn killed(&self, r: Rank) -> bool {
+        matches!(self.ends[r as usize], End::Killed(_))
+    }
+    pub fn running(&self, r: Rank) -> bool {
+        self.ends[r as usize] == End::Running
+    }
+    pub fn exit_of(&self, r: Rank) -> Option<&Exit> {
+        match &self.ends[r as usize] {
+            End::Exited(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Seeded campaigns over N daemon cores (`dvm-core`): boot, PMIx-like jobs, fence benchmarks
+//! and xcasts under kills, freezes, link cuts and HNP loss. Zero violations.
+//!
+//! `DVM_SIM_SCALE` (default 1) multiplies every seed count, for longer soak runs. The long
+//! campaign is `scripts/sim_core_campaign.sh`.
+
+use dvm_sim::daemons::{campaign, run, CoreProfile, CoreScenario};
+
+fn scale() -> u64 {
+    std::env::var("DVM_SIM_SCALE").ok().map_or(1, |s| s.parse().expect("DVM_SIM_SCALE must be an integer"))
+}
+
+/// Runs the seeds and fails with one replay line per failing seed.
+fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64) {
+    let rep = campaign(first..first + seeds * scale(), n, radix, profile);
+    let mut msg = String::new();
+    for f in rep.failures.iter().take(20) {
+        msg.push_str(&format!(
+            "\n  {}\n      {}",
+            f.replay(),
+            f.violations.iter().take(4).cloned().collect::<Vec<_>>().join("\n      ")
+        ));
+    }
+    assert!(
+        rep.failures.is_empty(),
+        "{} of {} core schedules at n={n} radix={radix} ({profile}) violated invariants:{msg}",
+        rep.failures.len(),
+        rep.runs
+    );
+    if profile == CoreProfile::HnpLoss {
+        assert_eq!(rep.hnp_losses, rep.runs, "every hnp schedule kills the HNP");
+    }
+    eprintln!(
+        "n={n} radix={radix} {profile}: {} schedules, {} kills, {} mid-step kills, {} freezes, {} cuts, {} HNP losses, \
+         {} fence calls, {} benchmarks, {} evictions, 0 violations",
+        rep.runs, rep.kills, rep.step_kills, rep.stops, rep.cuts, rep.hnp_losses, rep.fences, rep.benches, rep.evictions
+    );
+}
+
+// 2,002 schedules: 1,500 with faults, 300 with HNP loss, 202 clean.
+#[test]
+fn faults_n7_radix2() {
+    campaign_ok(7, 2, CoreProfile::Faults, 400, 0);
+}
+#[test]
+fn faults_n7_radix3() {
+    campaign_ok(7, 3, CoreProfile::Faults, 300, 10_000);
+}
+#[test]
+fn faults_n16_radix2() {
+    campaign_ok(16, 2, CoreProfile::Faults, 300, 20_000);
+}
+#[test]
+fn faults_n16_radix3() {
+    campaign_ok(16, 3, CoreProfile::Faults, 250, 30_000);
+}
+#[test]
+fn faults_n64() {
+    campaign_ok(64, 2, CoreProfile::Faults, 100, 40_000);
+    campaign_ok(64, 3, CoreProfile::Faults, 80, 50_000);
+    campaign_ok(64, 64, CoreProfile::Faults, 70, 60_000);
+}
+#[test]
+fn hnp_loss_every_size() {
+    for (i, &(n, r)) in [(7, 2), (7, 3), (16, 2), (16, 3), (64, 2), (64, 64)].iter().enumerate() {
+        campaign_ok(n, r, CoreProfile::HnpLoss, 50, 70_000 + 1_000 * i as u64);
+    }
+}
+#[test]
+fn clean_every_size() {
+    for (i, &(n, r)) in [(7, 2), (7, 3), (16, 2), (16, 3), (64, 2), (64, 64)].iter().enumerate() {
+        let seeds = if n == 64 { 25 } else { 38 };
+        campaign_ok(n, r, CoreProfile::Clean, seeds, 80_000 + 1_000 * i as u64);
+    }
+}
+
+/// Seeds that found bugs in dvm-core or grpcomm (see the commit that fixed each).
+#[test]
+fn regression_seeds() {
+    let cases: &[(u64, u32, u32, CoreProfile, &str)] = &[
+        // A benchmark's end report routed along the tree died on a cut link before the
+        // sender applied DAEMON_DIED: the HNP waited forever (BenchDone now goes straight).
+        (3, 7, 2, CoreProfile::Faults, "BenchDone lost on a broken tree link"),
+        // Ops forwarded to a killed parent left a gap before the DAEMON_DIED that repairs
+        // the tree; the new parent's forward and poll were answered up the dead route.
+        (5, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
+        (14, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
+        (19, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
+    ];
+    for &(seed, n, radix, profile, what) in cases {
+        let out = run(&CoreScenario::generate(seed, n, radix, profile));
+        assert!(out.violations.is_empty(), "seed {seed} n={n} radix={radix} ({what}): {:#?}", out.violations);
+    }
+}
+
+/// The same schedule twice gives the same trace.
+#[test]
+fn core_runs_are_reproducible() {
+    for seed in [1u64, 2, 3] {
+        let sc = CoreScenario::generate(seed, 16, 2, CoreProfile::Faults);
+        let (a, b) = (run(&sc), run(&sc));
+        let (ta, tb) = (a.trace.unwrap(), b.trace.unwrap());
+        assert_eq!(ta.end_ns, tb.end_ns);
+        assert_eq!(ta.stats.frames, tb.stats.frames);
+        assert_eq!(format!("{:?}", ta.ends), format!("{:?}", tb.ends));
+        assert_eq!(format!("{:?}", ta.fence_calls), format!("{:?}", tb.fence_calls));
+        assert_eq!(a.violations, b.violations);
+    }
+}
+
+/// The checker is not blind: a schedule whose HNP dies must see every daemon exit, and a
+/// faulty schedule must lose somebody.
+#[test]
+fn faults_have_consequences() {
+    let sc = CoreScenario::generate(11, 16, 3, CoreProfile::HnpLoss);
+    let t = run(&sc).trace.unwrap();
+    assert!((1..16).all(|r| !t.running(r)), "every daemon ended after the HNP died: {:?}", t.ends);
+    let mut lost = 0;
+    for seed in 0..20 {
+        let t = run(&CoreScenario::generate(seed, 7, 2, CoreProfile::Faults)).trace.unwrap();
+        lost += t.final_failed[0].len();
+    }
+    assert!(lost > 10, "faults declared {lost} daemons dead over 20 schedules");
+}
