@@ -176,7 +176,7 @@ fn frozen_then_resumed(name: &str, radix: u32) {
         signal(pid, libc::SIGCONT);
         until(Duration::from_secs(30), "the resumed daemon to exit", || !alive(pid));
         // Every survivor still takes a proc: one per live daemon.
-        let survivors = 7 - round as usize;
+        let survivors = 7 - round;
         let out = dvm.prun(&["--map-by", "node", "-n", &survivors.to_string(), "printenv", "DVM_DAEMON"]);
         let (o, e) = text(&out);
         assert!(out.status.success(), "{name}: {e}");

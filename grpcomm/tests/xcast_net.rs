@@ -76,8 +76,9 @@ impl Net {
         }
     }
 
-    fn process_first(&self, r: u32, tag: u32) -> bool {
-        self.nodes[r as usize].config().process_first.contains(&tag)
+    /// Every daemon here runs `Config::default()`'s process-first tags.
+    fn process_first(&self, _r: u32, tag: u32) -> bool {
+        Config::default().process_first.contains(&tag)
     }
 
     fn pump(&mut self, r: u32) {

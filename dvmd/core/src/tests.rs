@@ -237,7 +237,7 @@ fn frames_from_a_stale_incarnation_change_nothing() {
     let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
     let from = net.cores[0].topology().route_to(3);
     let Route::Down(hop) = from else { panic!("3 is below 0: {from:?}") };
-    net.input(0, Input::Frame { from_peer: hop, header: h.clone(), payload: payload.clone() });
+    net.input(0, Input::Frame { from_peer: hop, header: h, payload: payload.clone() });
     net.run();
     assert!(net.failed_at_hnp().is_empty(), "a stale incarnation's report was acted on");
     assert_eq!(net.cores[0].stale_frames, 1);
