@@ -57,7 +57,8 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
         None => Nodes::Local { daemons: 4, slots: 4 },
     };
     let env = [
-        ("DVM_LOG", "warn,dvmd::pmix=debug"),
+        // The core logs each fence's collect flag and sequence number when it starts.
+        ("DVM_LOG", "warn,dvmd::pmix=debug,dvm_core=debug"),
         // The same MCA settings for the ranks as any launcher compared with.
         ("OMPI_MCA_pml", "ob1"),
         // All-local fences go through fence_nb too, so the path is exercised.

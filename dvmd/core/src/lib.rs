@@ -644,7 +644,9 @@ impl Core {
 
     fn start_fence(&mut self, owner: FenceOwner, req: FenceRequest) {
         let now = self.now;
+        let collect = req.collect;
         let id = self.g.fence(req, now);
+        debug!(?owner, collect, seq = id.seq, "fence started");
         self.fence_owners.insert(id, owner);
     }
 
