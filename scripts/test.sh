@@ -15,7 +15,7 @@ trap 'rm -rf "$skips"' EXIT
 export DVM_TEST_SKIP_DIR="$skips"
 
 status=0
-cargo test --workspace -- --test-threads="${DVM_TEST_THREADS:-2}" || status=$?
+cargo test --workspace --no-fail-fast -- --test-threads="${DVM_TEST_THREADS:-2}" || status=$?
 
 records=("$skips"/*.skip)
 [ -e "${records[0]}" ] || records=()
