@@ -455,6 +455,12 @@ impl Daemon {
         let env = base_env();
         let pmix = self.pmix_job_start(jobid, &map, procs.len() as u32);
         let loopback = self.on_loopback();
+        // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
+        // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
+        // A setting in the daemon's environment (inherited by the ranks) or `-x` wins.
+        let on_machine = if loopback { map.nprocs } else { procs.len() as u32 };
+        let yield_idle = crate::pmix::oversubscribed(on_machine, crate::pmix::node_cores())
+            && !env.iter().any(|(k, _)| k == crate::pmix::YIELD_VAR);
         let stdin_rank = match StdinTarget::try_from(map.stdin_target) {
             Ok(StdinTarget::All) => None,
             Ok(StdinTarget::None) => Some(u32::MAX),
@@ -482,7 +488,7 @@ impl Daemon {
                 penv.push((k.to_string(), v));
             }
             if pmix {
-                for (k, v) in self.pmix_proc_env(jobid, p.rank, loopback) {
+                for (k, v) in self.pmix_proc_env(jobid, p.rank, loopback, yield_idle) {
                     if !app.env.iter().any(|kv| kv.split_once('=').is_some_and(|(ak, _)| ak == k)) {
                         penv.retain(|(ek, _)| *ek != k);
                         penv.push((k, v));

@@ -67,6 +67,22 @@ pub fn nspace_of(dvm: &str, jobid: u32) -> String {
 /// far less (docs/soak.md).
 pub const CLIENT_GDS: &str = "hash";
 
+/// The Open MPI setting that makes a waiting rank yield its core instead of busy-polling.
+pub const YIELD_VAR: &str = "OMPI_MCA_mpi_yield_when_idle";
+
+/// Cores this daemon's ranks may run on: the CPUs of the daemon's affinity mask (ranks inherit
+/// it), capped by a cgroup CPU quota, as `std::thread::available_parallelism` counts them.
+pub fn node_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// Whether a job's ranks on a machine are told to yield when idle: more of its procs there
+/// than the machine has cores (Open MPI's own launcher decides the same way). Waiting ranks
+/// that busy-poll otherwise take the cores their peers need to make progress.
+pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
+    procs_on_machine > cores
+}
+
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
     match e {
         FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
@@ -199,8 +215,15 @@ impl Daemon {
     }
 
     /// The PMIx environment of one local rank (register_client + setup_fork + Open MPI's
-    /// settings for running under a non-mpirun launcher).
-    pub(crate) fn pmix_proc_env(&mut self, jobid: u32, rank: u32, loopback: bool) -> Vec<(String, String)> {
+    /// settings for running under a non-mpirun launcher). `yield_idle`: the rank's machine is
+    /// oversubscribed (see [`oversubscribed`]), so it is told to yield while it waits.
+    pub(crate) fn pmix_proc_env(
+        &mut self,
+        jobid: u32,
+        rank: u32,
+        loopback: bool,
+        yield_idle: bool,
+    ) -> Vec<(String, String)> {
         let session = self.session_dir();
         let Some(px) = self.pmix_mut() else { return Vec::new() };
         let Some(job) = px.jobs.get(&jobid).filter(|j| j.registered) else { return Vec::new() };
@@ -230,6 +253,9 @@ impl Daemon {
         if loopback {
             env.push(("OMPI_MCA_btl_tcp_if_include".into(), "lo".into()));
             env.push(("OMPI_MCA_oob_tcp_if_include".into(), "lo".into()));
+        }
+        if yield_idle {
+            env.push((YIELD_VAR.into(), "1".into()));
         }
         env
     }
