@@ -317,7 +317,7 @@ impl Daemon {
                 if self.hnp.is_some() {
                     for &r in &newly {
                         let why = self.core.loss_reason(r).unwrap_or("declared dead");
-                        eprintln!("dvmd: daemon {r} on host {} was lost: {why}", self.core.host_of(r));
+                        crate::say!("dvmd: daemon {r} on host {} was lost: {why}", self.core.host_of(r));
                     }
                     self.jobs_lost_daemons(&newly.iter().copied().collect());
                     self.maybe_finish_tree_query();
@@ -452,6 +452,14 @@ impl Daemon {
             }
             ControlCmd::Terminate(tx) => {
                 let Some(hnp) = self.hnp.as_mut() else { return };
+                if hnp.ready.is_some() {
+                    // Not ready yet: no broadcast can reach every daemon; abandon the boot
+                    // (the caller kills every daemon it started and removes the session).
+                    let _ = tx.send(TerminateReply { ok: true, message: "start-up abandoned".into() });
+                    self.exit =
+                        Some(Exit::BootFailed("start-up interrupted: terminated before the DVM was ready".into()));
+                    return;
+                }
                 hnp.terminate.push(tx);
                 if hnp.terminate_pending || self.terminating {
                     return;

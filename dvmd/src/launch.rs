@@ -130,7 +130,7 @@ fn tail_into(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static, tail: O
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             // Daemons log through tracing to stderr; pass it on, tagged.
-            eprintln!("[dvmd {rank}@{host}] {line}");
+            crate::say!("[dvmd {rank}@{host}] {line}");
             tail.push(line);
         }
     });

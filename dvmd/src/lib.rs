@@ -31,12 +31,38 @@ pub mod pmix;
 pub mod prun_cli;
 pub mod session;
 
+/// Print one line to stderr, never panicking: a daemon's stderr is a pipe to its HNP, which
+/// may be gone (`eprintln!` panics on a closed pipe, and a panicking daemon can hang on exit).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// stderr for log lines, swallowing write errors: when the HNP that reads a daemon's stderr
+/// is gone, a failed write must not panic (tracing's fallback `eprintln!` would, inside
+/// whatever task logged — a transport task that then never reports the lost HNP).
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// Initialise logging to stderr; `DVM_LOG` (or `RUST_LOG`) sets the filter, default `warn`.
 pub fn init_logging() {
     let filter = std::env::var("DVM_LOG").or_else(|_| std::env::var("RUST_LOG")).unwrap_or_else(|_| "warn".into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
+        .with_writer(|| QuietStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();

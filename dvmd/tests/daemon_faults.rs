@@ -237,3 +237,74 @@ fn pterm_during_a_job_radix_2() {
 fn pterm_during_a_job_radix_64() {
     pterm_during_job("ptermjob64", 64);
 }
+
+/// Live processes whose environment holds `DVM_TMPDIR=<root>` (this test's DVM and all it
+/// started).
+fn procs_of_root(root: &std::path::Path) -> Vec<u32> {
+    let needle = format!("DVM_TMPDIR={}", root.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            if env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) && alive(pid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// SIGINT or SIGTERM on the HNP at any moment of the boot ends it, promptly, with nothing left:
+/// before "DVM ready" the boot is abandoned (exit 1, one sentence), after it the DVM
+/// terminates in order (exit 0).
+#[test]
+fn a_signal_during_the_boot_leaves_nothing() {
+    for (i, (sig, delay_ms)) in
+        [(libc::SIGINT, 0), (libc::SIGTERM, 15), (libc::SIGINT, 60), (libc::SIGTERM, 250), (libc::SIGINT, 900)]
+            .into_iter()
+            .enumerate()
+    {
+        let root = std::env::temp_dir().join(format!("dvm-t-bootsig{i}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let mut hnp = Command::new(common::DVMD)
+            .args(["--local", "8", "--radix", "2"])
+            .env("DVM_TMPDIR", &root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        signal(hnp.id(), sig);
+        let out = wait_bounded(&mut hnp, Duration::from_secs(30), "dvmd after a signal during its boot");
+        let (o, e) = text(&out);
+        match out.status.code() {
+            Some(0) => assert!(o.contains("DVM ready"), "exit 0 without a ready DVM: {o}{e}"),
+            Some(1) => assert!(e.contains("start-up interrupted") || e.contains("dvmd:"), "no sentence: {e}"),
+            other => {
+                // Before the handlers are installed the signal's default action applies.
+                assert_eq!(other, None, "status {:?}: {e}", out.status);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !procs_of_root(&root).is_empty() {
+            if Instant::now() > deadline {
+                let left: Vec<String> = procs_of_root(&root)
+                    .into_iter()
+                    .map(|p| {
+                        let c = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                        format!("{p}: {}", String::from_utf8_lossy(&c).replace('\0', " "))
+                    })
+                    .collect();
+                for p in procs_of_root(&root) {
+                    signal(p, libc::SIGKILL);
+                }
+                panic!("signal {sig} after {delay_ms} ms (status {:?}, {e}): left running: {left:?}", out.status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left = session_dirs(&root);
+        assert!(left.is_empty(), "signal {sig} after {delay_ms} ms: session dirs left: {left:?}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

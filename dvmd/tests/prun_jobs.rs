@@ -198,7 +198,9 @@ fn run_suite(radix: u32) {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while procs_with(&format!("sleep {marker}")).len() < 2 {
+    // The sleeps themselves (argv "sleep", marker), not the shells whose script names them:
+    // once a shell has started its sleep, its trap is installed.
+    while procs_with(&format!("sleep\0{marker}\0")).len() < 2 {
         assert!(Instant::now() < deadline, "the 2 procs never started their sleep");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -207,7 +209,7 @@ fn run_suite(radix: u32) {
         libc::kill(prun.id() as i32, libc::SIGUSR1);
     }
     let o = prun.wait_with_output().unwrap();
-    for p in procs_with(&format!("sleep {marker}")) {
+    for p in procs_with(&format!("sleep\0{marker}\0")) {
         // SAFETY: the orphaned sleeps of this test.
         unsafe {
             libc::kill(p as i32, libc::SIGKILL);

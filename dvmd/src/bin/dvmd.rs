@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         return match daemonize() {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("dvmd: {e:#}");
+                dvmd::say!("dvmd: {e:#}");
                 ExitCode::from(1)
             }
         };
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dvmd: {e:#}");
+            dvmd::say!("dvmd: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -158,6 +158,9 @@ fn validate_common(args: &Args) -> Result<()> {
     }
     Ok(())
 }
+
+/// How long a daemon waits for the DVM secret its HNP writes to its stdin.
+const SECRET_WAIT: Duration = Duration::from_secs(10);
 
 fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
     let mut cfg = TransportConfig::new(rank, epoch, listen, secret);
@@ -287,12 +290,18 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
             return;
         };
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        // Every signal asks again (the handlers stay installed, so none may be swallowed); the
+        // HNP terminates in order, or abandons a boot that is not ready yet.
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            let (tx, _rx) = oneshot::channel();
+            if sig_tx.send(dvmd::control::ControlCmd::Terminate(tx)).await.is_err() {
+                return;
+            }
         }
-        let (tx, _rx) = oneshot::channel();
-        let _ = sig_tx.send(dvmd::control::ControlCmd::Terminate(tx)).await;
     });
     let (in_tx, in_rx) = mpsc::unbounded_channel();
     let fwd = in_tx.clone();
@@ -338,7 +347,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             session.remove();
             return Ok(match exit {
                 Exit::BootFailed(msg) | Exit::LostHnp(msg) | Exit::Evicted(msg) => {
-                    eprintln!("dvmd: {msg}");
+                    dvmd::say!("dvmd: {msg}");
                     ExitCode::from(1)
                 }
                 Exit::Terminated => ExitCode::SUCCESS,
@@ -368,7 +377,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     Ok(match exit {
         Exit::Terminated => ExitCode::SUCCESS,
         Exit::BootFailed(msg) | Exit::LostHnp(msg) | Exit::Evicted(msg) => {
-            eprintln!("dvmd: {msg}");
+            dvmd::say!("dvmd: {msg}");
             ExitCode::from(1)
         }
     })
@@ -427,8 +436,20 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let secret = match std::env::var("DVM_SECRET") {
         Ok(hex) => DvmSecret::from_hex(&hex).context("DVM_SECRET")?,
         Err(_) => {
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).context("cannot read the DVM secret from stdin")?;
+            // The HNP writes the secret right after starting this process, so it is waiting in
+            // the pipe; if it is not there in time the HNP died before writing it, and this
+            // daemon must not linger (its stdin may never see end-of-file).
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = tx.send(std::io::stdin().read_line(&mut line).map(|_| line));
+            });
+            let line = match rx.recv_timeout(SECRET_WAIT) {
+                Ok(r) => r.context("cannot read the DVM secret from stdin")?,
+                Err(_) => {
+                    bail!("no DVM secret on stdin within {SECRET_WAIT:?}: the HNP that started this daemon is gone")
+                }
+            };
             DvmSecret::from_hex(line.trim()).context("the DVM secret on stdin")?
         }
     };
@@ -469,7 +490,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     Ok(match exit {
         Exit::Terminated => ExitCode::SUCCESS,
         Exit::LostHnp(msg) | Exit::BootFailed(msg) | Exit::Evicted(msg) => {
-            eprintln!("dvmd: daemon {rank} on host {host}: {msg}");
+            dvmd::say!("dvmd: daemon {rank} on host {host}: {msg}");
             ExitCode::from(1)
         }
     })
