@@ -4,12 +4,12 @@
 //! DAEMON_DIED, eviction, fence and xcast owners, benchmarks) booted and driven through jobs
 //! and faults — kills, freezes, link cuts, HNP loss ([`daemons`], `--engine core`).
 //!
-//! Owns: virtual time (u64 ns); the carrier model (α + bytes·β per hop, the sender's egress and
-//! the receiver's ingress serialized, a per-message receive CPU cost, seeded jitter that keeps
-//! every link FIFO); hop-by-hop routing with each hop's own `Topology::route_to`; crashes,
-//! detection delay and repairs staggered per daemon (same failed sets, same order everywhere);
-//! generated schedules, invariant checks against independent oracles, replay of a failing
-//! seed, and the α-β projections.
+//! Owns: virtual time (u64 ns) and the one event queue both engines run on; the carrier model
+//! (α + bytes·β per hop, the sender's egress and the receiver's ingress serialized, a
+//! per-message receive CPU cost, seeded jitter that keeps every link FIFO); hop-by-hop routing
+//! with each hop's own `Topology::route_to`; crashes, detection delay and repairs staggered per
+//! daemon (same failed sets, same order everywhere); generated schedules, invariant checks
+//! against independent oracles, replay of a failing seed, and the α-β projections.
 //!
 //! Never: a socket, a thread per daemon, a wall clock or a `HashMap` whose order could steer a
 //! run; never a protocol decision of its own (it only carries effects out, and acknowledges
@@ -26,6 +26,7 @@ pub mod daemons;
 pub mod engine;
 pub mod net;
 pub mod project;
+mod queue;
 pub mod scenario;
 pub mod trace;
 
