@@ -2,6 +2,9 @@
 //! receiver's ingress), a per-message receive CPU cost, and seeded jitter that never breaks
 //! per-link FIFO order.
 
+use rand::seq::SliceRandom;
+use rand::Rng;
+
 /// Cost parameters of the simulated network. Times are virtual nanoseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetModel {
@@ -21,6 +24,27 @@ impl NetModel {
     /// α = 50 µs, 1 GB/s, 100 ns of receive handling, no jitter.
     pub fn projection_default() -> Self {
         NetModel { alpha_ns: 50_000, beta_ps_per_byte: 1_000, cpu_ns: 100, jitter_ns: 0, ingress_serialized: true }
+    }
+
+    /// The network of a generated schedule: α = 50 µs, 1 GB/s, and from `rng` (in this order)
+    /// the jitter, the receive cost and whether ingress is serialized.
+    pub fn generated(rng: &mut impl Rng) -> Self {
+        let alpha = 50_000u64;
+        let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(rng).unwrap();
+        let cpu = *[0u64, 1_000, 5_000].choose(rng).unwrap();
+        NetModel {
+            alpha_ns: alpha,
+            beta_ps_per_byte: 1_000,
+            cpu_ns: cpu,
+            jitter_ns: jitter,
+            ingress_serialized: rng.gen_bool(0.5),
+        }
+    }
+
+    /// One fence round trip on a tree of `height` whose daemons have `fanout` children,
+    /// roughly, with everything slow at once (small messages; used to size bounds).
+    pub fn round_ns(&self, height: u64, fanout: u64) -> u64 {
+        2 * (height + 1) * (self.alpha_ns + self.jitter_ns) + 2 * (height + 1) * fanout * (self.cpu_ns + 1_000)
     }
 
     /// Time the link is busy with `bytes` bytes.
