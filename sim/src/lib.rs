@@ -98,19 +98,31 @@ pub fn replay_command(seed: u64, n: u32, radix: u32, profile: Profile) -> String
     format!("cargo run -p dvm-sim --release -- replay --seed {seed} --n {n} --radix {radix} --profile {profile}")
 }
 
-/// A generated schedule that violated an invariant.
+/// A profile of generated schedules: it knows the command that replays one of them.
+pub trait ReplayProfile: Copy + std::fmt::Display {
+    fn replay_command(self, seed: u64, n: u32, radix: u32) -> String;
+}
+
+impl ReplayProfile for Profile {
+    fn replay_command(self, seed: u64, n: u32, radix: u32) -> String {
+        replay_command(seed, n, radix, self)
+    }
+}
+
+/// A generated schedule that violated an invariant (of either engine: `P` is its profile).
 #[derive(Debug)]
-pub struct Failure {
+pub struct Failure<P = Profile> {
     pub seed: u64,
     pub n: u32,
     pub radix: u32,
-    pub profile: Profile,
+    pub profile: P,
     pub violations: Vec<String>,
 }
 
-impl Failure {
+impl<P: ReplayProfile> Failure<P> {
+    /// The one-line command that reruns this schedule.
     pub fn replay(&self) -> String {
-        replay_command(self.seed, self.n, self.radix, self.profile)
+        self.profile.replay_command(self.seed, self.n, self.radix)
     }
 }
 
