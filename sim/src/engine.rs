@@ -13,6 +13,7 @@ use prost::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::net::Carrier;
 use crate::queue::EventQueue;
 use crate::scenario::{FenceChain, Scenario};
 use crate::trace::{Delivery, FenceCall, ScatterGot, ScatterStart, Trace, XcastStart};
@@ -72,9 +73,6 @@ struct Node {
     g: Grpcomm,
     alive: bool,
     crashed_at: Option<u64>,
-    egress_free: u64,
-    ingress_free: u64,
-    cpu_free: u64,
     armed: BTreeSet<u64>,
     last_repair_at: u64,
 }
@@ -88,8 +86,7 @@ pub struct Engine<'s> {
     q: EventQueue<Kind>,
     nodes: Vec<Node>,
     rng: StdRng,
-    /// Arrival time of the last message on each (from, to) link: keeps every link FIFO.
-    link_last: BTreeMap<(Rank, Rank), u64>,
+    carrier: Carrier,
     failed: BTreeSet<Rank>,
     sig_chain: BTreeMap<FenceSignature, usize>,
     /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
@@ -139,9 +136,6 @@ impl<'s> Engine<'s> {
                 g: Grpcomm::new(Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"), sc.cfg.clone()),
                 alive: true,
                 crashed_at: None,
-                egress_free: 0,
-                ingress_free: 0,
-                cpu_free: 0,
                 armed: BTreeSet::new(),
                 last_repair_at: 0,
             })
@@ -157,7 +151,7 @@ impl<'s> Engine<'s> {
             q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
-            link_last: BTreeMap::new(),
+            carrier: Carrier::new(sc.n),
             failed: BTreeSet::new(),
             sig_chain,
             pending_fence: BTreeMap::new(),
@@ -222,9 +216,7 @@ impl<'s> Engine<'s> {
                     self.refuse(from, to);
                     return;
                 }
-                let n = &mut self.nodes[to as usize];
-                let at = n.cpu_free.max(self.q.now()) + self.sc.net.cpu_ns;
-                n.cpu_free = at;
+                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), to);
                 self.q.push(at, Kind::Handle { from, to, dst, msg, hops });
             }
             Kind::Handle { from, to, dst, msg, hops } => {
@@ -462,22 +454,8 @@ impl<'s> Engine<'s> {
             self.refuse(from, to);
             return;
         }
-        let net = &self.sc.net;
         let bytes = msg.encoded_len();
-        let wire = net.wire_ns(bytes);
-        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
-        let sender = &mut self.nodes[from as usize];
-        let start = sender.egress_free.max(self.q.now());
-        sender.egress_free = start + wire;
-        let mut arrive = start + wire + net.alpha_ns + jitter;
-        if net.ingress_serialized {
-            let recv = &mut self.nodes[to as usize];
-            arrive = arrive.max(recv.ingress_free + wire);
-            recv.ingress_free = arrive;
-        }
-        let last = self.link_last.entry((from, to)).or_insert(0);
-        arrive = arrive.max(*last);
-        *last = arrive;
+        let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, self.q.now(), from, to, bytes);
         self.trace.stats.messages += 1;
         self.trace.stats.bytes += bytes as u64;
         self.q.push(arrive, Kind::Arrive { from, to, dst, msg, hops, sent_at: start });

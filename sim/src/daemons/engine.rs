@@ -29,6 +29,7 @@ use rand::{Rng, SeedableRng};
 
 use super::scenario::{CoreScenario, FaultKind, JOB_END, USER_XCAST};
 use super::trace::{CoreTrace, End, FenceCall};
+use crate::net::Carrier;
 use crate::queue::EventQueue;
 
 const MAX_EVENTS: u64 = 5_000_000;
@@ -80,9 +81,6 @@ struct Node {
     queue: Vec<(Rank, Msg)>,
     /// Workload inputs that came while frozen (its local clients waited).
     deferred: Vec<Kind>,
-    egress_free: u64,
-    ingress_free: u64,
-    cpu_free: u64,
     armed: BTreeSet<u64>,
     /// Inputs stepped since ready.
     steps: u64,
@@ -96,7 +94,7 @@ pub struct CoreEngine<'s> {
     q: EventQueue<Kind>,
     nodes: Vec<Node>,
     rng: StdRng,
-    link_last: BTreeMap<(Rank, Rank), u64>,
+    carrier: Carrier,
     /// Pairs that have a connection (any frame went between them), `(min, max)`.
     conns: BTreeSet<(Rank, Rank)>,
     /// Cut links `(min, max)` and when each is (or will be) cut, with its lossy flag.
@@ -148,9 +146,6 @@ impl<'s> CoreEngine<'s> {
                     state: State::Running,
                     queue: Vec::new(),
                     deferred: Vec::new(),
-                    egress_free: 0,
-                    ingress_free: 0,
-                    cpu_free: 0,
                     armed: BTreeSet::new(),
                     steps: 0,
                     kill_at_step: None,
@@ -165,7 +160,7 @@ impl<'s> CoreEngine<'s> {
             q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
-            link_last: BTreeMap::new(),
+            carrier: Carrier::new(sc.n),
             conns: BTreeSet::new(),
             cut: BTreeSet::new(),
             lossy_cuts: BTreeMap::new(),
@@ -333,9 +328,7 @@ impl<'s> CoreEngine<'s> {
             }
             State::Stopped => self.nodes[to as usize].queue.push((from, msg)),
             State::Running => {
-                let n = &mut self.nodes[to as usize];
-                let at = n.cpu_free.max(self.q.now()) + self.sc.net.cpu_ns;
-                n.cpu_free = at;
+                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), to);
                 self.q.push(at, Kind::Handle { from, to, msg });
             }
         }
@@ -468,21 +461,7 @@ impl<'s> CoreEngine<'s> {
     }
 
     fn link_send(&mut self, from: Rank, to: Rank, msg: Msg, bytes: usize) {
-        let net = &self.sc.net;
-        let wire = net.wire_ns(bytes);
-        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
-        let sender = &mut self.nodes[from as usize];
-        let start = sender.egress_free.max(self.q.now());
-        sender.egress_free = start + wire;
-        let mut arrive = start + wire + net.alpha_ns + jitter;
-        if net.ingress_serialized {
-            let recv = &mut self.nodes[to as usize];
-            arrive = arrive.max(recv.ingress_free + wire);
-            recv.ingress_free = arrive;
-        }
-        let last = self.link_last.entry((from, to)).or_insert(0);
-        arrive = arrive.max(*last);
-        *last = arrive;
+        let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, self.q.now(), from, to, bytes);
         self.trace.stats.frames += 1;
         self.trace.stats.bytes += bytes as u64;
         self.q.push(arrive, Kind::Arrive { from, to, msg, sent_at: start });
