@@ -57,6 +57,7 @@ impl FenceChain {
     }
 }
 
+/// An xcast of `payload` with `tag` from `origin` at `at` (in the core engine: after ready).
 #[derive(Debug, Clone)]
 pub struct XcastPlan {
     pub at: u64,

@@ -13,6 +13,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::net::NetModel;
+pub use crate::scenario::XcastPlan;
 
 /// xcast tag of the "job ended" announcement: every daemon forgets the job's signature.
 pub const JOB_END: u32 = tags::USER + 40;
@@ -51,14 +52,6 @@ pub struct BenchPlan {
     pub at: u64,
     pub count: u64,
     pub bytes: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct XcastPlan {
-    pub at: u64,
-    pub origin: Rank,
-    pub tag: u32,
-    pub payload: Bytes,
 }
 
 /// What goes wrong.
