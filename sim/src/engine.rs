@@ -1,10 +1,9 @@
-//! The discrete-event engine: N `Grpcomm` instances, a virtual clock, the carrier that routes
-//! `Effect::Send` hop by hop with each hop's own `Topology::route_to`, crashes, staggered
-//! repairs and timers. One seeded RNG, one event heap ordered by `(time, insertion)`: the
+//! The discrete-event engine: N `Grpcomm` instances, the carrier that routes `Effect::Send`
+//! hop by hop with each hop's own `Topology::route_to`, crashes, staggered repairs and timers.
+//! One seeded RNG, one event queue (`queue::EventQueue`, ordered by `(time, insertion)`): the
 //! same scenario always produces the same trace.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_grpcomm::{Effect, FenceId, FenceRequest, FenceSignature, Grpcomm, Rank, Topology};
@@ -14,6 +13,8 @@ use prost::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::net::Carrier;
+use crate::queue::EventQueue;
 use crate::scenario::{FenceChain, Scenario};
 use crate::trace::{Delivery, FenceCall, ScatterGot, ScatterStart, Trace, XcastStart};
 
@@ -68,37 +69,10 @@ enum Kind {
     },
 }
 
-struct Ev {
-    at: u64,
-    seq: u64,
-    kind: Kind,
-}
-
-impl PartialEq for Ev {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Ev {}
-impl PartialOrd for Ev {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Ev {
-    // Reversed: BinaryHeap is a max-heap, the earliest event must come out first.
-    fn cmp(&self, o: &Self) -> Ordering {
-        (o.at, o.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 struct Node {
     g: Grpcomm,
     alive: bool,
     crashed_at: Option<u64>,
-    egress_free: u64,
-    ingress_free: u64,
-    cpu_free: u64,
     armed: BTreeSet<u64>,
     last_repair_at: u64,
 }
@@ -108,22 +82,16 @@ const MAX_EVENTS: u64 = 20_000_000;
 
 pub struct Engine<'s> {
     sc: &'s Scenario,
-    now: u64,
-    seq: u64,
-    heap: BinaryHeap<Ev>,
-    /// Events in the heap other than timer ticks.
-    busy: u64,
+    /// Pending events; timer ticks are idle.
+    q: EventQueue<Kind>,
     nodes: Vec<Node>,
     rng: StdRng,
-    /// Arrival time of the last message on each (from, to) link: keeps every link FIFO.
-    link_last: BTreeMap<(Rank, Rank), u64>,
+    carrier: Carrier,
     failed: BTreeSet<Rank>,
     sig_chain: BTreeMap<FenceSignature, usize>,
     /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
     pending_fence: BTreeMap<(Rank, usize), usize>,
     hop_limit: u32,
-    /// Event log for `replay --log` (off in campaigns).
-    log: Option<Vec<String>>,
     pub trace: Trace,
 }
 
@@ -168,9 +136,6 @@ impl<'s> Engine<'s> {
                 g: Grpcomm::new(Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"), sc.cfg.clone()),
                 alive: true,
                 crashed_at: None,
-                egress_free: 0,
-                ingress_free: 0,
-                cpu_free: 0,
                 armed: BTreeSet::new(),
                 last_repair_at: 0,
             })
@@ -183,56 +148,38 @@ impl<'s> Engine<'s> {
         let sig_chain = sc.chains.iter().enumerate().map(|(i, c)| (c.sig.clone(), i)).collect();
         let mut e = Engine {
             sc,
-            now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
-            busy: 0,
+            q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
-            link_last: BTreeMap::new(),
+            carrier: Carrier::new(sc.n),
             failed: BTreeSet::new(),
             sig_chain,
             pending_fence: BTreeMap::new(),
             hop_limit: 4 * (sc.height() + 2) + 8,
-            log: None,
             trace,
         };
         for (ci, c) in sc.chains.iter().enumerate() {
             for (&daemon, &at) in c.members.iter().zip(&c.first_start) {
-                e.push(at, Kind::FenceStep { daemon, chain: ci, step: 0 });
+                e.q.push(at, Kind::FenceStep { daemon, chain: ci, step: 0 });
             }
         }
         for (i, x) in sc.xcasts.iter().enumerate() {
-            e.push(x.at, Kind::Xcast { plan: i });
+            e.q.push(x.at, Kind::Xcast { plan: i });
         }
         for (i, s) in sc.scatters.iter().enumerate() {
-            e.push(s.at, Kind::Scatter { plan: i });
+            e.q.push(s.at, Kind::Scatter { plan: i });
         }
         for c in &sc.crashes {
             assert!(c.rank != 0, "rank 0 (the HNP) cannot crash in a schedule: its loss ends the DVM");
-            e.push(c.at, Kind::Crash { daemon: c.rank, detect_after: c.detect_after });
+            e.q.push(c.at, Kind::Crash { daemon: c.rank, detect_after: c.detect_after });
         }
         e
     }
 
-    /// Record every event as a line of text (see [`Engine::take_log`]).
+    /// Record every event as a line of text (see [`Engine::run_logged`]).
     pub fn with_log(mut self) -> Self {
-        self.log = Some(Vec::new());
+        self.q.enable_log();
         self
-    }
-
-    fn note(&mut self, line: impl FnOnce() -> String) {
-        if let Some(log) = &mut self.log {
-            log.push(format!("t={:>10} {}", self.now, line()));
-        }
-    }
-
-    fn push(&mut self, at: u64, kind: Kind) {
-        if !matches!(kind, Kind::Tick { .. }) {
-            self.busy += 1;
-        }
-        self.seq += 1;
-        self.heap.push(Ev { at: at.max(self.now), seq: self.seq, kind });
     }
 
     /// Run until nothing but idle timers is left and every live daemon is quiescent, or
@@ -243,36 +190,20 @@ impl<'s> Engine<'s> {
 
     /// Like [`Engine::run`], also returning the event log (empty unless `with_log`).
     pub fn run_logged(mut self) -> (Trace, Vec<String>) {
-        let hard_stop = self.sc.bound_ns.saturating_mul(4);
-        while let Some(ev) = self.heap.pop() {
-            if !matches!(ev.kind, Kind::Tick { .. }) {
-                self.busy -= 1;
-            }
-            self.now = ev.at;
-            self.trace.stats.events += 1;
-            if self.now > hard_stop {
-                self.trace.engine_errors.push(format!(
-                    "still running at t={} ns, 4x past the bound of {} ns (livelock?)",
-                    self.now, self.sc.bound_ns
-                ));
-                break;
-            }
-            if self.trace.stats.events > MAX_EVENTS {
-                self.trace
-                    .engine_errors
-                    .push(format!("more than {MAX_EVENTS} events at t={} ns (message storm?)", self.now));
-                break;
-            }
-            self.step(ev.kind);
-            if self.busy == 0 && self.nodes.iter().all(|n| !n.alive || n.g.is_quiescent()) {
+        while let Some(kind) = self.q.pop() {
+            self.step(kind);
+            if self.q.only_idle_left() && self.nodes.iter().all(|n| !n.alive || n.g.is_quiescent()) {
                 break;
             }
         }
-        self.trace.end_ns = self.now;
+        self.trace.stats.events = self.q.handled();
+        self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
+        self.trace.end_ns = self.q.now();
         self.trace.final_alive = self.nodes.iter().map(|n| n.alive).collect();
         self.trace.final_quiescent = self.nodes.iter().map(|n| n.g.is_quiescent()).collect();
         self.trace.final_next_op = self.nodes.iter().map(|n| n.g.xcast_next_op()).collect();
-        (self.trace, self.log.unwrap_or_default())
+        let log = self.q.take_log();
+        (self.trace, log)
     }
 
     fn step(&mut self, kind: Kind) {
@@ -285,17 +216,15 @@ impl<'s> Engine<'s> {
                     self.refuse(from, to);
                     return;
                 }
-                let n = &mut self.nodes[to as usize];
-                let at = n.cpu_free.max(self.now) + self.sc.net.cpu_ns;
-                n.cpu_free = at;
-                self.push(at, Kind::Handle { from, to, dst, msg, hops });
+                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), to);
+                self.q.push(at, Kind::Handle { from, to, dst, msg, hops });
             }
             Kind::Handle { from, to, dst, msg, hops } => {
                 if !self.nodes[to as usize].alive {
                     return; // in the dead daemon's receive buffer
                 }
                 if dst == to {
-                    self.note(|| format!("d{to} <- d{from} {}", describe(&msg)));
+                    self.q.note(|| format!("d{to} <- d{from} {}", describe(&msg)));
                     self.nodes[to as usize].g.handle(from, msg);
                     self.pump(to);
                 } else {
@@ -306,7 +235,7 @@ impl<'s> Engine<'s> {
                 let n = &mut self.nodes[daemon as usize];
                 n.armed.remove(&at);
                 if n.alive {
-                    n.g.tick(self.now);
+                    n.g.tick(self.q.now());
                     self.pump(daemon);
                 }
             }
@@ -314,25 +243,25 @@ impl<'s> Engine<'s> {
                 let n = &mut self.nodes[daemon as usize];
                 if n.alive {
                     n.alive = false;
-                    n.crashed_at = Some(self.now);
-                    self.trace.crashes.push((daemon, self.now));
-                    self.note(|| format!("CRASH d{daemon}"));
-                    self.push(self.now + detect_after, Kind::Detect { daemon });
+                    n.crashed_at = Some(self.q.now());
+                    self.trace.crashes.push((daemon, self.q.now()));
+                    self.q.note(|| format!("CRASH d{daemon}"));
+                    self.q.push(self.q.now() + detect_after, Kind::Detect { daemon });
                 }
             }
             Kind::Detect { daemon } => {
                 self.failed.insert(daemon);
                 let epoch = self.trace.epochs.len();
-                self.trace.epochs.push((self.now, self.failed.clone()));
+                self.trace.epochs.push((self.q.now(), self.failed.clone()));
                 for r in 0..self.sc.n {
                     if !self.nodes[r as usize].alive {
                         continue;
                     }
                     let stagger = self.rng.gen_range(0..=self.sc.repair_stagger_ns);
                     let n = &mut self.nodes[r as usize];
-                    let at = (self.now + stagger).max(n.last_repair_at);
+                    let at = (self.q.now() + stagger).max(n.last_repair_at);
                     n.last_repair_at = at;
-                    self.push(at, Kind::Repair { daemon: r, epoch });
+                    self.q.push(at, Kind::Repair { daemon: r, epoch });
                 }
             }
             Kind::Repair { daemon, epoch } => {
@@ -345,9 +274,9 @@ impl<'s> Engine<'s> {
                         .trace
                         .engine_errors
                         .push(format!("daemon {daemon}: topology_changed({failed:?}) failed: {e}")),
-                    Ok(delta) => self.note(|| format!("d{daemon} REPAIR epoch {epoch} failed {failed:?}: {delta:?}")),
+                    Ok(delta) => self.q.note(|| format!("d{daemon} REPAIR epoch {epoch} failed {failed:?}: {delta:?}")),
                 }
-                self.trace.repairs_applied.insert((daemon, epoch), self.now);
+                self.trace.repairs_applied.insert((daemon, epoch), self.q.now());
                 self.pump(daemon);
             }
             Kind::Unreachable { daemon, peer } => {
@@ -355,7 +284,7 @@ impl<'s> Engine<'s> {
                 // A carrier that already applied the repair knows the peer is gone.
                 if n.alive && n.g.topology().is_alive(peer) {
                     n.g.peer_unreachable(peer);
-                    self.note(|| format!("d{daemon} peer_unreachable({peer})"));
+                    self.q.note(|| format!("d{daemon} peer_unreachable({peer})"));
                     self.pump(daemon);
                 }
             }
@@ -367,13 +296,13 @@ impl<'s> Engine<'s> {
                 }
                 let id = self.nodes[daemon as usize].g.xcast(p.tag, p.payload.clone());
                 let tag = p.tag;
-                self.note(|| format!("d{daemon} XCAST {id:?} tag {tag}"));
+                self.q.note(|| format!("d{daemon} XCAST {id:?} tag {tag}"));
                 self.trace.xcast_starts.push(XcastStart {
                     daemon,
                     id,
                     tag: p.tag,
                     payload: p.payload.clone(),
-                    at: self.now,
+                    at: self.q.now(),
                 });
                 self.pump(daemon);
             }
@@ -389,7 +318,7 @@ impl<'s> Engine<'s> {
                     scatter_id,
                     tag: p.tag,
                     slices: p.slices.clone(),
-                    at: self.now,
+                    at: self.q.now(),
                 });
                 self.pump(daemon);
             }
@@ -405,8 +334,8 @@ impl<'s> Engine<'s> {
         let s = &c.steps[step];
         let data = c.contribution(chain, step, daemon);
         let req = FenceRequest { sig: c.sig.clone(), collect: s.collect, data: data.clone(), timeout: s.timeout };
-        let id = self.nodes[daemon as usize].g.fence(req, self.now);
-        self.note(|| format!("d{daemon} FENCE chain {chain} step {step} seq {}", id.seq));
+        let id = self.nodes[daemon as usize].g.fence(req, self.q.now());
+        self.q.note(|| format!("d{daemon} FENCE chain {chain} step {step} seq {}", id.seq));
         self.pending_fence.insert((daemon, chain), self.trace.fence_calls.len());
         self.trace.fence_calls.push(FenceCall {
             daemon,
@@ -415,7 +344,7 @@ impl<'s> Engine<'s> {
             id,
             collect: s.collect,
             data,
-            at: self.now,
+            at: self.q.now(),
             done: None,
         });
         self.pump(daemon);
@@ -440,34 +369,34 @@ impl<'s> Engine<'s> {
     fn apply(&mut self, daemon: Rank, e: Effect) {
         match e {
             Effect::Send { to, msg } => {
-                self.note(|| format!("d{daemon} -> d{to} {}", describe(&msg)));
+                self.q.note(|| format!("d{daemon} -> d{to} {}", describe(&msg)));
                 self.forward(daemon, to, msg, 0)
             }
             Effect::Deliver { op_id, origin, tag, payload } => {
-                self.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));
-                self.trace.deliveries[daemon as usize].push(Delivery { op_id, origin, tag, payload, at: self.now });
+                self.q.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));
+                self.trace.deliveries[daemon as usize].push(Delivery { op_id, origin, tag, payload, at: self.q.now() });
                 if self.sc.cfg.process_first.contains(&tag) {
                     self.nodes[daemon as usize].g.xcast_processed(op_id);
                 }
             }
             Effect::XcastComplete { id, op_id } => {
-                self.note(|| format!("d{daemon} XCAST_COMPLETE {id:?} op {op_id}"));
-                self.trace.xcast_completes.push((daemon, id, op_id, self.now))
+                self.q.note(|| format!("d{daemon} XCAST_COMPLETE {id:?} op {op_id}"));
+                self.trace.xcast_completes.push((daemon, id, op_id, self.q.now()))
             }
             Effect::FenceComplete { id, result } => {
-                self.note(|| format!("d{daemon} FENCE_COMPLETE seq {} {result:?}", id.seq));
+                self.q.note(|| format!("d{daemon} FENCE_COMPLETE seq {} {result:?}", id.seq));
                 self.fence_done(daemon, id, result)
             }
             Effect::ScatterDeliver { origin, scatter_id, tag, data } => {
-                self.trace.scatter_got.push(ScatterGot { daemon, origin, scatter_id, tag, data, at: self.now })
+                self.trace.scatter_got.push(ScatterGot { daemon, origin, scatter_id, tag, data, at: self.q.now() })
             }
             Effect::ArmTimer { at } => {
                 if self.nodes[daemon as usize].armed.insert(at) {
-                    self.push(at, Kind::Tick { daemon, at });
+                    self.q.push(at, Kind::Tick { daemon, at });
                 }
             }
             Effect::Dropped { from, reason } => {
-                self.note(|| format!("d{daemon} DROPPED from {from}: {reason}"));
+                self.q.note(|| format!("d{daemon} DROPPED from {from}: {reason}"));
                 self.trace.dropped.push((daemon, from, reason))
             }
         }
@@ -494,20 +423,20 @@ impl<'s> Engine<'s> {
             self.pending_fence.insert((daemon, chain), idx);
             return;
         }
-        call.done = Some((self.now, result));
+        call.done = Some((self.q.now(), result));
         let next = call.step + 1;
         if next < self.sc.chains[chain].steps.len() {
             let think = self.rng.gen_range(0..=self.sc.think_ns);
-            self.push(self.now + think, Kind::FenceStep { daemon, chain, step: next });
+            self.q.push(self.q.now() + think, Kind::FenceStep { daemon, chain, step: next });
         }
     }
 
     /// Move `msg` one hop from `at` toward `dst`, or hand it to grpcomm if `at` is `dst`.
     fn forward(&mut self, at: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
         match self.nodes[at as usize].g.topology().route_to(dst) {
-            Route::Local => self.push(self.now, Kind::Handle { from: at, to: at, dst, msg, hops }),
+            Route::Local => self.q.push(self.q.now(), Kind::Handle { from: at, to: at, dst, msg, hops }),
             Route::Unreachable => {
-                self.note(|| format!("d{at} -> d{dst} UNROUTABLE {}", describe(&msg)));
+                self.q.note(|| format!("d{at} -> d{dst} UNROUTABLE {}", describe(&msg)));
                 self.trace.stats.unroutable += 1
             }
             Route::Up(next) | Route::Down(next) => {
@@ -525,34 +454,20 @@ impl<'s> Engine<'s> {
             self.refuse(from, to);
             return;
         }
-        let net = &self.sc.net;
         let bytes = msg.encoded_len();
-        let wire = net.wire_ns(bytes);
-        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
-        let sender = &mut self.nodes[from as usize];
-        let start = sender.egress_free.max(self.now);
-        sender.egress_free = start + wire;
-        let mut arrive = start + wire + net.alpha_ns + jitter;
-        if net.ingress_serialized {
-            let recv = &mut self.nodes[to as usize];
-            arrive = arrive.max(recv.ingress_free + wire);
-            recv.ingress_free = arrive;
-        }
-        let last = self.link_last.entry((from, to)).or_insert(0);
-        arrive = arrive.max(*last);
-        *last = arrive;
+        let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, self.q.now(), from, to, bytes);
         self.trace.stats.messages += 1;
         self.trace.stats.bytes += bytes as u64;
-        self.push(arrive, Kind::Arrive { from, to, dst, msg, hops, sent_at: start });
+        self.q.push(arrive, Kind::Arrive { from, to, dst, msg, hops, sent_at: start });
     }
 
     /// A send toward a crashed daemon: dropped, and the sender hears of it like a refused or
     /// reset connection.
     fn refuse(&mut self, from: Rank, to: Rank) {
         self.trace.stats.refused += 1;
-        self.note(|| format!("d{from} -> d{to} REFUSED (crashed)"));
+        self.q.note(|| format!("d{from} -> d{to} REFUSED (crashed)"));
         if self.nodes[from as usize].alive {
-            self.push(self.now + self.sc.net.alpha_ns, Kind::Unreachable { daemon: from, peer: to });
+            self.q.push(self.q.now() + self.sc.net.alpha_ns, Kind::Unreachable { daemon: from, peer: to });
         }
     }
 }

@@ -4,12 +4,12 @@
 //! DAEMON_DIED, eviction, fence and xcast owners, benchmarks) booted and driven through jobs
 //! and faults — kills, freezes, link cuts, HNP loss ([`daemons`], `--engine core`).
 //!
-//! Owns: virtual time (u64 ns); the carrier model (α + bytes·β per hop, the sender's egress and
-//! the receiver's ingress serialized, a per-message receive CPU cost, seeded jitter that keeps
-//! every link FIFO); hop-by-hop routing with each hop's own `Topology::route_to`; crashes,
-//! detection delay and repairs staggered per daemon (same failed sets, same order everywhere);
-//! generated schedules, invariant checks against independent oracles, replay of a failing
-//! seed, and the α-β projections.
+//! Owns: virtual time (u64 ns) and the one event queue both engines run on; the carrier model
+//! (α + bytes·β per hop, the sender's egress and the receiver's ingress serialized, a
+//! per-message receive CPU cost, seeded jitter that keeps every link FIFO); hop-by-hop routing
+//! with each hop's own `Topology::route_to`; crashes, detection delay and repairs staggered per
+//! daemon (same failed sets, same order everywhere); generated schedules, invariant checks
+//! against independent oracles, replay of a failing seed, and the α-β projections.
 //!
 //! Never: a socket, a thread per daemon, a wall clock or a `HashMap` whose order could steer a
 //! run; never a protocol decision of its own (it only carries effects out, and acknowledges
@@ -26,6 +26,7 @@ pub mod daemons;
 pub mod engine;
 pub mod net;
 pub mod project;
+mod queue;
 pub mod scenario;
 pub mod trace;
 
@@ -97,19 +98,31 @@ pub fn replay_command(seed: u64, n: u32, radix: u32, profile: Profile) -> String
     format!("cargo run -p dvm-sim --release -- replay --seed {seed} --n {n} --radix {radix} --profile {profile}")
 }
 
-/// A generated schedule that violated an invariant.
+/// A profile of generated schedules: it knows the command that replays one of them.
+pub trait ReplayProfile: Copy + std::fmt::Display {
+    fn replay_command(self, seed: u64, n: u32, radix: u32) -> String;
+}
+
+impl ReplayProfile for Profile {
+    fn replay_command(self, seed: u64, n: u32, radix: u32) -> String {
+        replay_command(seed, n, radix, self)
+    }
+}
+
+/// A generated schedule that violated an invariant (of either engine: `P` is its profile).
 #[derive(Debug)]
-pub struct Failure {
+pub struct Failure<P = Profile> {
     pub seed: u64,
     pub n: u32,
     pub radix: u32,
-    pub profile: Profile,
+    pub profile: P,
     pub violations: Vec<String>,
 }
 
-impl Failure {
+impl<P: ReplayProfile> Failure<P> {
+    /// The one-line command that reruns this schedule.
     pub fn replay(&self) -> String {
-        replay_command(self.seed, self.n, self.radix, self.profile)
+        self.profile.replay_command(self.seed, self.n, self.radix)
     }
 }
 

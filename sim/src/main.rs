@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
 use dvm_sim::project::{project, Op, Row};
-use dvm_sim::{campaign, run, NetModel, Profile, Scenario};
+use dvm_sim::{campaign, run, Failure, NetModel, Profile, ReplayProfile, Scenario};
 
 #[derive(Parser)]
 #[command(name = "dvm-sim", about = "Deterministic simulator of the DVM's collectives")]
@@ -104,15 +104,7 @@ fn main() -> Result<()> {
         Cmd::Campaign { engine: EngineKind::Core, first, count, n, radix, profile, verbose } => {
             let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
             let rep = daemons::campaign(first..first + count, n, radix, profile);
-            for f in &rep.failures {
-                println!("FAIL {}  # {}", f.replay(), f.violations[0]);
-                if verbose {
-                    for v in &f.violations[1..] {
-                        println!("    {v}");
-                    }
-                }
-            }
-            println!(
+            let summary = format!(
                 "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} evictions, {} frames from dead daemons dropped: {} failing",
                 rep.runs,
                 rep.kills,
@@ -127,9 +119,7 @@ fn main() -> Result<()> {
                 rep.dead_frames,
                 rep.failures.len()
             );
-            if !rep.failures.is_empty() {
-                bail!("{} failing seed(s)", rep.failures.len());
-            }
+            campaign_verdict(&rep.failures, &summary, verbose)?;
         }
         Cmd::Replay { engine: EngineKind::Grpcomm, seed, n, radix, profile, verbose, log } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
@@ -159,26 +149,12 @@ fn main() -> Result<()> {
                     println!("stats: {:?}\nepochs: {:?}\ndropped: {:?}", t.stats, t.epochs, t.dropped);
                 }
             }
-            for v in &out.violations {
-                println!("VIOLATION: {v}");
-            }
-            if !out.violations.is_empty() {
-                bail!("{} violation(s)", out.violations.len());
-            }
-            println!("ok: every invariant holds");
+            replay_verdict(&out.violations)?;
         }
         Cmd::Campaign { engine: EngineKind::Grpcomm, first, count, n, radix, profile, verbose } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
             let rep = campaign(first..first + count, n, radix, profile);
-            for f in &rep.failures {
-                println!("FAIL {}  # {}", f.replay(), f.violations[0]);
-                if verbose {
-                    for v in &f.violations[1..] {
-                        println!("    {v}");
-                    }
-                }
-            }
-            println!(
+            let summary = format!(
                 "{} runs, {} crashes, {} xcasts, {} fence calls: {} failing",
                 rep.runs,
                 rep.crashes,
@@ -186,9 +162,7 @@ fn main() -> Result<()> {
                 rep.fences,
                 rep.failures.len()
             );
-            if !rep.failures.is_empty() {
-                bail!("{} failing seed(s)", rep.failures.len());
-            }
+            campaign_verdict(&rep.failures, &summary, verbose)?;
         }
         Cmd::Project { n, radix, xcast_bytes, modex_bytes, alpha_us, bandwidth_gbs, cpu_ns, no_ingress, markdown } => {
             if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
@@ -279,12 +253,35 @@ fn replay_core(seed: u64, n: u32, radix: u32, profile: CoreProfile, verbose: boo
             println!("stats: {:?}\nends: {:?}\nfailed at the HNP: {:?}", t.stats, t.ends, t.final_failed.first());
         }
     }
-    for v in &out.violations {
+    replay_verdict(&out.violations)
+}
+
+/// Print a replayed schedule's violations and its verdict; an error if there are any.
+fn replay_verdict(violations: &[String]) -> Result<()> {
+    for v in violations {
         println!("VIOLATION: {v}");
     }
-    if !out.violations.is_empty() {
-        bail!("{} violation(s)", out.violations.len());
+    if !violations.is_empty() {
+        bail!("{} violation(s)", violations.len());
     }
     println!("ok: every invariant holds");
+    Ok(())
+}
+
+/// Print each failing seed's replay line and first violation (all of them when `verbose`),
+/// then the campaign's `summary`; an error if any seed failed.
+fn campaign_verdict<P: ReplayProfile>(failures: &[Failure<P>], summary: &str, verbose: bool) -> Result<()> {
+    for f in failures {
+        println!("FAIL {}  # {}", f.replay(), f.violations[0]);
+        if verbose {
+            for v in &f.violations[1..] {
+                println!("    {v}");
+            }
+        }
+    }
+    println!("{summary}");
+    if !failures.is_empty() {
+        bail!("{} failing seed(s)", failures.len());
+    }
     Ok(())
 }

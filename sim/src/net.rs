@@ -1,6 +1,13 @@
 //! The link cost model: latency α per message, β per byte on the sender's egress (and the
 //! receiver's ingress), a per-message receive CPU cost, and seeded jitter that never breaks
-//! per-link FIFO order.
+//! per-link FIFO order; the carrier state (`Carrier`: when each NIC, CPU and link is next
+//! free) that applies it in both engines.
+
+use std::collections::BTreeMap;
+
+use dvm_grpcomm::Rank;
+use rand::seq::SliceRandom;
+use rand::Rng;
 
 /// Cost parameters of the simulated network. Times are virtual nanoseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +30,82 @@ impl NetModel {
         NetModel { alpha_ns: 50_000, beta_ps_per_byte: 1_000, cpu_ns: 100, jitter_ns: 0, ingress_serialized: true }
     }
 
+    /// The network of a generated schedule: α = 50 µs, 1 GB/s, and from `rng` (in this order)
+    /// the jitter, the receive cost and whether ingress is serialized.
+    pub fn generated(rng: &mut impl Rng) -> Self {
+        let alpha = 50_000u64;
+        let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(rng).unwrap();
+        let cpu = *[0u64, 1_000, 5_000].choose(rng).unwrap();
+        NetModel {
+            alpha_ns: alpha,
+            beta_ps_per_byte: 1_000,
+            cpu_ns: cpu,
+            jitter_ns: jitter,
+            ingress_serialized: rng.gen_bool(0.5),
+        }
+    }
+
+    /// One fence round trip on a tree of `height` whose daemons have `fanout` children,
+    /// roughly, with everything slow at once (small messages; used to size bounds).
+    pub fn round_ns(&self, height: u64, fanout: u64) -> u64 {
+        2 * (height + 1) * (self.alpha_ns + self.jitter_ns) + 2 * (height + 1) * fanout * (self.cpu_ns + 1_000)
+    }
+
     /// Time the link is busy with `bytes` bytes.
     pub fn wire_ns(&self, bytes: usize) -> u64 {
         ((bytes as u128 * self.beta_ps_per_byte as u128) / 1_000) as u64
+    }
+}
+
+/// When each daemon's NIC (out and in) and receive CPU are next free, and when the last
+/// message on each `(from, to)` link arrives: the timing state of the carrier, for both engines.
+pub(crate) struct Carrier {
+    egress_free: Vec<u64>,
+    ingress_free: Vec<u64>,
+    cpu_free: Vec<u64>,
+    /// Arrival time of the last message on each (from, to) link: keeps every link FIFO.
+    link_last: BTreeMap<(Rank, Rank), u64>,
+}
+
+impl Carrier {
+    /// Every NIC and CPU of `n` daemons idle, no message sent yet.
+    pub(crate) fn new(n: u32) -> Self {
+        let idle = vec![0; n as usize];
+        Carrier { egress_free: idle.clone(), ingress_free: idle.clone(), cpu_free: idle, link_last: BTreeMap::new() }
+    }
+
+    /// Put `bytes` bytes on the link `from -> to` at `now`: returns when they start to leave
+    /// the sender and when they arrive. Draws the jitter (only if there is any) from `rng`.
+    pub(crate) fn send(
+        &mut self,
+        net: &NetModel,
+        rng: &mut impl Rng,
+        now: u64,
+        from: Rank,
+        to: Rank,
+        bytes: usize,
+    ) -> (u64, u64) {
+        let wire = net.wire_ns(bytes);
+        let jitter = if net.jitter_ns > 0 { rng.gen_range(0..=net.jitter_ns) } else { 0 };
+        let egress = &mut self.egress_free[from as usize];
+        let start = (*egress).max(now);
+        *egress = start + wire;
+        let mut arrive = start + wire + net.alpha_ns + jitter;
+        if net.ingress_serialized {
+            let ingress = &mut self.ingress_free[to as usize];
+            arrive = arrive.max(*ingress + wire);
+            *ingress = arrive;
+        }
+        let last = self.link_last.entry((from, to)).or_insert(0);
+        arrive = arrive.max(*last);
+        *last = arrive;
+        (start, arrive)
+    }
+
+    /// A message reached `to` at `now`: when `to` has handled it (receives are serialized).
+    pub(crate) fn handled_at(&mut self, net: &NetModel, now: u64, to: Rank) -> u64 {
+        let cpu = &mut self.cpu_free[to as usize];
+        *cpu = (*cpu).max(now) + net.cpu_ns;
+        *cpu
     }
 }

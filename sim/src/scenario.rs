@@ -57,6 +57,7 @@ impl FenceChain {
     }
 }
 
+/// An xcast of `payload` with `tag` from `origin` at `at` (in the core engine: after ready).
 #[derive(Debug, Clone)]
 pub struct XcastPlan {
     pub at: u64,
@@ -160,20 +161,11 @@ impl Scenario {
     pub fn generate(seed: u64, n: u32, radix: u32, profile: Profile) -> Self {
         assert!(n >= 2, "a generated schedule needs at least 2 daemons (n = {n})");
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f5c_4ed0_1e00);
-        let alpha = 50_000u64;
-        let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(&mut rng).unwrap();
-        let cpu = *[0u64, 1_000, 5_000].choose(&mut rng).unwrap();
-        let net = NetModel {
-            alpha_ns: alpha,
-            beta_ps_per_byte: 1_000,
-            cpu_ns: cpu,
-            jitter_ns: jitter,
-            ingress_serialized: rng.gen_bool(0.5),
-        };
+        let net = NetModel::generated(&mut rng);
+        let alpha = net.alpha_ns;
         let mut sc = Scenario::empty(n, radix, seed, net);
         let h = sc.height() as u64;
-        // One fence round trip, roughly, with everything slow at once.
-        let round = 2 * (h + 1) * (alpha + jitter) + 2 * (h + 1) * radix as u64 * (cpu + 1_000);
+        let round = sc.net.round_ns(h, radix as u64);
         sc.think_ns = rng.gen_range(0..=2 * alpha);
 
         // Chain over every daemon: barrier and modex back to back.

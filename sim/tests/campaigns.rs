@@ -3,34 +3,20 @@
 //!
 //! `DVM_SIM_SCALE` (default 1) multiplies every seed count, for longer soak runs.
 
+mod support;
+
 use bytes::Bytes;
 use dvm_grpcomm::{tags, FenceSignature, Participants};
 use dvm_sim::scenario::{FenceChain, FenceStep, ScatterPlan};
 use dvm_sim::{campaign, run, NetModel, Profile, Scenario};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn scale() -> u64 {
-    std::env::var("DVM_SIM_SCALE").ok().map_or(1, |s| s.parse().expect("DVM_SIM_SCALE must be an integer"))
-}
+use support::{assert_no_failures, scale};
 
 /// Runs the seeds and fails with one replay line per failing seed.
 fn campaign_ok(n: u32, radix: u32, profile: Profile, seeds: u64, first: u64) -> u64 {
     let rep = campaign(first..first + seeds * scale(), n, radix, profile);
-    let mut msg = String::new();
-    for f in rep.failures.iter().take(20) {
-        msg.push_str(&format!(
-            "\n  {}\n      {}",
-            f.replay(),
-            f.violations.iter().take(4).cloned().collect::<Vec<_>>().join("\n      ")
-        ));
-    }
-    assert!(
-        rep.failures.is_empty(),
-        "{} of {} schedules at n={n} radix={radix} ({profile}) violated invariants:{msg}",
-        rep.failures.len(),
-        rep.runs
-    );
+    assert_no_failures(&rep.failures, rep.runs, &format!("schedules at n={n} radix={radix} ({profile})"));
     assert!(profile != Profile::Crash || rep.crashes >= rep.runs, "every crash schedule crashes a daemon");
     eprintln!(
         "n={n} radix={radix} {profile}: {} schedules, {} crashes, {} xcasts, {} fence calls, 0 violations",
@@ -164,4 +150,12 @@ fn runs_are_reproducible() {
         assert_eq!(format!("{:?}", ta.fence_calls), format!("{:?}", tb.fence_calls));
         assert_eq!(a.violations, b.violations);
     }
+}
+
+/// The campaign assertion is not blind: a failing seed fails it, named by its replay line.
+#[test]
+#[should_panic(expected = "replay --seed 9 --n 7 --radix 2 --profile crash\n      lost op 4")]
+fn a_failing_seed_is_named_by_its_replay_line() {
+    let f = dvm_sim::Failure { seed: 9, n: 7, radix: 2, profile: Profile::Crash, violations: vec!["lost op 4".into()] };
+    assert_no_failures(&[f], 1, "schedules");
 }

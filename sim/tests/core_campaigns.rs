@@ -4,29 +4,15 @@
 //! `DVM_SIM_SCALE` (default 1) multiplies every seed count, for longer soak runs. The long
 //! campaign is `scripts/sim_core_campaign.sh`.
 
-use dvm_sim::daemons::{campaign, run, CoreProfile, CoreScenario};
+mod support;
 
-fn scale() -> u64 {
-    std::env::var("DVM_SIM_SCALE").ok().map_or(1, |s| s.parse().expect("DVM_SIM_SCALE must be an integer"))
-}
+use dvm_sim::daemons::{campaign, run, CoreProfile, CoreScenario};
+use support::{assert_no_failures, scale};
 
 /// Runs the seeds and fails with one replay line per failing seed.
 fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64) {
     let rep = campaign(first..first + seeds * scale(), n, radix, profile);
-    let mut msg = String::new();
-    for f in rep.failures.iter().take(20) {
-        msg.push_str(&format!(
-            "\n  {}\n      {}",
-            f.replay(),
-            f.violations.iter().take(4).cloned().collect::<Vec<_>>().join("\n      ")
-        ));
-    }
-    assert!(
-        rep.failures.is_empty(),
-        "{} of {} core schedules at n={n} radix={radix} ({profile}) violated invariants:{msg}",
-        rep.failures.len(),
-        rep.runs
-    );
+    assert_no_failures(&rep.failures, rep.runs, &format!("core schedules at n={n} radix={radix} ({profile})"));
     if profile == CoreProfile::HnpLoss {
         assert_eq!(rep.hnp_losses, rep.runs, "every hnp schedule kills the HNP");
     }

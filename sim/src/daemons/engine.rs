@@ -1,7 +1,8 @@
 //! The discrete-event engine over N `dvm_core::Core`s: the carrier of `Effect::Transmit`
 //! (one hop to `next_hop`, which steps `Input::Frame`), loss detection (heartbeats on tree
 //! links, closed sockets, failed sends), freezes, cuts and kills, and the workloads. One seeded
-//! RNG and one event heap ordered by `(time, insertion)`: a scenario fixes the whole trace.
+//! RNG and one event queue (`queue::EventQueue`, ordered by `(time, insertion)`): a scenario
+//! fixes the whole trace.
 //!
 //! The loss model, for daemon `r` and peer `p`. `p` is *silent* to `r` when `p` is killed,
 //! exited or frozen, the link `r`-`p` is cut, or `p` has declared `r` dead (it stopped talking
@@ -14,8 +15,7 @@
 //! when it resumes it works through its queue, then hears `PeerLost` at once from every tree
 //! neighbour still silent to it.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_core::{Core, CoreConfig, Effect, FenceOwner, Input};
@@ -29,6 +29,8 @@ use rand::{Rng, SeedableRng};
 
 use super::scenario::{CoreScenario, FaultKind, JOB_END, USER_XCAST};
 use super::trace::{CoreTrace, End, FenceCall};
+use crate::net::Carrier;
+use crate::queue::EventQueue;
 
 const MAX_EVENTS: u64 = 5_000_000;
 /// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
@@ -62,28 +64,6 @@ enum Kind {
     JobEnd { job: usize },
 }
 
-struct Ev {
-    at: u64,
-    seq: u64,
-    kind: Kind,
-}
-impl PartialEq for Ev {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Ev {}
-impl PartialOrd for Ev {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Ev {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (o.at, o.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Running,
@@ -101,9 +81,6 @@ struct Node {
     queue: Vec<(Rank, Msg)>,
     /// Workload inputs that came while frozen (its local clients waited).
     deferred: Vec<Kind>,
-    egress_free: u64,
-    ingress_free: u64,
-    cpu_free: u64,
     armed: BTreeSet<u64>,
     /// Inputs stepped since ready.
     steps: u64,
@@ -113,13 +90,11 @@ struct Node {
 
 pub struct CoreEngine<'s> {
     sc: &'s CoreScenario,
-    now: u64,
-    seq: u64,
-    heap: BinaryHeap<Ev>,
-    busy: u64,
+    /// Pending events; timer ticks are idle.
+    q: EventQueue<Kind>,
     nodes: Vec<Node>,
     rng: StdRng,
-    link_last: BTreeMap<(Rank, Rank), u64>,
+    carrier: Carrier,
     /// Pairs that have a connection (any frame went between them), `(min, max)`.
     conns: BTreeSet<(Rank, Rank)>,
     /// Cut links `(min, max)` and when each is (or will be) cut, with its lossy flag.
@@ -136,7 +111,6 @@ pub struct CoreEngine<'s> {
     job_ended: Vec<bool>,
     /// `(p, r) -> time` daemon `p` applied the DAEMON_DIED that declared `r` dead.
     declared: BTreeMap<(Rank, Rank), u64>,
-    log: Option<Vec<String>>,
     pub trace: CoreTrace,
 }
 
@@ -172,9 +146,6 @@ impl<'s> CoreEngine<'s> {
                     state: State::Running,
                     queue: Vec::new(),
                     deferred: Vec::new(),
-                    egress_free: 0,
-                    ingress_free: 0,
-                    cpu_free: 0,
                     armed: BTreeSet::new(),
                     steps: 0,
                     kill_at_step: None,
@@ -186,13 +157,10 @@ impl<'s> CoreEngine<'s> {
         let trace = CoreTrace { deliveries: vec![Vec::new(); n], ends: vec![End::Running; n], ..CoreTrace::default() };
         let mut e = CoreEngine {
             sc,
-            now: 0,
-            seq: 0,
-            heap: BinaryHeap::new(),
-            busy: 0,
+            q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
-            link_last: BTreeMap::new(),
+            carrier: Carrier::new(sc.n),
             conns: BTreeSet::new(),
             cut: BTreeSet::new(),
             lossy_cuts: BTreeMap::new(),
@@ -202,33 +170,19 @@ impl<'s> CoreEngine<'s> {
             job_finished: vec![BTreeSet::new(); sc.jobs.len()],
             job_ended: vec![false; sc.jobs.len()],
             declared: BTreeMap::new(),
-            log: None,
             trace,
         };
         for r in 1..sc.n {
             let at = e.rng.gen_range(0..=sc.boot_stagger_ns);
-            e.push(at, Kind::CheckIn { daemon: r });
+            e.q.push(at, Kind::CheckIn { daemon: r });
         }
         e
     }
 
+    /// Record every event as a line of text (see [`CoreEngine::run_logged`]).
     pub fn with_log(mut self) -> Self {
-        self.log = Some(Vec::new());
+        self.q.enable_log();
         self
-    }
-
-    fn note(&mut self, line: impl FnOnce() -> String) {
-        if let Some(log) = &mut self.log {
-            log.push(format!("t={:>10} {}", self.now, line()));
-        }
-    }
-
-    fn push(&mut self, at: u64, kind: Kind) {
-        if !matches!(kind, Kind::Tick { .. }) {
-            self.busy += 1;
-        }
-        self.seq += 1;
-        self.heap.push(Ev { at: at.max(self.now), seq: self.seq, kind });
     }
 
     pub fn run(self) -> CoreTrace {
@@ -236,37 +190,24 @@ impl<'s> CoreEngine<'s> {
     }
 
     pub fn run_logged(mut self) -> (CoreTrace, Vec<String>) {
-        let hard_stop = self.sc.bound_ns.saturating_mul(4);
-        while let Some(ev) = self.heap.pop() {
-            if !matches!(ev.kind, Kind::Tick { .. }) {
-                self.busy -= 1;
-            }
-            self.now = ev.at;
-            self.trace.stats.events += 1;
-            if self.now > hard_stop {
-                self.trace.engine_errors.push(format!(
-                    "still running at t={} ns, 4x past the bound of {} ns (livelock?)",
-                    self.now, self.sc.bound_ns
-                ));
-                break;
-            }
-            if self.trace.stats.events > MAX_EVENTS {
-                self.trace.engine_errors.push(format!("more than {MAX_EVENTS} events at t={} ns", self.now));
-                break;
-            }
-            self.event(ev.kind);
-            if self.busy == 0 && self.nodes.iter().all(|n| n.state != State::Running || n.core.grpcomm().is_quiescent())
+        while let Some(kind) = self.q.pop() {
+            self.event(kind);
+            if self.q.only_idle_left()
+                && self.nodes.iter().all(|n| n.state != State::Running || n.core.grpcomm().is_quiescent())
             {
                 break;
             }
         }
-        self.trace.end_ns = self.now;
+        self.trace.stats.events = self.q.handled();
+        self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
+        self.trace.end_ns = self.q.now();
         for n in &self.nodes {
             self.trace.final_failed.push(n.core.topology().failed().clone());
             self.trace.final_owned.push(n.core.owned_ops());
             self.trace.final_quiescent.push(n.core.grpcomm().is_quiescent());
         }
-        (self.trace, self.log.unwrap_or_default())
+        let log = self.q.take_log();
+        (self.trace, log)
     }
 
     fn running(&self, r: Rank) -> bool {
@@ -320,7 +261,7 @@ impl<'s> CoreEngine<'s> {
             Kind::SendFailed { daemon, peer } => {
                 if self.running(daemon) {
                     self.trace.stats.send_failed += 1;
-                    self.note(|| format!("d{daemon} SEND_FAILED d{peer}"));
+                    self.q.note(|| format!("d{daemon} SEND_FAILED d{peer}"));
                     self.drive(daemon, Input::SendFailed { peer });
                 }
             }
@@ -330,7 +271,7 @@ impl<'s> CoreEngine<'s> {
             Kind::JobEnd { job } => match self.nodes[0].state {
                 State::Running => {
                     let payload = Bytes::from((job as u64).to_le_bytes().to_vec());
-                    self.note(|| format!("d0 JOB_END {job}"));
+                    self.q.note(|| format!("d0 JOB_END {job}"));
                     self.drive(0, Input::Xcast { tag: JOB_END, payload });
                 }
                 State::Stopped => self.nodes[0].deferred.push(Kind::JobEnd { job }),
@@ -340,8 +281,8 @@ impl<'s> CoreEngine<'s> {
                 if self.running(0) {
                     let b = &self.sc.benches[idx];
                     let input = Input::Bench { kind: BenchKind::Alternate, count: b.count, bytes: b.bytes };
-                    self.trace.bench_starts.push(self.now);
-                    self.note(|| format!("d0 BENCH {idx}"));
+                    self.trace.bench_starts.push(self.q.now());
+                    self.q.note(|| format!("d0 BENCH {idx}"));
                     self.drive(0, input);
                 } else if self.nodes[0].state == State::Stopped {
                     self.nodes[0].deferred.push(Kind::Bench { idx });
@@ -352,7 +293,7 @@ impl<'s> CoreEngine<'s> {
                 let (origin, tag, payload) = (x.origin, x.tag, x.payload.clone());
                 match self.nodes[origin as usize].state {
                     State::Running => {
-                        self.trace.xcast_starts.push((origin, tag, payload.clone(), self.now));
+                        self.trace.xcast_starts.push((origin, tag, payload.clone(), self.q.now()));
                         self.drive(origin, Input::Xcast { tag, payload });
                     }
                     State::Stopped => self.nodes[origin as usize].deferred.push(Kind::Xcast { idx }),
@@ -364,7 +305,7 @@ impl<'s> CoreEngine<'s> {
 
     fn peer_lost(&mut self, daemon: Rank, peer: Rank, why: &str) {
         self.trace.stats.peer_lost += 1;
-        self.note(|| format!("d{daemon} PEER_LOST d{peer} ({why})"));
+        self.q.note(|| format!("d{daemon} PEER_LOST d{peer} ({why})"));
         self.drive(daemon, Input::PeerLost { peer, reason: why.to_string() });
     }
 
@@ -387,10 +328,8 @@ impl<'s> CoreEngine<'s> {
             }
             State::Stopped => self.nodes[to as usize].queue.push((from, msg)),
             State::Running => {
-                let n = &mut self.nodes[to as usize];
-                let at = n.cpu_free.max(self.now) + self.sc.net.cpu_ns;
-                n.cpu_free = at;
-                self.push(at, Kind::Handle { from, to, msg });
+                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), to);
+                self.q.push(at, Kind::Handle { from, to, msg });
             }
         }
     }
@@ -416,8 +355,8 @@ impl<'s> CoreEngine<'s> {
                     // A frame held on a failing link comes out only once its receiver has
                     // declared the sender dead (else it would overtake later frames).
                     if delayed < MAX_DELAY_ROUNDS {
-                        let at = self.now + self.sc.heartbeat_ns;
-                        self.push(
+                        let at = self.q.now() + self.sc.heartbeat_ns;
+                        self.q.push(
                             at,
                             Kind::Handle { from, to, msg: Msg::Frame { header, payload, delayed: delayed + 1 } },
                         );
@@ -426,7 +365,7 @@ impl<'s> CoreEngine<'s> {
                     }
                     return;
                 }
-                self.note(|| format!("d{to} <- d{from} {}", describe(&header, &payload)));
+                self.q.note(|| format!("d{to} <- d{from} {}", describe(&header, &payload)));
                 self.drive(to, Input::Frame { from_peer: from, header, payload });
             }
         }
@@ -439,7 +378,7 @@ impl<'s> CoreEngine<'s> {
             return;
         }
         if rst {
-            self.push(self.now + self.sc.net.alpha_ns, Kind::SendFailed { daemon: from, peer: to });
+            self.q.push(self.q.now() + self.sc.net.alpha_ns, Kind::SendFailed { daemon: from, peer: to });
         }
         self.detect(from, to);
     }
@@ -449,7 +388,7 @@ impl<'s> CoreEngine<'s> {
     fn detect(&mut self, daemon: Rank, peer: Rank) {
         if self.detecting.insert((daemon, peer)) {
             let j = self.rng.gen_range(0..=self.sc.detect_jitter_ns);
-            self.push(self.now + self.sc.heartbeat_ns + j, Kind::Lost { daemon, peer });
+            self.q.push(self.q.now() + self.sc.heartbeat_ns + j, Kind::Lost { daemon, peer });
         }
     }
 
@@ -492,7 +431,7 @@ impl<'s> CoreEngine<'s> {
         let mut delayed = 0;
         if let Some(&cut_at) = self.lossy_cuts.get(&link) {
             // The last few round trips before a lossy cut: frames vanish, double or stall.
-            if self.now + 8 * self.sc.net.alpha_ns >= cut_at {
+            if self.q.now() + 8 * self.sc.net.alpha_ns >= cut_at {
                 match self.rng.gen_range(0..4) {
                     0 => {
                         self.trace.stats.lost_frames += 1;
@@ -513,8 +452,8 @@ impl<'s> CoreEngine<'s> {
         for _ in 0..copies {
             let msg = Msg::Frame { header, payload: payload.clone(), delayed };
             if delayed > 0 {
-                let at = self.now + 2 * self.sc.heartbeat_ns + self.sc.detect_jitter_ns;
-                self.push(at, Kind::Handle { from, to, msg });
+                let at = self.q.now() + 2 * self.sc.heartbeat_ns + self.sc.detect_jitter_ns;
+                self.q.push(at, Kind::Handle { from, to, msg });
             } else {
                 self.link_send(from, to, msg, bytes);
             }
@@ -522,24 +461,10 @@ impl<'s> CoreEngine<'s> {
     }
 
     fn link_send(&mut self, from: Rank, to: Rank, msg: Msg, bytes: usize) {
-        let net = &self.sc.net;
-        let wire = net.wire_ns(bytes);
-        let jitter = if net.jitter_ns > 0 { self.rng.gen_range(0..=net.jitter_ns) } else { 0 };
-        let sender = &mut self.nodes[from as usize];
-        let start = sender.egress_free.max(self.now);
-        sender.egress_free = start + wire;
-        let mut arrive = start + wire + net.alpha_ns + jitter;
-        if net.ingress_serialized {
-            let recv = &mut self.nodes[to as usize];
-            arrive = arrive.max(recv.ingress_free + wire);
-            recv.ingress_free = arrive;
-        }
-        let last = self.link_last.entry((from, to)).or_insert(0);
-        arrive = arrive.max(*last);
-        *last = arrive;
+        let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, self.q.now(), from, to, bytes);
         self.trace.stats.frames += 1;
         self.trace.stats.bytes += bytes as u64;
-        self.push(arrive, Kind::Arrive { from, to, msg, sent_at: start });
+        self.q.push(arrive, Kind::Arrive { from, to, msg, sent_at: start });
     }
 
     // ------------------------------------------------------------------ faults
@@ -547,8 +472,8 @@ impl<'s> CoreEngine<'s> {
     fn fault(&mut self, idx: usize) {
         let f = self.sc.faults[idx].kind.clone();
         self.faulty = true;
-        self.trace.last_fault_at = self.now;
-        self.note(|| format!("FAULT {f:?}"));
+        self.trace.last_fault_at = self.q.now();
+        self.q.note(|| format!("FAULT {f:?}"));
         match f {
             FaultKind::Kill { rank, rst } => self.kill(rank, rst),
             FaultKind::KillAtStep { rank, step, carried } => {
@@ -558,14 +483,14 @@ impl<'s> CoreEngine<'s> {
             FaultKind::Stop { rank, for_ns } => {
                 if self.running(rank) {
                     self.nodes[rank as usize].state = State::Stopped;
-                    self.nodes[rank as usize].stopped_at = self.now;
-                    self.trace.stops.push((rank, self.now, self.now + for_ns));
-                    self.push(self.now + for_ns, Kind::Resume { daemon: rank });
+                    self.nodes[rank as usize].stopped_at = self.q.now();
+                    self.trace.stops.push((rank, self.q.now(), self.q.now() + for_ns));
+                    self.q.push(self.q.now() + for_ns, Kind::Resume { daemon: rank });
                 }
             }
             FaultKind::Cut { a, b, .. } => {
                 self.cut.insert(norm(a, b));
-                self.trace.cuts.push((a, b, self.now));
+                self.trace.cuts.push((a, b, self.q.now()));
                 // Both ends notice: the connection breaks (or never comes up).
                 for (x, y) in [(a, b), (b, a)] {
                     if self.running(x) {
@@ -583,12 +508,12 @@ impl<'s> CoreEngine<'s> {
         if matches!(self.nodes[r as usize].state, State::Dead { .. }) {
             return;
         }
-        self.note(|| format!("KILL d{r} rst {rst}"));
+        self.q.note(|| format!("KILL d{r} rst {rst}"));
         self.nodes[r as usize].state = State::Dead { rst };
         self.nodes[r as usize].queue.clear();
-        self.trace.ends[r as usize] = End::Killed(self.now);
+        self.trace.ends[r as usize] = End::Killed(self.q.now());
         self.faulty = true;
-        self.trace.last_fault_at = self.trace.last_fault_at.max(self.now);
+        self.trace.last_fault_at = self.trace.last_fault_at.max(self.q.now());
         if rst {
             self.close_all(r);
         }
@@ -612,7 +537,7 @@ impl<'s> CoreEngine<'s> {
         if self.nodes[r as usize].state != State::Stopped {
             return;
         }
-        self.note(|| format!("RESUME d{r}"));
+        self.q.note(|| format!("RESUME d{r}"));
         self.nodes[r as usize].state = State::Running;
         let queue = std::mem::take(&mut self.nodes[r as usize].queue);
         for (from, msg) in queue {
@@ -633,7 +558,7 @@ impl<'s> CoreEngine<'s> {
             if !self.running(r) || !self.silent(r, p) {
                 continue;
             }
-            if self.silent_since(r, p) + self.sc.heartbeat_ns <= self.now {
+            if self.silent_since(r, p) + self.sc.heartbeat_ns <= self.q.now() {
                 self.peer_lost(r, p, "heartbeat silence while frozen");
             } else {
                 self.detect(r, p);
@@ -643,7 +568,7 @@ impl<'s> CoreEngine<'s> {
             self.drive(r, Input::Tick);
         }
         for k in std::mem::take(&mut self.nodes[r as usize].deferred) {
-            self.push(self.now, k);
+            self.q.push(self.q.now(), k);
         }
     }
 
@@ -653,7 +578,7 @@ impl<'s> CoreEngine<'s> {
         if self.trace.ready_at.is_some() {
             return;
         }
-        let t0 = self.now;
+        let t0 = self.q.now();
         self.trace.ready_at = Some(t0);
         self.trace.last_fault_at = t0;
         for n in &mut self.nodes {
@@ -662,20 +587,20 @@ impl<'s> CoreEngine<'s> {
         let sc = self.sc;
         for (j, job) in sc.jobs.iter().enumerate() {
             for (&daemon, &at) in job.members.iter().zip(&job.first_start) {
-                self.push(t0 + at, Kind::JobStep { job: j, daemon, step: 0 });
+                self.q.push(t0 + at, Kind::JobStep { job: j, daemon, step: 0 });
             }
         }
         for (i, b) in sc.benches.iter().enumerate() {
-            self.push(t0 + b.at, Kind::Bench { idx: i });
+            self.q.push(t0 + b.at, Kind::Bench { idx: i });
         }
         for (i, x) in sc.xcasts.iter().enumerate() {
-            self.push(t0 + x.at, Kind::Xcast { idx: i });
+            self.q.push(t0 + x.at, Kind::Xcast { idx: i });
         }
         for (i, f) in sc.faults.iter().enumerate() {
             if let FaultKind::Cut { a, b, lossy: true } = f.kind {
                 self.lossy_cuts.insert(norm(a, b), t0 + f.at);
             }
-            self.push(t0 + f.at, Kind::Fault { idx: i });
+            self.q.push(t0 + f.at, Kind::Fault { idx: i });
         }
     }
 
@@ -693,8 +618,8 @@ impl<'s> CoreEngine<'s> {
         let req = FenceRequest { sig: plan.sig.clone(), collect: plan.steps[step], data: data.clone(), timeout: None };
         let key = key_of(job, step);
         self.pending.insert((daemon, key), self.trace.fence_calls.len());
-        self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.now, done: None });
-        self.note(|| format!("d{daemon} FENCE job {job} step {step}"));
+        self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.q.now(), done: None });
+        self.q.note(|| format!("d{daemon} FENCE job {job} step {step}"));
         self.drive(daemon, Input::Fence { owner: FenceOwner::Pmix(key), req });
     }
 
@@ -705,11 +630,11 @@ impl<'s> CoreEngine<'s> {
         };
         let ok = result.is_ok();
         let call = &mut self.trace.fence_calls[idx];
-        call.done = Some((self.now, result));
+        call.done = Some((self.q.now(), result));
         let (job, next) = (call.job, call.step + 1);
         if ok && next < self.sc.jobs[job].steps.len() {
             let think = self.rng.gen_range(0..=self.sc.think_ns);
-            self.push(self.now + think, Kind::JobStep { job, daemon, step: next });
+            self.q.push(self.q.now() + think, Kind::JobStep { job, daemon, step: next });
         } else {
             self.job_finished[job].insert(daemon);
             self.maybe_end_jobs();
@@ -733,7 +658,7 @@ impl<'s> CoreEngine<'s> {
             });
             if done {
                 self.job_ended[j] = true;
-                self.push(self.now, Kind::JobEnd { job: j });
+                self.q.push(self.q.now(), Kind::JobEnd { job: j });
             }
         }
     }
@@ -760,7 +685,7 @@ impl<'s> CoreEngine<'s> {
             };
             let node = &mut self.nodes[r as usize];
             let stale_before = node.core.stale_frames;
-            node.core.step(input, self.now);
+            node.core.step(input, self.q.now());
             let mut effects: Vec<Effect> = node.core.drain().collect();
             node.steps += 1;
             let crash = match node.kill_at_step {
@@ -782,7 +707,7 @@ impl<'s> CoreEngine<'s> {
                     self.trace.engine_errors.push(format!(
                         "daemon {r} at t={}: a frame from daemon {from} (origin {}, tag {}), declared dead here, \
                          was admitted or acted on ({} effects)",
-                        self.now,
+                        self.q.now(),
                         header.origin,
                         header.tag,
                         effects.len()
@@ -801,7 +726,7 @@ impl<'s> CoreEngine<'s> {
             }
             if let Some(d) = self.nodes[r as usize].core.next_deadline() {
                 if self.nodes[r as usize].armed.insert(d) {
-                    self.push(d, Kind::Tick { daemon: r, at: d });
+                    self.q.push(d, Kind::Tick { daemon: r, at: d });
                 }
             }
             self.watch(r);
@@ -813,7 +738,7 @@ impl<'s> CoreEngine<'s> {
             Effect::Transmit { next_hop, header, payload } => self.transmit(r, next_hop, header, payload),
             Effect::SetContacts(_) | Effect::ScatterDeliver { .. } | Effect::Cmd { .. } => {}
             Effect::Ready => {
-                self.note(|| "READY".into());
+                self.q.note(|| "READY".into());
                 if r == 0 {
                     self.on_ready();
                 } else {
@@ -832,10 +757,10 @@ impl<'s> CoreEngine<'s> {
                 }
             }
             Effect::DaemonsFailed { newly } => {
-                self.note(|| format!("d{r} DAEMONS_FAILED {newly:?}"));
+                self.q.note(|| format!("d{r} DAEMONS_FAILED {newly:?}"));
                 for x in newly {
                     // x hears nothing more from r.
-                    self.declared.entry((r, x)).or_insert(self.now);
+                    self.declared.entry((r, x)).or_insert(self.q.now());
                     self.watch(x);
                 }
                 if r == 0 {
@@ -843,21 +768,21 @@ impl<'s> CoreEngine<'s> {
                 }
             }
             Effect::FenceDone { key, result } => {
-                self.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
+                self.q.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
                 self.fence_done(r, key, result);
             }
             Effect::BenchDone(res) => {
-                self.note(|| format!("d{r} BENCH_DONE {res:?}"));
+                self.q.note(|| format!("d{r} BENCH_DONE {res:?}"));
                 if r != 0 {
                     self.trace.engine_errors.push(format!("daemon {r} answered a benchmark: only the HNP does"));
                 }
-                self.trace.bench_dones.push((self.now, res));
+                self.trace.bench_dones.push((self.q.now(), res));
             }
             Effect::Terminated => {}
             Effect::Exit(exit) => {
-                self.note(|| format!("d{r} EXIT {exit:?}"));
+                self.q.note(|| format!("d{r} EXIT {exit:?}"));
                 if self.trace.ends[r as usize] == End::Running {
-                    self.trace.ends[r as usize] = End::Exited(self.now, exit);
+                    self.trace.ends[r as usize] = End::Exited(self.q.now(), exit);
                 }
                 // The process ends once this batch of effects is carried out.
                 self.nodes[r as usize].state = State::Dead { rst: true };

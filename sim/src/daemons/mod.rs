@@ -45,21 +45,14 @@ pub fn replay_command(seed: u64, n: u32, radix: u32, profile: CoreProfile) -> St
     format!("cargo run -p dvm-sim --release -- replay --engine core --seed {seed} --n {n} --radix {radix} --profile {profile}")
 }
 
-/// A generated schedule that violated an invariant.
-#[derive(Debug)]
-pub struct CoreFailure {
-    pub seed: u64,
-    pub n: u32,
-    pub radix: u32,
-    pub profile: CoreProfile,
-    pub violations: Vec<String>,
-}
-
-impl CoreFailure {
-    pub fn replay(&self) -> String {
-        replay_command(self.seed, self.n, self.radix, self.profile)
+impl crate::ReplayProfile for CoreProfile {
+    fn replay_command(self, seed: u64, n: u32, radix: u32) -> String {
+        replay_command(seed, n, radix, self)
     }
 }
+
+/// A generated core schedule that violated an invariant.
+pub type CoreFailure = crate::Failure<CoreProfile>;
 
 /// Summary of a campaign.
 #[derive(Debug, Default)]

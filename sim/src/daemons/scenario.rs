@@ -13,6 +13,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::net::NetModel;
+pub use crate::scenario::XcastPlan;
 
 /// xcast tag of the "job ended" announcement: every daemon forgets the job's signature.
 pub const JOB_END: u32 = tags::USER + 40;
@@ -51,14 +52,6 @@ pub struct BenchPlan {
     pub at: u64,
     pub count: u64,
     pub bytes: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct XcastPlan {
-    pub at: u64,
-    pub origin: Rank,
-    pub tag: u32,
-    pub payload: Bytes,
 }
 
 /// What goes wrong.
@@ -151,18 +144,10 @@ impl CoreScenario {
     pub fn generate(seed: u64, n: u32, radix: u32, profile: CoreProfile) -> Self {
         assert!(n >= 3, "a generated core schedule needs at least 3 daemons (n = {n})");
         let mut rng = StdRng::seed_from_u64(seed ^ 0xc0de_da3e_0000_0009);
-        let alpha = 50_000u64;
-        let jitter = *[0, alpha / 10, alpha, 3 * alpha].choose(&mut rng).unwrap();
-        let cpu = *[0u64, 1_000, 5_000].choose(&mut rng).unwrap();
-        let net = NetModel {
-            alpha_ns: alpha,
-            beta_ps_per_byte: 1_000,
-            cpu_ns: cpu,
-            jitter_ns: jitter,
-            ingress_serialized: rng.gen_bool(0.5),
-        };
+        let net = NetModel::generated(&mut rng);
+        let alpha = net.alpha_ns;
         let h = Topology::new(0, radix, n).expect("scenario geometry is valid").height() as u64;
-        let round = 2 * (h + 1) * (alpha + jitter) + 2 * (h + 1) * radix.min(n) as u64 * (cpu + 1_000);
+        let round = net.round_ns(h, radix.min(n) as u64);
         let heartbeat_ns = rng.gen_range(4 * alpha..=20 * alpha);
         let detect_jitter_ns = rng.gen_range(0..=4 * alpha);
         let think_ns = rng.gen_range(0..=2 * alpha);
