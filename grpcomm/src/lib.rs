@@ -22,6 +22,7 @@ use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, GrpcommMsg};
 pub use dvm_rml::topology::{Rank, RepairDelta, Topology};
 
+pub mod allgather;
 mod compress;
 pub mod fence;
 pub mod movement;
