@@ -9,6 +9,9 @@
 //!   with `PMIx_server_dmodex_request`.
 //! - abort: reply first, then the job fails once the aborting rank has exited (the order that
 //!   keeps libpmix healthy); log: the text reaches prun.
+//! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
+//!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
+//!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
 //!
 //! Trap (libpmix 4.2.2, measured in docs/soak.md): the server never frees what it holds for a
 //! client once the client has connected — not when it disconnects, not on `deregister_client`
@@ -83,6 +86,17 @@ pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
     procs_on_machine > cores
 }
 
+/// Set (non-empty, not `0`) in dvmd's environment: the daemon's PMIx server does not hand its
+/// hardware topology to the ranks, and every rank discovers it again (the behaviour before
+/// topology sharing; for comparisons such as scripts/bench_topo.sh).
+pub const NO_TOPO_VAR: &str = "DVM_NO_TOPO";
+
+/// Whether this daemon's PMIx server shares the node's topology with its ranks (see
+/// [`ServerConfig::share_topology`]): yes unless [`NO_TOPO_VAR`] says otherwise.
+pub fn share_topology() -> bool {
+    std::env::var_os(NO_TOPO_VAR).is_none_or(|v| v.is_empty() || v == "0")
+}
+
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
     match e {
         FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
@@ -100,6 +114,9 @@ impl Daemon {
     fn pmix_config(&self, dir: std::path::PathBuf) -> ServerConfig {
         let mut cfg = ServerConfig::new(dir);
         cfg.hostname = Some(self.host.clone());
+        // libpmix discovers the topology in PMIx_server_init either way; shared, each rank
+        // adopts it (shared memory, else XML) instead of discovering it again.
+        cfg.share_topology = share_topology();
         cfg
     }
 
@@ -143,7 +160,7 @@ impl Daemon {
         };
         match started {
             Ok(server) => {
-                info!(version = %PmixServer::version(), "PMIx server up");
+                info!(version = %PmixServer::version(), topology_shared = share_topology(), "PMIx server up");
                 self.set_pmix(PmixHost {
                     server,
                     jobs: BTreeMap::new(),

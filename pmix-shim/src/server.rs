@@ -29,6 +29,13 @@ pub struct ServerConfig {
     /// `PMIX_SERVER_NSPACE` / `PMIX_SERVER_RANK`: the daemon's own name, if any.
     pub server_nspace: Option<String>,
     pub server_rank: Option<u32>,
+    /// `PMIX_SERVER_SHARE_TOPOLOGY`: libpmix discovers this node's hardware topology once in
+    /// `PMIx_server_init` (it always does) and, with this set, hands it to every client as
+    /// job-level data of each namespace: a shared-memory copy (`pmix.hwlocfile`,
+    /// `pmix.hwlocaddr`, `pmix.hwlocsize`, in `tmpdir`) and XML strings (`pmix.hwlocxml2`,
+    /// `pmix.hwlocxml1`, `pmix.ltopo`). Open MPI 4.1 adopts one of them instead of running its
+    /// own discovery in every rank.
+    pub share_topology: bool,
     /// Bound on each blocking call (see the crate docs).
     pub op_timeout: Duration,
 }
@@ -40,6 +47,7 @@ impl ServerConfig {
             hostname: None,
             server_nspace: None,
             server_rank: None,
+            share_topology: false,
             op_timeout: DEFAULT_OP_TIMEOUT,
         }
     }
@@ -197,6 +205,9 @@ impl PmixServer {
         }
         if let Some(r) = config.server_rank {
             info.push(OP, key_str(sys::PMIX_SERVER_RANK), &InfoValue::Rank(Rank::Id(r)))?;
+        }
+        if config.share_topology {
+            info.push(OP, key_str(sys::PMIX_SERVER_SHARE_TOPOLOGY), &InfoValue::Bool(true))?;
         }
 
         let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
