@@ -87,7 +87,22 @@ struct Args {
     private: bool,
 }
 
+/// SIGINT and SIGTERM, held from the first instruction of `main` until the HNP's handlers
+/// exist, so a signal in the first milliseconds is handled (the boot abandoned in order, the
+/// session removed) instead of killing the HNP with its session directory left behind.
+fn term_signals() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    set
+}
+
+fn unblock_term_signals() {
+    let _ = term_signals().thread_unblock();
+}
+
 fn main() -> ExitCode {
+    let _ = term_signals().thread_block();
     dvmd::init_logging();
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -96,6 +111,11 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
         }
     };
+    if args.daemon || (args.daemonize && !args.daemonized_child) {
+        // Daemons keep the default actions; so does the parent that only waits for a
+        // daemonized HNP to be ready.
+        unblock_term_signals();
+    }
     if args.daemonize && !args.daemonized_child {
         return match daemonize() {
             Ok(code) => code,
@@ -171,6 +191,10 @@ fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, sec
 }
 
 async fn run_hnp(args: Args) -> Result<ExitCode> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // The handlers first, then the signals held since `main` are let through to them.
+    let signals = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    unblock_term_signals();
     validate_common(&args)?;
     // Nodes: rank 0 is this machine; then one daemon per host (or N-1 more local ones).
     let (nodes, local): (Vec<HostEntry>, bool) = match (&args.local, &args.hostfile, &args.host) {
@@ -286,8 +310,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     // SIGINT/SIGTERM on the HNP: an orderly termination, like pterm.
     let sig_tx = ctl_tx.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        let (Ok(mut int), Ok(mut term)) = signals else {
             return;
         };
         // Every signal asks again (the handlers stay installed, so none may be swallowed); the
