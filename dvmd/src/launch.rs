@@ -97,6 +97,17 @@ pub async fn spawn_daemon(
 ) -> Result<Launched> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(false);
+    // The launch agent (or the daemon itself) starts with no signal blocked, whatever the
+    // HNP's spawning thread held.
+    // SAFETY: sigemptyset and pthread_sigmask are async-signal-safe and allocate nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
     let mut child: Child =
         cmd.spawn().with_context(|| format!("cannot start daemon {rank} on host {host}: '{}'", argv.join(" ")))?;
     let pid = child.id();

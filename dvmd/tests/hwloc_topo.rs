@@ -10,10 +10,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
 use common::{text, Dvm, Nodes};
 
 const FROM_SHMEM: &str = "hwloc:base: topology in shared memory";
@@ -21,21 +17,7 @@ const FROM_XML: &str = "hwloc:base loading topology from XML";
 const DISCOVERED: &str = "hwloc:base discovering topology";
 
 fn mpinoop() -> String {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi");
-        let out = std::env::temp_dir().join(format!("dvm-hwloc-bin-{}", std::process::id()));
-        let st = Command::new("make")
-            .arg("-s")
-            .arg("-C")
-            .arg(&src)
-            .arg(format!("OUT={}", out.display()))
-            .status()
-            .expect("make (and mpicc from Debian's libopenmpi-dev) are needed to build tests/mpi");
-        assert!(st.success(), "building tests/mpi with mpicc failed");
-        out
-    });
-    dir.join("mpinoop").display().to_string()
+    common::mpi_bin("mpinoop")
 }
 
 /// Runs MPI_Init+Finalize on `n` ranks with the hwloc base verbose; returns how many ranks

@@ -3,31 +3,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-use common::{text as out, Dvm, Nodes};
+use common::{mpi_bin, text as out, Dvm, Nodes};
 use dvm_tests::{require_netns, FakeCluster};
-
-/// The MPI programs, built once per test binary.
-fn mpi_bin(name: &str) -> String {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi");
-        let out = std::env::temp_dir().join(format!("dvm-mpi-bin-{}", std::process::id()));
-        let st = Command::new("make")
-            .arg("-s")
-            .arg("-C")
-            .arg(&src)
-            .arg(format!("OUT={}", out.display()))
-            .status()
-            .expect("make (and mpicc from Debian's libopenmpi-dev) are needed to build tests/mpi");
-        assert!(st.success(), "building tests/mpi with mpicc failed");
-        out
-    });
-    dir.join(name).display().to_string()
-}
 
 fn check_programs(dvm: &Dvm, extra: &[&str]) {
     let run = |prog: &str, args: &[&str]| {

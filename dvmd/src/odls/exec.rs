@@ -69,6 +69,11 @@ fn child_setup(parent: libc::pid_t, fd_limit: libc::c_int) -> io::Result<()> {
         if libc::getppid() != parent {
             libc::_exit(1);
         }
+        // A proc starts with no signal blocked, whatever the forking thread held (the HNP
+        // holds SIGINT/SIGTERM on its runtime threads from its first instruction).
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         // Mark (not close) fds >= 3 close-on-exec: std's exec-error pipe is one of them and must
         // stay open until exec so a failed exec is still reported. At exec the effect is the
         // same as close_range(3, ~0, 0).

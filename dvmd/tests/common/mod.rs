@@ -231,3 +231,23 @@ impl Drop for Dvm {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// The MPI test programs (`tests/mpi/*.c`, built with Debian's mpicc), built once per test
+/// binary; the path of program `name`.
+pub fn mpi_bin(name: &str) -> String {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi");
+        let out = std::env::temp_dir().join(format!("dvm-mpi-bin-{}", std::process::id()));
+        let st = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("OUT={}", out.display()))
+            .status()
+            .expect("make (and mpicc from Debian's libopenmpi-dev) are needed to build tests/mpi");
+        assert!(st.success(), "building tests/mpi with mpicc failed");
+        out
+    });
+    dir.join(name).display().to_string()
+}
