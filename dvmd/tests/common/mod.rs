@@ -238,7 +238,9 @@ pub fn mpi_bin(name: &str) -> String {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi");
-        let out = std::env::temp_dir().join(format!("dvm-mpi-bin-{}", std::process::id()));
+        // Under the build's own scratch directory (cargo clean removes it), one per test
+        // process: test binaries may build at the same time.
+        let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-bin-{}", std::process::id()));
         let st = Command::new("make")
             .arg("-s")
             .arg("-C")
