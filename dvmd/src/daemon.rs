@@ -2,8 +2,8 @@
 //! calls for the sans-IO core (`dvm_core::Core`), where every protocol decision is made.
 //!
 //! Where to look: an input enters in [`Daemon::run`] (one `select!`), becomes a
-//! `dvm_core::Input` through [`Daemon::submit`], and is stepped and its effects carried out in
-//! [`Daemon::drive`] — the one place effects are drained, in order. Jobs (`jobs`), processes
+//! `dvm_core::Input` through `Daemon::submit`, and is stepped and its effects carried out in
+//! `Daemon::drive` — the one place effects are drained, in order. Jobs (`jobs`), processes
 //! (`odls`) and PMIx hosting (`pmix`) talk to the core only by submitting inputs.
 //! Never block here: PMIx upcalls and process events arrive as messages on channels.
 

@@ -1,6 +1,6 @@
 //! Fence: barrier and modex over a participant set, rolled up the routing tree.
 //!
-//! Owns: the per-signature sequence counters, one [`tracker::FenceTracker`] per fence in flight
+//! Owns: the per-signature sequence counters, one `tracker::FenceTracker` per fence in flight
 //! (signature, seq), the stash of contributions from a newer topology epoch, the list of
 //! daemons each repair failed, and a short memory of results per signature (to answer
 //! contributions re-sent after a repair).

@@ -2,8 +2,8 @@
 //!
 //! **Where things are.** An input enters in [`Core::step`] (this file): a frame from a peer,
 //! a lost link, a tick, or a request from the daemon's shell (start a fence, an xcast, a
-//! scatter, a daemon command). The decision is made here and in [`bench`]; grpcomm's own
-//! effects are translated in [`Core::pump`]. Effects leave through [`Core::drain`], which the
+//! scatter, a daemon command). The decision is made here and in [`mod@bench`]; grpcomm's own
+//! effects are translated in `Core::pump`. Effects leave through [`Core::drain`], which the
 //! shell (`dvmd::daemon`) calls in exactly one place and carries out in order.
 //!
 //! Owns: routing of every frame (relay along the tree, or direct before WIREUP), check-in and

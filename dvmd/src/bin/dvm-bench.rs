@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 #[derive(Parser, Debug)]
 #[command(name = "dvm-bench", about = "Time barriers, modex fences and xcasts on a running DVM")]
 struct Args {
-    /// The DVM: a dvm:// URI or file:PATH (default: the only DVM of this user here).
+    /// The DVM: a dvm:// URI or file:PATH (default: the only persistent DVM of this user here).
     #[arg(long, value_name = "URI|file:F")]
     dvm_uri: Option<String>,
     /// Operations per measurement.

@@ -12,7 +12,7 @@ use dvmd::session::DvmUri;
 #[derive(Parser, Debug)]
 #[command(name = "pterm", about = "Terminate a running DVM")]
 struct Args {
-    /// The DVM: a dvm:// URI or file:PATH (default: the only DVM of this user here).
+    /// The DVM: a dvm:// URI or file:PATH (default: the only persistent DVM of this user here).
     #[arg(long, value_name = "URI|file:F")]
     dvm_uri: Option<String>,
     /// Seconds to wait for the DVM to finish cleaning up.

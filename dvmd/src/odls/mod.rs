@@ -48,7 +48,7 @@ use reap::Life;
 pub struct ProcSpec {
     pub jobid: u32,
     pub rank: u32,
-    /// argv[0]: a path (relative paths are relative to `wdir`) or a name looked up in the PATH
+    /// `argv[0]`: a path (relative paths are relative to `wdir`) or a name looked up in the PATH
     /// of `env`.
     pub argv: Vec<String>,
     /// The proc's whole environment, exactly (later duplicates win).

@@ -69,7 +69,7 @@ fn fence(ns: &sys::pmix_nspace_t, collect: bool) {
     }
 }
 
-/// PMIx_Put("dvm.test.key" = "value-from-rank-<rank>", GLOBAL) + PMIx_Commit.
+/// PMIx_Put("dvm.test.key" = "value-from-rank-`<rank>`", GLOBAL) + PMIx_Commit.
 fn put_own(rank: u32) {
     let mine = CString::new(format!("value-from-rank-{rank}")).unwrap();
     // SAFETY: zeroed value is the constructed state; PMIx_Value_load copies the string.
