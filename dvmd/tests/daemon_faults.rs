@@ -184,11 +184,15 @@ fn frozen_then_resumed(name: &str, radix: u32) {
         got.sort_unstable();
         let want: Vec<u32> = (0..8).filter(|&r| r == 0 || r > victim).collect();
         assert_eq!(got, want, "{name}: round {round}: a healthy daemon was dropped (stderr: {e})");
+        // The HNP said which daemon it lost, and lost no other.
+        let log = dvm.log();
+        let lost: Vec<&str> =
+            log.lines().filter(|l| l.starts_with("dvmd: daemon ") && l.contains(" was lost: ")).collect();
         assert!(
-            dvm.log().contains(&format!("daemon {victim} was declared dead but spoke again")) || !alive(pid),
-            "{name}: {}",
-            dvm.log()
+            lost.iter().any(|l| l.contains(&format!("daemon {victim} on host "))),
+            "{name}: the HNP never named daemon {victim} as lost: {log}"
         );
+        assert_eq!(lost.len(), round + 1, "{name}: round {round}: daemons declared lost: {lost:?}");
     }
     dvm.stop();
 }
