@@ -23,28 +23,23 @@ use dvm_grpcomm::allgather::schedule::{
 };
 use dvm_grpcomm::Rank;
 
-/// Seeded generator (splitmix64), so every case replays from its seed.
-struct SplitMix(u64);
+/// Seeded generator, so every case replays from its seed.
+type Rng = rand::rngs::StdRng;
 
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
+fn seeded(seed: u64) -> Rng {
+    rand::SeedableRng::seed_from_u64(seed)
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+/// Uniform in 0..n.
+fn below(rng: &mut Rng, n: u64) -> u64 {
+    rand::Rng::gen_range(rng, 0..n)
 }
 
 /// A sorted, unique list of `size` ranks drawn from 0..65536.
-fn random_participants(rng: &mut SplitMix, size: usize) -> Vec<Rank> {
+fn random_participants(rng: &mut Rng, size: usize) -> Vec<Rank> {
     let mut picked = std::collections::BTreeSet::new();
     while picked.len() < size {
-        picked.insert(rng.below(65536) as Rank);
+        picked.insert(below(rng, 65536) as Rank);
     }
     picked.into_iter().collect()
 }
@@ -174,7 +169,7 @@ type Parcel<'a> = (u32, Vec<&'a [u8]>);
 
 /// Message-passing run with real bytes in per-position slot tables; checks every position's
 /// output against the naive concatenation in rank order.
-fn run_bytes(s: &Schedule, ranks: &[Rank], rng: &mut SplitMix) {
+fn run_bytes(s: &Schedule, ranks: &[Rank], rng: &mut Rng) {
     let p = s.participants();
     assert_eq!(p as usize, ranks.len());
     // The contributions, kept by rank: the oracle below never looks at positions.
@@ -206,7 +201,7 @@ fn run_bytes(s: &Schedule, ranks: &[Rank], rng: &mut SplitMix) {
         // Deliver in a random order: a position's slots must not depend on it.
         let mut order: Vec<u32> = (0..p).collect();
         for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i as u64 + 1) as usize);
+            order.swap(i, below(rng, i as u64 + 1) as usize);
         }
         for pos in order {
             let st = s.step(pos, k).unwrap();
@@ -257,7 +252,7 @@ fn every_count_up_to_1024_gathers_every_block_exactly_once() {
 /// around each power of two and the top of the range (`run_ranges` covers every count).
 #[test]
 fn counts_up_to_1024_output_the_naive_concatenation() {
-    let mut rng = SplitMix(0xA11_6A7E);
+    let mut rng = seeded(0xA11_6A7E);
     let mut counts: Vec<u32> = (1..=300).collect();
     counts.extend((9..=10).flat_map(|j| [(1u32 << j) - 1, 1 << j, (1 << j) + 1]));
     counts.extend([333, 500, 640, 700, 767, 999, 1000, 1021, 1022]);
@@ -271,10 +266,10 @@ fn counts_up_to_1024_output_the_naive_concatenation() {
 
 #[test]
 fn random_rank_subsets_up_to_4096() {
-    let mut rng = SplitMix(0x5EED_0008);
+    let mut rng = seeded(0x5EED_0008);
     let fixed = [1usize, 2, 3, 4, 5, 2047, 2048, 2049, 4095, 4096];
     let mut sizes: Vec<usize> = fixed.to_vec();
-    sizes.extend((0..290).map(|_| 1 + rng.below(4096) as usize));
+    sizes.extend((0..290).map(|_| 1 + below(&mut rng, 4096) as usize));
     let mut byte_runs = 0;
     for &size in &sizes {
         let ranks = random_participants(&mut rng, size);
@@ -298,9 +293,9 @@ fn random_rank_subsets_up_to_4096() {
 
 #[test]
 fn every_participant_derives_the_same_schedule() {
-    let mut rng = SplitMix(0xC401CE);
+    let mut rng = seeded(0xC401CE);
     for case in 0..180 {
-        let size = 1 + rng.below(if case < 160 { 64 } else { 4096 }) as usize;
+        let size = 1 + below(&mut rng, if case < 160 { 64 } else { 4096 }) as usize;
         let ranks = random_participants(&mut rng, size);
         let reference = schedule_for(size as u32).unwrap();
         let mut seen = vec![false; size];
@@ -352,14 +347,14 @@ fn block_ranges_match_a_naive_modulo() {
 
 #[test]
 fn concatenation_ignores_arrival_order() {
-    let mut rng = SplitMix(7);
+    let mut rng = seeded(7);
     let ranks = random_participants(&mut rng, 300);
     let naive: Vec<u8> = ranks.iter().flat_map(|&r| block_of(r)).collect();
     for _ in 0..20 {
         let mut slots: Vec<Option<Vec<u8>>> = vec![None; ranks.len()];
         let mut order: Vec<usize> = (0..ranks.len()).collect();
         for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i as u64 + 1) as usize);
+            order.swap(i, below(&mut rng, i as u64 + 1) as usize);
         }
         for (n, &i) in order.iter().enumerate() {
             slots[i] = Some(block_of(ranks[i]));
