@@ -21,31 +21,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${SIZES:-16 32}
 REPS=${REPS:-6}
-BIN=${BIN:-target/release}
-OUT=${OUT:-$(mktemp -d /tmp/dvm-bench-topo.XXXXXX)}
-mkdir -p "$OUT/bin" "$OUT/mpi"
-
-[ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release --bins
-# Private copies: a concurrent `cargo build` must not swap the binaries mid-run.
-cp "$BIN/dvmd" "$BIN/prun" "$BIN/pterm" "$OUT/bin/"
-B=$OUT/bin
-make -s -C tests/mpi OUT="$OUT/mpi"
+# shellcheck source=bench_common.sh
+source scripts/bench_common.sh
+bench_prepare topo
 PROG=$OUT/mpi/mpinoop
 
 unset DVM_NO_TOPO OMPI_MCA_hwloc_base_verbose
-export OMPI_MCA_pml=ob1
-export DVM_TMPDIR=$OUT
-if [ "$(id -u)" = 0 ]; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
 MAXNP=$(printf '%s\n' $SIZES | sort -n | tail -1)
 SLOTS=$(((MAXNP + 3) / 4))
-{
-    echo "git HEAD $(git rev-parse --short HEAD); binaries from $BIN"
-    echo "cores (nproc) $(nproc); kernel $(uname -r); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
-    echo "$(mpirun --version 2>&1 | head -1); loadavg at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "SIZES=$SIZES REPS=$REPS; dvmd --local 4 --slots $SLOTS per arm"
-} | tee "$OUT/machine.txt"
+bench_header "SIZES=$SIZES REPS=$REPS; dvmd --local 4 --slots $SLOTS per arm"
 
 declare -A HNP
 start() { # start ARM
@@ -55,26 +39,12 @@ start() { # start ARM
     else
         "$B/dvmd" --local 4 --slots "$SLOTS" --report-uri "$uri" --daemonize >/dev/null
     fi
-    # The HNP pid is in its session dir name: dvm://ip:port/<tmp>/dvm-<uid>/dvm-<pid>-<tag>.
-    HNP[$1]=$(sed -E 's#.*/dvm-([0-9]+)-[0-9a-f]+$#\1#' "$uri")
+    HNP[$1]=$(hnp_of_uri "$uri")
 }
 stop() {
-    local arm i failed=0
+    local arm failed=0
     for arm in "${!HNP[@]}"; do
-        local pid=${HNP[$arm]}
-        "$B/pterm" --dvm-uri "file:$OUT/$arm.uri" >/dev/null || echo "pterm ($arm) failed" >&2
-        for i in $(seq 50); do
-            if ! [ -r /proc/$pid/stat ] || [ "$(awk '{print $3}' /proc/$pid/stat)" = Z ]; then
-                pid=
-                break
-            fi
-            sleep 0.1
-        done
-        if [ -n "$pid" ]; then
-            echo "stop: dvmd pid $pid ($arm) still alive 5 s after pterm; killing it" >&2
-            kill -9 "$pid" 2>/dev/null || true
-            failed=1
-        fi
+        stop_dvm "$OUT/$arm.uri" "${HNP[$arm]}" "$arm" || failed=1
         unset "HNP[$arm]"
     done
     [ $failed = 0 ] || exit 1

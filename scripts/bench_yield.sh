@@ -21,52 +21,25 @@ cd "$(dirname "$0")/.."
 NP=${NP:-4}
 ROUNDS=${ROUNDS:-500}
 REPS=${REPS:-6}
-BIN=${BIN:-target/release}
-OUT=${OUT:-$(mktemp -d /tmp/dvm-bench-yield.XXXXXX)}
-mkdir -p "$OUT/bin" "$OUT/mpi"
-
-[ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release --bins
-# Private copies: a concurrent `cargo build` must not swap the binaries mid-run.
-cp "$BIN/dvmd" "$BIN/prun" "$BIN/pterm" "$OUT/bin/"
-B=$OUT/bin
-make -s -C tests/mpi OUT="$OUT/mpi"
+# shellcheck source=bench_common.sh
+source scripts/bench_common.sh
+bench_prepare yield
 PROG=$OUT/mpi/collectives
 
 unset OMPI_MCA_mpi_yield_when_idle
-export OMPI_MCA_pml=ob1
-export DVM_TMPDIR=$OUT
-if [ "$(id -u)" = 0 ]; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
 CORES=$(nproc)
-{
-    echo "git HEAD $(git rev-parse --short HEAD); binaries from $BIN"
-    echo "cores (nproc) $CORES; kernel $(uname -r); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
-    echo "$(mpirun --version 2>&1 | head -1); loadavg at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "NP=$NP ROUNDS=$ROUNDS REPS=$REPS"
-} | tee "$OUT/machine.txt"
+bench_header "NP=$NP ROUNDS=$ROUNDS REPS=$REPS"
 
 URI_FILE=$OUT/dvm.uri
 HNP=
 $B/dvmd --local 1 --slots "$NP" --report-uri "$URI_FILE" --daemonize >/dev/null
-# The HNP pid is in its session dir name: dvm://ip:port/<tmp>/dvm-<uid>/dvm-<pid>-<tag>.
-HNP=$(sed -E 's#.*/dvm-([0-9]+)-[0-9a-f]+$#\1#' "$URI_FILE")
+HNP=$(hnp_of_uri "$URI_FILE")
 
 stop() {
     [ -n "$HNP" ] || return 0
-    $B/pterm --dvm-uri "file:$URI_FILE" >/dev/null || echo "pterm failed" >&2
-    local i
-    for i in $(seq 50); do
-        if ! [ -r /proc/$HNP/stat ] || [ "$(awk '{print $3}' /proc/$HNP/stat)" = Z ]; then
-            HNP=
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "stop: dvmd pid $HNP still alive 5 s after pterm; killing it" >&2
-    kill -9 "$HNP" 2>/dev/null || true
+    local pid=$HNP
     HNP=
-    exit 1
+    stop_dvm "$URI_FILE" "$pid" dvm || exit 1
 }
 trap stop EXIT
 
