@@ -19,6 +19,11 @@ use tracing::{debug, error};
 
 use crate::{dtags, Core, Effect, FenceOwner, Rank, XcastOwner};
 
+/// The largest per-daemon contribution or xcast payload a benchmark may ask for: every daemon
+/// allocates it (several times over for a modex), so a size typed by a user must be refused,
+/// not attempted.
+pub const MAX_BENCH_BYTES: u64 = 64 << 20;
+
 /// Fence timeout of a benchmark fence (a hang guard; losses end fences much sooner).
 const BENCH_FENCE_TIMEOUT_NS: u64 = 60_000_000_000;
 
@@ -109,6 +114,12 @@ impl Core {
             self.out.push(Effect::BenchDone(Err("benchmark needs a kind and a count of at least 1".into())));
             return;
         }
+        if bytes > MAX_BENCH_BYTES {
+            let why =
+                format!("benchmark size {bytes} bytes is above the largest a benchmark may use ({MAX_BENCH_BYTES})");
+            self.out.push(Effect::BenchDone(Err(why)));
+            return;
+        }
         let id = hnp.next_bench;
         hnp.next_bench += 1;
         hnp.bench = Some(HnpBench {
@@ -144,6 +155,10 @@ impl Core {
                 return;
             }
         };
+        if b.bytes > MAX_BENCH_BYTES {
+            error!(bytes = b.bytes, "BENCH asks for {} bytes, above {MAX_BENCH_BYTES}: ignored", b.bytes);
+            return;
+        }
         let topo = self.g.topology();
         let participants: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
         let sig =

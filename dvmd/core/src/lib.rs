@@ -496,7 +496,7 @@ impl Core {
                 c.epoch = epoch;
             }
             debug!(rank = c.rank, host = %c.host, addr = %c.addr, "daemon checked in");
-            self.epochs.insert(c.rank, epoch);
+            self.epochs.insert(c.rank, c.epoch);
             self.hosts.insert(c.rank, c.host.clone());
             hnp.contacts.insert(c.rank, c);
         }

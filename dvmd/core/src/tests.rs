@@ -288,3 +288,37 @@ fn losing_the_hnp_ends_every_daemon() {
         );
     }
 }
+
+#[test]
+fn a_benchmark_size_nobody_can_allocate_is_refused_by_name() {
+    let mut net = Net::boot(4, 2);
+    let bytes = bench::MAX_BENCH_BYTES + 1;
+    net.input(0, Input::Bench { kind: BenchKind::Modex, count: 1, bytes });
+    net.run();
+    let replies = net.bench_replies();
+    let err = replies[0].as_ref().expect_err("refused");
+    assert!(err.contains(&bytes.to_string()), "the error does not name the size: {err}");
+    // Nothing started: the next benchmark runs.
+    net.input(0, Input::Bench { kind: BenchKind::Barrier, count: 3, bytes: 0 });
+    net.run();
+    assert_eq!(net.bench_replies()[0].as_ref().expect("a reply").errors, 0);
+}
+
+#[test]
+fn a_contact_relayed_in_a_check_in_keeps_its_own_epoch() {
+    // Four daemons, so WIREUP (which carries every epoch again) waits for daemon 3.
+    let cfg = CoreConfig { me: 0, host: "n0".into(), epoch: 5, radix: 2, size: 4, grpcomm: Config::default() };
+    let own = Contact { rank: 0, host: "n0".into(), addr: "127.0.0.1:1".into(), ..Default::default() };
+    let mut hnp = Core::new(cfg, Some(own)).expect("valid geometry");
+    let c1 = Contact { rank: 1, host: "n1".into(), addr: "127.0.0.2:1".into(), ..Default::default() };
+    let c2 = Contact { rank: 2, host: "n2".into(), addr: "127.0.0.3:1".into(), epoch: 77, ..Default::default() };
+    let payload = Bytes::from(Checkin { contacts: vec![c1, c2] }.encode_to_vec());
+    let h = FrameHeader { origin: 1, dst: 0, tag: Tag::Checkin as u32, epoch: 11, seq: 1 };
+    hnp.step(Input::Frame { from_peer: 1, header: h, payload }, 1);
+    // Daemon 2 speaks with its own epoch: admitted.
+    let body = daemon_cmd::Body::JobLog(dvm_proto::daemon::JobLog::default());
+    let payload = Bytes::from(DaemonCmd { body: Some(body) }.encode_to_vec());
+    let h = FrameHeader { origin: 2, dst: 0, tag: Tag::DaemonCmd as u32, epoch: 77, seq: 1 };
+    hnp.step(Input::Frame { from_peer: 2, header: h, payload }, 2);
+    assert_eq!(hnp.stale_frames, 0, "daemon 2's own epoch was taken for stale");
+}
