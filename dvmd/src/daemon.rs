@@ -216,7 +216,10 @@ impl Daemon {
             tokio::select! {
                 ev = events.recv() => match ev {
                     Some(ev) => self.on_transport(ev),
-                    None => self.exit = Some(Exit::LostHnp("transport closed".into())),
+                    None => {
+                        let why = format!("daemon {} on host {}: its transport closed", self.me, self.host);
+                        self.exit = Some(Exit::LostHnp(why));
+                    }
                 },
                 Some(cmd) = control.recv() => self.on_control(cmd),
                 Some(inp) = inputs.recv() => self.on_input(inp),
@@ -243,7 +246,11 @@ impl Daemon {
             Input::TerminateNow => self.terminate_now(),
             Input::ChildExited(rank, how) => {
                 let Some(hnp) = self.hnp.as_ref() else { return };
-                let (host, out) = hnp.launched_hosts.get(&rank).cloned().unwrap_or_default();
+                let (host, out) = hnp
+                    .launched_hosts
+                    .get(&rank)
+                    .cloned()
+                    .unwrap_or_else(|| (self.core.host_of(rank), Default::default()));
                 if hnp.ready.is_some() {
                     self.exit = Some(Exit::BootFailed(format!(
                         "daemon {rank} on host {host} {how} before the DVM was ready; it printed: {}",
@@ -264,7 +271,11 @@ impl Daemon {
                 let missing: Vec<String> = (1..self.core.topology().size())
                     .filter(|r| !contacts.contains_key(r))
                     .map(|r| {
-                        let (host, out) = hnp.launched_hosts.get(&r).cloned().unwrap_or_default();
+                        let (host, out) = hnp
+                            .launched_hosts
+                            .get(&r)
+                            .cloned()
+                            .unwrap_or_else(|| (self.core.host_of(r), Default::default()));
                         format!("daemon {r} on host {host} (it printed: {})", out.text())
                     })
                     .collect();

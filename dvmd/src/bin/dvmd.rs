@@ -412,7 +412,7 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
     t.shutdown().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     loop {
-        let alive: Vec<u32> = pids.iter().copied().filter(|&p| process_alive(p)).collect();
+        let alive: Vec<u32> = pids.iter().copied().filter(|&p| !dvmd::session::process_gone(p)).collect();
         if alive.is_empty() {
             return;
         }
@@ -431,14 +431,6 @@ fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, eager: bool) {
     daemon.set_pmix_dir(&session.join("pmix"));
     if eager {
         daemon.start_pmix_background();
-    }
-}
-
-fn process_alive(pid: u32) -> bool {
-    // A zombie child still counts as gone: its waiter task reaps it.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
     }
 }
 
