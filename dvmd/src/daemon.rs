@@ -103,7 +103,6 @@ pub struct Daemon {
     start: Instant,
     inbox: VecDeque<CoreInput>,
     pub hnp: Option<Hnp>,
-    terminating: bool,
     exit: Option<Exit>,
     pub(crate) jobs: crate::jobs::Jobs,
     odls: crate::odls::Odls,
@@ -143,7 +142,6 @@ impl Daemon {
             start: Instant::now(),
             inbox: VecDeque::new(),
             hnp,
-            terminating: false,
             exit: None,
             jobs: Default::default(),
             odls: crate::odls::Odls::new(host, odls_tx, crate::jobs::IOF_WINDOW as usize),
@@ -258,7 +256,7 @@ impl Daemon {
                     )));
                     return;
                 }
-                if !self.terminating {
+                if !self.core.is_terminating() {
                     warn!(rank, %host, "daemon process {how}");
                 }
             }
@@ -364,7 +362,6 @@ impl Daemon {
             tags::JOB_CONTROL => self.on_job_control_xcast(payload),
             tags::TERMINATE => {
                 // Every local process ends with the DVM, at once.
-                self.terminating = true;
                 self.odls.kill_all();
             }
             dtags::TREE_QUERY => {
@@ -398,7 +395,7 @@ impl Daemon {
 
     fn maybe_finish_tree_query(&mut self) {
         let topo = self.core.topology();
-        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let live: Vec<Rank> = topo.live_ranks().collect();
         let Some(hnp) = self.hnp.as_mut() else { return };
         let Some((_, views, _)) = hnp.tree_query.as_ref() else { return };
         if !live.iter().all(|r| views.iter().any(|v| v.rank == *r)) {
@@ -425,7 +422,7 @@ impl Daemon {
         let size = self.core.topology().size();
         match cmd {
             ControlCmd::Launch(..) | ControlCmd::LaunchPlan(..) | ControlCmd::Stdin(..) | ControlCmd::Signal(..) => {
-                if self.terminating || self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
+                if self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
                     if let ControlCmd::Launch(_, tx) = cmd {
                         let _ = tx.try_send(Err(tonic::Status::unavailable("the DVM is terminating")));
                     }
@@ -472,7 +469,7 @@ impl Daemon {
                     return;
                 }
                 hnp.terminate.push(tx);
-                if hnp.terminate_pending || self.terminating {
+                if hnp.terminate_pending {
                     return;
                 }
                 hnp.terminate_pending = true;
@@ -515,11 +512,8 @@ impl Daemon {
     }
 
     /// HNP: stop the daemons now (jobs ended, or their grace passed).
+    /// The core's TERMINATE is started once however often this is called.
     pub(crate) fn terminate_now(&mut self) {
-        if self.terminating {
-            return;
-        }
-        self.terminating = true;
         // Jobs that did not end within the grace still tell their prun why.
         self.end_remaining_jobs();
         self.submit(CoreInput::Terminate);

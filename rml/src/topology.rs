@@ -371,6 +371,11 @@ impl Topology {
     pub fn live_count(&self) -> u32 {
         self.size() - self.repaired.failed.len() as u32
     }
+    /// Every live daemon, in rank order (identical on every daemon that applied the same
+    /// repairs).
+    pub fn live_ranks(&self) -> impl Iterator<Item = Rank> + '_ {
+        (0..self.size()).filter(|&r| self.is_alive(r))
+    }
     pub fn repaired(&self) -> &RepairedTree {
         &self.repaired
     }

@@ -160,7 +160,7 @@ impl Core {
             return;
         }
         let topo = self.g.topology();
-        let participants: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let participants: Vec<Rank> = topo.live_ranks().collect();
         let sig =
             FenceSignature::new(format!("bench-{}", b.bench).into_bytes(), Participants::Daemons(participants.clone()));
         self.bench = Some(DaemonBench {
@@ -272,7 +272,7 @@ impl Core {
     /// HNP: a fence benchmark ends once every live daemon reported.
     pub(crate) fn check_bench_done(&mut self) {
         let topo = self.g.topology();
-        let live: Vec<Rank> = (0..topo.size()).filter(|&r| topo.is_alive(r)).collect();
+        let live: Vec<Rank> = topo.live_ranks().collect();
         let Some(b) = self.hnp.as_ref().and_then(|h| h.bench.as_ref()) else { return };
         if let Some(peer) = b.ping_peer.filter(|&p| b.kind == BenchKind::Ping && !topo.is_alive(p)) {
             let text = format!("the ping benchmark lost its peer, {}", self.describe(&[peer]));

@@ -235,17 +235,8 @@ impl Core {
 
     // ------------------------------------------------------------------ accessors
 
-    pub fn me(&self) -> Rank {
-        self.me
-    }
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
     pub fn topology(&self) -> &Topology {
         self.g.topology()
-    }
-    pub fn is_hnp(&self) -> bool {
-        self.hnp.is_some()
     }
     pub fn is_ready(&self) -> bool {
         self.hnp.as_ref().is_some_and(|h| h.ready)
