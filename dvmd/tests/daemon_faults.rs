@@ -106,11 +106,11 @@ fn job_procs(dvm: &Dvm, marker: &str) -> usize {
 /// Case: `dvm-bench --check-fences` with a daemon killed by SIGKILL mid-storm ends with an
 /// error naming that daemon, and the survivors then pass a clean storm.
 fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
-    let dvm = Dvm::start(name, Nodes::Local { daemons, slots: 1 }, radix, &[("DVM_LOG", "warn")]);
+    // The HNP logs when the benchmark reaches it; every daemon applies BENCH before any
+    // DAEMON_DIED the kill causes (xcasts are processed in op order).
+    let dvm = Dvm::start(name, Nodes::Local { daemons, slots: 1 }, radix, &[("DVM_LOG", "warn,dvm_core::bench=info")]);
     let mut storm = bench(&dvm, &["--check-fences", "100000000"]);
-    // Let the storm get going (if the kill came first, the storm would run on survivors and
-    // never end: the bound below would then fail the test, never pass it).
-    std::thread::sleep(Duration::from_millis(800));
+    until(Duration::from_secs(60), "the fence storm to start on the HNP", || dvm.log().contains("benchmark 1 started"));
     let pid = daemon_pid(&dvm, victim);
     signal(pid, libc::SIGKILL);
     let out = wait_bounded(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");

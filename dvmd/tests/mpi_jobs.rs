@@ -153,17 +153,15 @@ fn mpi_faults(radix: u32) {
     };
     let linger = mpi_bin("linger");
     let started = |child: &mut std::process::Child| {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut r = std::io::BufReader::new(child.stdout.take().unwrap());
-        // prun forwards rank 0's first line once every rank is past MPI_Init.
-        r.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "linger started");
-        std::thread::spawn(move || for _ in r.lines() {});
+        // prun forwards rank 0's first line once every rank is past MPI_Init; a hang fails
+        // here with the lines seen instead of blocking the test.
+        dvm_tests::wait_for_line(child.stdout.take().unwrap(), "linger started", std::time::Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("the MPI job never started: {e}"))
+            .1
     };
     // A daemon killed under a running MPI job.
     let mut job = spawn(&["--map-by", "node", "-n", "8", &linger]);
-    started(&mut job);
+    let _out = started(&mut job);
     let victim = common::procs_with("--rank=3\0").into_iter().find(|p| dvm.pids.contains(p)).expect("daemon 3");
     // SAFETY: kill(2) on a daemon this test started.
     unsafe {
@@ -175,7 +173,7 @@ fn mpi_faults(radix: u32) {
     dvm.assert_up();
     // pterm under a running MPI job.
     let mut job = spawn(&["-n", "6", &linger]);
-    started(&mut job);
+    let _out2 = started(&mut job);
     let st = Command::new(common::PTERM).arg("--dvm-uri").arg(&dvm.uri).env("DVM_TMPDIR", &dvm.root).output().unwrap();
     assert!(st.status.success(), "pterm: {}", out(&st).1);
     let o = wait_child(job, std::time::Duration::from_secs(60), "an MPI job under pterm");

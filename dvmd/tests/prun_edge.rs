@@ -448,9 +448,8 @@ impl Persistent {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(hnp.stdout.take().unwrap()).lines();
-        assert!(lines.any(|l| l.is_ok_and(|l| l == "DVM ready")), "persistent DVM {name} did not start");
-        std::thread::spawn(move || for _ in lines {});
+        dvm_tests::wait_for_line(hnp.stdout.take().unwrap(), "DVM ready", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("persistent DVM {name} did not start: {e}"));
         let uri = std::fs::read_to_string(&uri_file).unwrap().trim().to_string();
         Persistent { hnp, uri }
     }

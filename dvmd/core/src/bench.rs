@@ -163,6 +163,14 @@ impl Core {
         let participants: Vec<Rank> = topo.live_ranks().collect();
         let sig =
             FenceSignature::new(format!("bench-{}", b.bench).into_bytes(), Participants::Daemons(participants.clone()));
+        tracing::info!(
+            bench = b.bench,
+            daemons = participants.len(),
+            "benchmark {} started: {} fences over {} daemons",
+            b.bench,
+            b.count,
+            participants.len()
+        );
         self.bench = Some(DaemonBench {
             id: b.bench,
             kind: BenchKind::try_from(b.kind as i32).unwrap_or(BenchKind::Barrier),
