@@ -10,10 +10,9 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, procs_with, session_dirs, text, Dvm, Nodes, PTERM};
+use common::{alive, procs_in_root, procs_with, session_dirs, signal, text, until, wait_output, Dvm, Nodes, PTERM};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_dvm-bench");
-const PRUN: &str = env!("CARGO_BIN_EXE_prun");
 
 /// Pid of daemon `rank` of this DVM.
 fn daemon_pid(dvm: &Dvm, rank: u32) -> u32 {
@@ -26,66 +25,12 @@ fn daemon_pid(dvm: &Dvm, rank: u32) -> u32 {
     found[0]
 }
 
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a pid this test started.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
-
-/// Wait for `child` to exit, at most `limit`; on a hang kill it and fail naming `what`.
-fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> std::process::Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = std::process::Output { status: child.wait().unwrap(), stdout: Vec::new(), stderr: Vec::new() };
-    use std::io::Read;
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_end(&mut out.stdout);
-    }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_end(&mut out.stderr);
-    }
-    out
-}
-
-/// Poll until `cond` holds, at most `limit`; fail naming `what` otherwise.
-fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn bench(dvm: &Dvm, args: &[&str]) -> Child {
     Command::new(BENCH)
         .arg("--dvm-uri")
         .arg(&dvm.uri)
         .args(args)
         .env("DVM_TMPDIR", &dvm.root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn prun_bg(dvm: &Dvm, args: &[&str]) -> Child {
-    Command::new(PRUN)
-        .arg("--dvm-uri")
-        .arg(&dvm.uri)
-        .args(args)
-        .env("DVM_TMPDIR", &dvm.root)
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -113,7 +58,7 @@ fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
     until(Duration::from_secs(60), "the fence storm to start on the HNP", || dvm.log().contains("benchmark 1 started"));
     let pid = daemon_pid(&dvm, victim);
     signal(pid, libc::SIGKILL);
-    let out = wait_bounded(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
+    let out = wait_output(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
     let (o, e) = text(&out);
     assert!(!out.status.success(), "{name}: the storm that lost daemon {victim} reported success: {o}");
     assert!(
@@ -121,7 +66,7 @@ fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
         "{name}: the error does not name daemon {victim}: {e}"
     );
     let mut again = bench(&dvm, &["--check-fences", "300"]);
-    let out = wait_bounded(&mut again, Duration::from_secs(120), "the storm on the survivors");
+    let out = wait_output(&mut again, Duration::from_secs(120), "the storm on the survivors");
     let (o, e) = text(&out);
     assert!(out.status.success(), "{name}: survivors failed the next storm: {o}{e}");
     assert!(o.contains(&format!("on {} daemons", daemons - 1)), "{name}: {o}");
@@ -164,12 +109,12 @@ fn frozen_then_resumed(name: &str, radix: u32) {
     // The heartbeat bound (default 1 s x 5) is what declares the frozen daemon dead.
     for round in 0..2 {
         let marker = format!("{}{round}", 7000 + radix);
-        let mut job = prun_bg(&dvm, &["--map-by", "node", "-n", &(8 - round).to_string(), "sleep", &marker]);
+        let mut job = dvm.spawn_prun(&["--map-by", "node", "-n", &(8 - round).to_string(), "sleep", &marker]);
         until(Duration::from_secs(30), "the job's procs to start", || job_procs(&dvm, &marker) == 8 - round);
         let victim = 1 + round as u32;
         let pid = daemon_pid(&dvm, victim);
         signal(pid, libc::SIGSTOP);
-        let out = wait_bounded(&mut job, Duration::from_secs(60), "the job on a frozen daemon");
+        let out = wait_output(&mut job, Duration::from_secs(60), "the job on a frozen daemon");
         let (_, e) = text(&out);
         assert!(!out.status.success(), "{name}: the job on frozen daemon {victim} succeeded");
         assert!(e.contains(&format!("daemon {victim} on node")), "{name}: error does not name daemon {victim}: {e}");
@@ -212,16 +157,16 @@ fn frozen_daemon_resumed_is_refused_radix_64() {
 fn pterm_during_job(name: &str, radix: u32) {
     let dvm = Dvm::start(name, Nodes::Local { daemons: 4, slots: 2 }, radix, &[]);
     let marker = format!("{}", 8000 + radix);
-    let mut job = prun_bg(&dvm, &["-n", "8", "sleep", &marker]);
+    let mut job = dvm.spawn_prun(&["-n", "8", "sleep", &marker]);
     until(Duration::from_secs(30), "the job's procs to start", || {
         if let Ok(Some(st)) = job.try_wait() {
-            panic!("{name}: prun ended early ({st}): {:?}", wait_bounded(&mut job, Duration::from_secs(1), "prun"));
+            panic!("{name}: prun ended early ({st}): {:?}", wait_output(&mut job, Duration::from_secs(1), "prun"));
         }
         job_procs(&dvm, &marker) == 8
     });
     let st = Command::new(PTERM).arg("--dvm-uri").arg(&dvm.uri).env("DVM_TMPDIR", &dvm.root).output().unwrap();
     assert!(st.status.success(), "pterm: {}", text(&st).1);
-    let out = wait_bounded(&mut job, Duration::from_secs(30), "prun after pterm");
+    let out = wait_output(&mut job, Duration::from_secs(30), "prun after pterm");
     let (_, e) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{name}: prun status after pterm (stderr: {e})");
     assert!(e.contains("the DVM was terminated (pterm) while job"), "{name}: {e}");
@@ -242,29 +187,13 @@ fn pterm_during_a_job_radix_64() {
     pterm_during_job("ptermjob64", 64);
 }
 
-/// Live processes whose environment holds `DVM_TMPDIR=<root>` (this test's DVM and all it
-/// started).
-fn procs_of_root(root: &std::path::Path) -> Vec<u32> {
-    let needle = format!("DVM_TMPDIR={}", root.display());
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-            if env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) && alive(pid) {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
-
 /// Kills by pid whatever still runs under a test's `DVM_TMPDIR` root and removes the root, when
 /// the test ends, passed or failed.
 struct RootGuard(std::path::PathBuf);
 
 impl Drop for RootGuard {
     fn drop(&mut self) {
-        for p in procs_of_root(&self.0) {
+        for p in procs_in_root(&self.0) {
             signal(p, libc::SIGKILL);
         }
         let _ = std::fs::remove_dir_all(&self.0);
@@ -294,7 +223,7 @@ fn a_signal_during_the_boot_leaves_nothing() {
             .unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         signal(hnp.id(), sig);
-        let out = wait_bounded(&mut hnp, Duration::from_secs(30), "dvmd after a signal during its boot");
+        let out = wait_output(&mut hnp, Duration::from_secs(30), "dvmd after a signal during its boot");
         let (o, e) = text(&out);
         match out.status.code() {
             Some(0) => assert!(o.contains("DVM ready"), "exit 0 without a ready DVM: {o}{e}"),
@@ -308,16 +237,16 @@ fn a_signal_during_the_boot_leaves_nothing() {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !procs_of_root(&root).is_empty() {
+        while !procs_in_root(&root).is_empty() {
             if Instant::now() > deadline {
-                let left: Vec<String> = procs_of_root(&root)
+                let left: Vec<String> = procs_in_root(&root)
                     .into_iter()
                     .map(|p| {
                         let c = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
                         format!("{p}: {}", String::from_utf8_lossy(&c).replace('\0', " "))
                     })
                     .collect();
-                for p in procs_of_root(&root) {
+                for p in procs_in_root(&root) {
                     signal(p, libc::SIGKILL);
                 }
                 panic!("signal {sig} after {delay_ms} ms (status {:?}, {e}): left running: {left:?}", out.status);

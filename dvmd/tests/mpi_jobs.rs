@@ -121,36 +121,12 @@ fn mpi_one_shot() {
     assert!(left.is_empty(), "one-shot left session dirs: {left:?}");
 }
 
-/// Wait for `child`, at most `limit`, failing by name on a hang.
-fn wait_child(mut child: std::process::Child, limit: std::time::Duration, what: &str) -> std::process::Output {
-    let deadline = std::time::Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
 /// An MPI job inside MPI (barriers) when a daemon is killed fails naming the daemon; when the
 /// DVM is terminated, it ends with status 125 and a sentence, and the DVM stops with nothing
 /// left (libpmix must not be finalized under connected clients).
 fn mpi_faults(radix: u32) {
     let env = [("OMPI_MCA_pml", "ob1")];
     let dvm = Dvm::start(&format!("mpifault{radix}"), Nodes::Local { daemons: 4, slots: 2 }, radix, &env);
-    let spawn = |args: &[&str]| {
-        Command::new(common::PRUN)
-            .arg("--dvm-uri")
-            .arg(&dvm.uri)
-            .args(args)
-            .env("DVM_TMPDIR", &dvm.root)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
     let linger = mpi_bin("linger");
     let started = |child: &mut std::process::Child| {
         // prun forwards rank 0's first line once every rank is past MPI_Init; a hang fails
@@ -160,23 +136,23 @@ fn mpi_faults(radix: u32) {
             .1
     };
     // A daemon killed under a running MPI job.
-    let mut job = spawn(&["--map-by", "node", "-n", "8", &linger]);
+    let mut job = dvm.spawn_prun(&["--map-by", "node", "-n", "8", &linger]);
     let _out = started(&mut job);
     let victim = common::procs_with("--rank=3\0").into_iter().find(|p| dvm.pids.contains(p)).expect("daemon 3");
     // SAFETY: kill(2) on a daemon this test started.
     unsafe {
         libc::kill(victim as i32, libc::SIGKILL);
     }
-    let o = wait_child(job, std::time::Duration::from_secs(60), "an MPI job that lost a daemon");
+    let o = common::wait_output(&mut job, std::time::Duration::from_secs(60), "an MPI job that lost a daemon");
     assert!(!o.status.success());
     assert!(out(&o).1.contains("daemon 3 on node"), "{}", out(&o).1);
     dvm.assert_up();
     // pterm under a running MPI job.
-    let mut job = spawn(&["-n", "6", &linger]);
+    let mut job = dvm.spawn_prun(&["-n", "6", &linger]);
     let _out2 = started(&mut job);
     let st = Command::new(common::PTERM).arg("--dvm-uri").arg(&dvm.uri).env("DVM_TMPDIR", &dvm.root).output().unwrap();
     assert!(st.status.success(), "pterm: {}", out(&st).1);
-    let o = wait_child(job, std::time::Duration::from_secs(60), "an MPI job under pterm");
+    let o = common::wait_output(&mut job, std::time::Duration::from_secs(60), "an MPI job under pterm");
     assert_eq!(o.status.code(), Some(125), "{}", out(&o).1);
     assert!(out(&o).1.contains("the DVM was terminated (pterm) while job"), "{}", out(&o).1);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -10,11 +10,14 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, children_of, descendants, procs_with, session_dirs, text, Dvm, Nodes, DVMD, PRUN, PTERM};
+use common::{
+    alive, children_of, descendants, procs_in_root, procs_with, session_dirs, signal, text, Dvm, Nodes, DVMD, PRUN,
+    PTERM,
+};
 
 /// A session root for one test. Every process that carries it in `DVM_TMPDIR` (prun, dvmd and
 /// its daemons) or whose command line holds one of the markers (the job's processes) is killed
@@ -85,38 +88,16 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         for p in self.processes() {
-            kill(p, libc::SIGKILL);
+            signal(p, libc::SIGKILL);
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
-}
-
-/// Live processes whose environment holds `DVM_TMPDIR=<root>`.
-fn procs_in_root(root: &Path) -> Vec<u32> {
-    let want = format!("DVM_TMPDIR={}", root.display()).into_bytes();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-            if env.split(|&b| b == 0).any(|v| v == want.as_slice()) && alive(pid) {
-                out.push(pid);
-            }
-        }
-    }
-    out
 }
 
 fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim().to_string())
         .unwrap_or_default()
-}
-
-fn kill(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a PID this test started.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
 }
 
 /// Signal a process group this test started (as a terminal does on Ctrl-C).
@@ -212,7 +193,7 @@ fn a_signal_at_any_early_moment_gives_128_plus_signo_and_leaves_nothing() {
         if group {
             kill_group(prun.id(), sig);
         } else {
-            kill(prun.id(), sig);
+            signal(prun.id(), sig);
         }
         let st = wait_prun(&mut prun, &what);
         let err = stderr_of(&mut prun);
@@ -337,7 +318,7 @@ fn the_head_process_killed_during_a_job_on_a_persistent_dvm_is_named_in_one_sent
         .unwrap();
     assert!(wait_until(60, || job_procs(&marker).len() == 6), "the job's processes never ran");
     let hnp = dvm.pids[0];
-    kill(hnp, libc::SIGKILL);
+    signal(hnp, libc::SIGKILL);
     let st = wait_prun(&mut prun, "HNP killed");
     let err = stderr_of(&mut prun);
     assert_names_the_head(&err, hnp, st);
@@ -359,7 +340,7 @@ fn the_head_process_of_a_one_shot_dvm_killed_during_a_job_is_named_in_one_senten
         .unwrap();
     assert!(wait_until(60, || job_procs(&marker).len() == 3), "the job's processes never ran");
     let hnp = hnp_of(prun.id()).expect("prun's dvmd");
-    kill(hnp, libc::SIGKILL);
+    signal(hnp, libc::SIGKILL);
     let st = wait_prun(&mut prun, "one-shot HNP killed");
     let err = stderr_of(&mut prun);
     assert_names_the_head(&err, hnp, st);

@@ -253,3 +253,94 @@ pub fn mpi_bin(name: &str) -> String {
     });
     dir.join(name).display().to_string()
 }
+
+/// kill(2) on a pid this test started.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2); the caller names a process it started.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Live processes whose environment holds `DVM_TMPDIR=<root>`: everything a test's DVM, prun
+/// or job started under that root, wherever it was reparented.
+pub fn procs_in_root(root: &std::path::Path) -> Vec<u32> {
+    let want = format!("DVM_TMPDIR={}", root.display()).into_bytes();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            if env.split(|&b| b == 0).any(|v| v == want.as_slice()) && alive(pid) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Poll until `cond` holds, at most `limit`; fail naming `what` otherwise (a guard against a
+/// hang, never a measurement).
+pub fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait for `child` to exit, at most `limit` (then kill it and fail naming `what`), and collect
+/// its output. The pipes are read on threads from the start, so a full pipe never stalls the
+/// child; a pipe still held open by something the child started fails the test by name
+/// instead of hanging it.
+pub fn wait_output(child: &mut Child, limit: Duration, what: &str) -> Output {
+    use std::io::Read;
+    fn drain(p: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(mut p) = p {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = p.read_to_end(&mut v);
+                let _ = tx.send(v);
+            });
+        } else {
+            let _ = tx.send(Vec::new());
+        }
+        rx
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let grace = Duration::from_secs(20);
+    let held = |what_pipe: &str| {
+        format!("{what}: its {what_pipe} stayed open {grace:?} after it exited (a process it started still runs)")
+    };
+    let stdout = out.recv_timeout(grace).unwrap_or_else(|_| panic!("{}", held("stdout")));
+    let stderr = err.recv_timeout(grace).unwrap_or_else(|_| panic!("{}", held("stderr")));
+    Output { status, stdout, stderr }
+}
+
+impl Dvm {
+    /// Start `prun args` on this DVM in the background, stdout and stderr piped.
+    pub fn spawn_prun(&self, args: &[&str]) -> Child {
+        Command::new(PRUN)
+            .arg("--dvm-uri")
+            .arg(&self.uri)
+            .args(args)
+            .env("DVM_TMPDIR", &self.root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
