@@ -8,15 +8,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    alive, children_of, descendants, procs_in_root, procs_with, session_dirs, signal, text, Dvm, Nodes, DVMD, PRUN,
-    PTERM,
+    alive, children_of, descendants, procs_in_root, procs_with, session_dirs, signal, text, wait_output, Dvm, Nodes,
+    DVMD, PRUN, PTERM,
 };
 
 /// A session root for one test. Every process that carries it in `DVM_TMPDIR` (prun, dvmd and
@@ -120,29 +120,8 @@ fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// Wait (at most 60 s) for a prun; kill it and panic if it does not end.
-fn wait_prun(child: &mut Child, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: prun did not end within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut e = String::new();
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut e).unwrap();
-    }
-    e
-}
+/// How long a prun (or dvmd) may take to end before the test fails (a hang guard).
+const END_GUARD: Duration = Duration::from_secs(60);
 
 /// The job's processes: command lines that hold `marker`, without prun and without a shell's
 /// short-lived forks (a child that still carries its parent's command line).
@@ -195,8 +174,8 @@ fn a_signal_at_any_early_moment_gives_128_plus_signo_and_leaves_nothing() {
         } else {
             signal(prun.id(), sig);
         }
-        let st = wait_prun(&mut prun, &what);
-        let err = stderr_of(&mut prun);
+        let o = wait_output(&mut prun, END_GUARD, &what);
+        let (st, err) = (o.status, text(&o).1);
         assert!(
             st.code() == Some(128 + sig) || (st.code().is_none() && st.signal() == Some(sig)),
             "{what}: prun ended with {st}, want status {}; stderr: {err}",
@@ -220,8 +199,9 @@ fn ctrl_c_during_a_one_shot_job_gives_130_and_leaves_nothing() {
         .unwrap();
     assert!(wait_until(60, || job_procs(&marker).len() == 8), "the job's 8 processes never ran");
     kill_group(prun.id(), libc::SIGINT);
-    let st = wait_prun(&mut prun, "Ctrl-C");
-    assert_eq!(st.code(), Some(130), "{}", stderr_of(&mut prun));
+    let o = wait_output(&mut prun, END_GUARD, "Ctrl-C");
+    let st = o.status;
+    assert_eq!(st.code(), Some(130), "{}", text(&o).1);
     s.assert_clean("Ctrl-C during the job");
 }
 
@@ -236,8 +216,8 @@ fn read_two_lines_then_close(mut prun: Child, what: &str) -> (ExitStatus, String
         assert!(out.read_line(&mut line).unwrap() > 0, "{what}: the job printed nothing");
     }
     drop(out);
-    let st = wait_prun(&mut prun, what);
-    (st, stderr_of(&mut prun))
+    let o = wait_output(&mut prun, END_GUARD, what);
+    (o.status, text(&o).1)
 }
 
 fn assert_quiet(what: &str, st: ExitStatus, err: &str) {
@@ -319,8 +299,8 @@ fn the_head_process_killed_during_a_job_on_a_persistent_dvm_is_named_in_one_sent
     assert!(wait_until(60, || job_procs(&marker).len() == 6), "the job's processes never ran");
     let hnp = dvm.pids[0];
     signal(hnp, libc::SIGKILL);
-    let st = wait_prun(&mut prun, "HNP killed");
-    let err = stderr_of(&mut prun);
+    let o = wait_output(&mut prun, END_GUARD, "HNP killed");
+    let (st, err) = (o.status, text(&o).1);
     assert_names_the_head(&err, hnp, st);
     // Daemons and ranks end with the head; the head's session directory does not stay behind.
     assert!(wait_until(20, || dvm.pids.iter().all(|&p| !alive(p))), "daemons outlived the HNP");
@@ -341,8 +321,8 @@ fn the_head_process_of_a_one_shot_dvm_killed_during_a_job_is_named_in_one_senten
     assert!(wait_until(60, || job_procs(&marker).len() == 3), "the job's processes never ran");
     let hnp = hnp_of(prun.id()).expect("prun's dvmd");
     signal(hnp, libc::SIGKILL);
-    let st = wait_prun(&mut prun, "one-shot HNP killed");
-    let err = stderr_of(&mut prun);
+    let o = wait_output(&mut prun, END_GUARD, "one-shot HNP killed");
+    let (st, err) = (o.status, text(&o).1);
     assert_names_the_head(&err, hnp, st);
     assert!(err.contains("killed by signal 9"), "{err}");
     s.assert_clean("one-shot HNP killed");
@@ -379,14 +359,16 @@ fn two_one_shots_at_once(s: &mut Scratch, dvm_args: &[&str], env: &[(&str, &str)
     assert!(descendants(hnp_b).iter().any(|p| job_procs(&flag_b).contains(p)), "the second job is not on its own DVM");
 
     std::fs::write(&flag_a, "").unwrap();
-    let st = wait_prun(&mut a, "first one-shot");
-    assert!(st.success(), "first one-shot: {st}; {}", stderr_of(&mut a));
+    let o = wait_output(&mut a, END_GUARD, "first one-shot");
+    let st = o.status;
+    assert!(st.success(), "first one-shot: {st}; {}", text(&o).1);
     // The first DVM is gone (its prun waited for it); the second job still runs.
     assert!(!alive(hnp_a), "the first DVM outlived its prun");
     assert_eq!(job_procs(&flag_b).len(), 4, "the first one-shot's end killed the second job");
     std::fs::write(&flag_b, "").unwrap();
-    let st = wait_prun(&mut b, "second one-shot");
-    assert!(st.success(), "second one-shot: {st}; {}", stderr_of(&mut b));
+    let o = wait_output(&mut b, END_GUARD, "second one-shot");
+    let st = o.status;
+    assert!(st.success(), "second one-shot: {st}; {}", text(&o).1);
     s.assert_clean("two one-shots");
 }
 
@@ -438,7 +420,8 @@ impl Persistent {
     fn stop(mut self, s: &Scratch) {
         let out = Command::new(PTERM).args(["--dvm-uri", &self.uri]).env("DVM_TMPDIR", &s.root).output().unwrap();
         assert!(out.status.success(), "pterm {}: {}", self.uri, text(&out).1);
-        let st = wait_prun(&mut self.hnp, "persistent dvmd after pterm");
+        let o = wait_output(&mut self.hnp, END_GUARD, "persistent dvmd after pterm");
+        let st = o.status;
         assert!(st.success(), "persistent dvmd: {st}");
     }
 }
@@ -484,7 +467,8 @@ fn one_shot_dvms_are_never_discovered_and_several_persistent_dvms_are_named() {
     p1.stop(&s);
     p2.stop(&s);
     std::fs::write(&flag, "").unwrap();
-    let st = wait_prun(&mut one_shot, "one-shot");
-    assert!(st.success(), "one-shot: {st}; {}", stderr_of(&mut one_shot));
+    let o = wait_output(&mut one_shot, END_GUARD, "one-shot");
+    let st = o.status;
+    assert!(st.success(), "one-shot: {st}; {}", text(&o).1);
     s.assert_clean("discovery");
 }
