@@ -37,8 +37,13 @@ pub const IOF_WINDOW: u32 = 1 << 20;
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Exit status of a job ended by `--timeout`.
 pub const TIMEOUT_EXIT: i32 = 124;
-/// Exit status of a job ended because the DVM was terminated (`pterm`) while it ran.
+/// Exit status of a job the DVM ended under: terminated (`pterm`) while it ran, or (in prun)
+/// the head process lost.
 pub const TERMINATED_EXIT: i32 = 125;
+
+fn terminated_reason(jobid: u32) -> String {
+    format!("the DVM was terminated (pterm) while job {jobid} ran")
+}
 
 type EventTx = mpsc::Sender<Result<JobEvent, Status>>;
 
@@ -236,9 +241,7 @@ impl Daemon {
     /// first failure, or [`TERMINATED_EXIT`]) before the daemons go.
     pub(crate) fn end_remaining_jobs(&mut self) {
         for (jobid, job) in std::mem::take(&mut self.jobs.hnp) {
-            let (exit_code, message) = job
-                .first_failure
-                .unwrap_or_else(|| (TERMINATED_EXIT, format!("the DVM was terminated (pterm) while job {jobid} ran")));
+            let (exit_code, message) = job.first_failure.unwrap_or_else(|| (TERMINATED_EXIT, terminated_reason(jobid)));
             let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
         }
     }
@@ -248,7 +251,7 @@ impl Daemon {
     pub(crate) fn end_jobs_for_termination(&mut self) -> bool {
         let running: Vec<u32> = self.jobs.hnp.keys().copied().collect();
         for &jobid in &running {
-            self.fail_job(jobid, TERMINATED_EXIT, format!("the DVM was terminated (pterm) while job {jobid} ran"));
+            self.fail_job(jobid, TERMINATED_EXIT, terminated_reason(jobid));
         }
         !running.is_empty()
     }

@@ -23,8 +23,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Exit status when the DVM failed under the job (its head process ended, or prun lost contact
-/// with it): the job's own outcome is unknown.
-const LOST_DVM: i32 = 125;
+/// with it): the job's own outcome is unknown. The same status the HNP gives a job it ends
+/// because the DVM is terminated: either way the DVM ended under the job.
+const LOST_DVM: i32 = dvmd::jobs::TERMINATED_EXIT;
 /// Exit status when prun's stdout was closed (a reader such as `head` went away), as for any
 /// filter killed by SIGPIPE.
 const CLOSED_STDOUT: i32 = 128 + libc::SIGPIPE;
