@@ -25,7 +25,13 @@ echo "seed $SEED; git $(git rev-parse --short HEAD); $N daemons radix 2; bound $
 printf '%-5s %-7s %-9s %-10s %-8s %s\n' round victim kind ended_ms next first_error
 fail=0
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+storm=
+# Whatever happens (a failure under set -e included): the DVM's daemons, the storm and the
+# scratch directory go.
+cleanup() {
+    for p in "${PIDS[@]}" $storm; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$OUT"
+}
 trap cleanup EXIT
 for round in $(seq 1 "$ROUNDS"); do
     uri=$OUT/uri.$round
@@ -39,6 +45,7 @@ for round in $(seq 1 "$ROUNDS"); do
         *) victim=$((8 + RANDOM % 8)); kind=leaf ;;
     esac
     vpid=$(ps -o pid=,args= --ppid "$hnp" | awk -v r="--rank=$victim" '$0 ~ r" " {print $1}')
+    [ -n "$vpid" ] || { echo "round $round: no process for daemon $victim under HNP $hnp" >&2; exit 1; }
     "$B/dvm-bench" --dvm-uri "file:$uri" --check-fences 100000000 >"$OUT/storm.$round" 2>&1 &
     storm=$!
     sleep 1
@@ -51,6 +58,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     if [ -z "$ended" ]; then kill "$storm" 2>/dev/null || true; ended=hang; fi
     wait "$storm" 2>/dev/null && storm_rc=0 || storm_rc=$?
+    storm=
     err=$(grep -o 'first: .*' "$OUT/storm.$round" | head -1 | cut -c8- || true)
     if "$B/dvm-bench" --dvm-uri "file:$uri" --check-fences 1000 >"$OUT/next.$round" 2>&1; then next=pass; else next=FAIL; fi
     ok=1
@@ -68,6 +76,5 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ ${#left[@]} -ne 0 ]; then echo "dvmd pids left after pterm: ${left[*]}" >&2; kill -9 "${left[@]}"; fail=$((fail + 1)); fi
     PIDS=()
 done
-rm -rf "$OUT"
 echo "rounds $ROUNDS, failures $fail"
 [ $fail -eq 0 ]
