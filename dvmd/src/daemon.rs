@@ -22,18 +22,8 @@ use tracing::{debug, warn};
 
 use crate::control::ControlCmd;
 
-/// Why the actor loop ended.
-#[derive(Debug)]
-pub enum Exit {
-    /// Orderly: the DVM was terminated.
-    Terminated,
-    /// The HNP is gone; this daemon ends too.
-    LostHnp(String),
-    /// The boot failed (HNP only): the message names the daemon and host.
-    BootFailed(String),
-    /// The DVM declared this daemon dead (it was frozen or cut off and came back).
-    Evicted(String),
-}
+/// Why the actor loop ended (the core's reasons, and the shell's boot failures).
+pub use dvm_core::Exit;
 
 /// Inputs of the actor besides transport events.
 #[derive(Debug)]
@@ -346,13 +336,7 @@ impl Daemon {
                 }
                 self.exit = Some(Exit::Terminated);
             }
-            Effect::Exit(e) => {
-                self.exit = Some(match e {
-                    dvm_core::Exit::Terminated => Exit::Terminated,
-                    dvm_core::Exit::LostHnp(m) => Exit::LostHnp(m),
-                    dvm_core::Exit::Evicted(m) => Exit::Evicted(m),
-                })
-            }
+            Effect::Exit(e) => self.exit = Some(e),
         }
     }
 

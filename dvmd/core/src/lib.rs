@@ -75,6 +75,10 @@ pub enum Exit {
     LostHnp(String),
     /// The DVM declared this daemon dead; it must not act any more.
     Evicted(String),
+    /// HNP: the boot failed (a daemon's process ended before the DVM was ready, the start-up
+    /// deadline passed, or a signal abandoned it); the message names the daemon and host. Set
+    /// by the shell, which sees processes and the clock.
+    BootFailed(String),
 }
 
 /// An input of the core. Every input comes with `now`.
