@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{build_mpi_program, drive, spawn_mpi_ranks, Host, Proc, HOST_ALIAS};
+use common::{answer_routine, build_mpi_program, drive, spawn_mpi_ranks, Host, Proc, HOST_ALIAS};
 use pmix_shim::{key_str, sys, Info, InfoValue, PmixEvent, Rank, SUCCESS};
 
 const NS: &str = "dvm-test-mpilog";
@@ -38,23 +38,17 @@ fn open_mpi_show_help_arrives_as_log_text() {
         &host.rx,
         &mut procs,
         "MPI log test",
-        |ev| match ev {
-            PmixEvent::ClientConnected { reply, .. } | PmixEvent::ClientFinalized { reply, .. } => {
-                reply.complete(SUCCESS)
-            }
-            PmixEvent::FenceNb(f) => {
-                let data = f.data.clone();
-                f.reply.complete(SUCCESS, &data);
-            }
-            PmixEvent::Log { text, data, reply, .. } => {
+        |ev| match answer_routine(ev) {
+            None => {}
+            Some(PmixEvent::Log { text, data, reply, .. }) => {
                 logs.push((text, data));
                 reply.complete(SUCCESS);
             }
-            PmixEvent::Abort { status, message, reply, .. } => {
+            Some(PmixEvent::Abort { status, message, reply, .. }) => {
                 other.push(format!("abort {status} {message}"));
                 reply.complete(SUCCESS);
             }
-            ev => panic!("unexpected event {ev:?}"),
+            Some(ev) => panic!("unexpected event {ev:?}"),
         },
         |p| p.iter().all(|p| p.exit.is_some()),
     );

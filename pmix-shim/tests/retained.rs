@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::{drive, Host, Proc};
-use pmix_shim::{PmixEvent, SUCCESS};
+use common::{answer_routine, drive, Host, Proc};
 
 const CLIENTS: u32 = 2;
 const WARMUP: usize = 2;
@@ -42,15 +41,9 @@ fn one_job(host: &Host, n: usize, gds: Option<&str>) -> i64 {
         &host.rx,
         &mut procs,
         "retained test",
-        |ev| match ev {
-            PmixEvent::ClientConnected { reply, .. } | PmixEvent::ClientFinalized { reply, .. } => {
-                reply.complete(SUCCESS)
-            }
-            PmixEvent::FenceNb(f) => {
-                let data = f.data.clone();
-                f.reply.complete(SUCCESS, &data);
-            }
-            other => panic!("unexpected event {other:?}"),
+        |ev| match answer_routine(ev) {
+            None => {}
+            Some(other) => panic!("unexpected event {other:?}"),
         },
         |procs| procs.iter().all(|p| p.exit.is_some()),
     );

@@ -171,6 +171,24 @@ impl Drop for Proc {
 
 /// Runs the host loop: hands every event to `handle` until `done` says so or the deadline hits
 /// (then panics with `what`).
+/// Answers what every test answers the same way (a client connecting or finalizing: success;
+/// a fence: success with the caller's own data, as a one-daemon fence returns) and hands back
+/// any other event.
+pub fn answer_routine(ev: PmixEvent) -> Option<PmixEvent> {
+    match ev {
+        PmixEvent::ClientConnected { reply, .. } | PmixEvent::ClientFinalized { reply, .. } => {
+            reply.complete(pmix_shim::SUCCESS);
+            None
+        }
+        PmixEvent::FenceNb(f) => {
+            let data = f.data.clone();
+            f.reply.complete(pmix_shim::SUCCESS, &data);
+            None
+        }
+        other => Some(other),
+    }
+}
+
 pub fn drive(
     rx: &Receiver<PmixEvent>,
     procs: &mut [Proc],
