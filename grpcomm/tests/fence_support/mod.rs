@@ -1,13 +1,14 @@
 //! A tiny in-process network for fence tests: N `Grpcomm` instances, one FIFO queue per
-//! directed link, a seeded xorshift choosing which link delivers next. Every `Send` must name
-//! a tree neighbour of the sender (checked). Crashed daemons lose their queues.
+//! directed link, a seeded xorshift choosing which link delivers next. Every tree `Send` must
+//! name a tree neighbour of the sender (checked); a direct `Send` goes straight to its
+//! destination over a lateral link of its own. Crashed daemons lose their queues.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_grpcomm::{
-    Config, Effect, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Participants, Rank, Topology,
+    Config, Effect, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Participants, Rank, Topology, Via,
 };
 use dvm_proto::grpcomm::GrpcommMsg;
 
@@ -42,6 +43,8 @@ pub struct Net {
     pub timers: Vec<Vec<u64>>,
     pub failed: BTreeSet<Rank>,
     pub delivered: u64,
+    /// Sends that went over lateral links.
+    pub direct_sends: u64,
     /// `drive` crashes each daemon once this many messages were delivered, then repairs the
     /// survivors one by one at random moments (ascending delivery counts).
     pub scheduled_crashes: Vec<(u64, Rank)>,
@@ -64,6 +67,7 @@ impl Net {
             timers: vec![Vec::new(); n as usize],
             failed: BTreeSet::new(),
             delivered: 0,
+            direct_sends: 0,
             scheduled_crashes: Vec::new(),
         }
     }
@@ -82,9 +86,12 @@ impl Net {
         let effects: Vec<Effect> = g.drain().collect();
         for e in effects {
             match e {
-                Effect::Send { to, msg } => {
+                Effect::Send { to, msg, via } => {
+                    if via == Via::Direct {
+                        self.direct_sends += 1;
+                    }
                     assert!(
-                        topo.parent() == Some(to) || topo.children().contains(&to),
+                        via == Via::Direct || topo.parent() == Some(to) || topo.children().contains(&to),
                         "daemon {r} sent to {to}, not a tree neighbour (parent {:?}, children {:?})",
                         topo.parent(),
                         topo.children()
