@@ -163,6 +163,8 @@ struct SigRecord {
     /// The last fence that succeeded. A participant still waiting for it holds up every later
     /// fence over the signature, so those can only fail; this must outlive their errors.
     last_ok: Option<(u64, Bytes)>,
+    /// (peer, seq) whose results were handed to a peer after its lateral link was lost.
+    helped: std::collections::BTreeSet<(Rank, u64)>,
 }
 
 impl SigRecord {
@@ -186,6 +188,8 @@ impl SigRecord {
         if self.recent.len() == RECENT_PER_SIGNATURE {
             self.recent.pop_front();
         }
+        let oldest = self.recent.front().map_or(seq, |(s, _)| *s);
+        self.helped.retain(|&(_, s)| s >= oldest);
         self.recent.push_back((seq, result));
     }
 
@@ -486,20 +490,23 @@ impl FenceState {
             Ok(s) => s,
             Err(reason) => return dropped(ctx, from, format!("allgather block (seq {}): {reason}", m.seq)),
         };
-        let (me, seq) = (ctx.topo.me(), m.seq);
-        if !sig.participants.contains(me) || !sig.participants.contains(from) {
-            let reason =
-                format!("allgather block for fence {:?}#{seq} between non-participants ({from} to {me})", sig.key);
+        // `from` is the last hop (a relay, when the block took a detour along the tree).
+        let (me, seq, sender) = (ctx.topo.me(), m.seq, m.sender);
+        if !sig.participants.contains(me) || !sig.participants.contains(sender) || sender == me {
+            let reason = format!(
+                "allgather block for fence {:?}#{seq} from {sender} to {me}: not two distinct participants",
+                sig.key
+            );
             return dropped(ctx, from, reason);
         }
         if !lost(ctx.topo, &self.repairs, &sig.participants).is_empty() {
-            debug!(rank = me, from, seq, "allgather block for a fence that lost a participant dropped");
+            debug!(rank = me, sender, seq, "allgather block for a fence that lost a participant dropped");
             return;
         }
         let rec = self.sigs.entry(sig.clone()).or_default();
         if !rec.trackers.contains_key(&seq) {
             if rec.is_retired(seq, true) {
-                debug!(rank = me, from, seq, "allgather block for a retired fence");
+                debug!(rank = me, sender, seq, "allgather block for a retired fence");
                 return;
             }
             if seq >= rec.started.saturating_add(HOLD_AHEAD) {
@@ -511,7 +518,7 @@ impl FenceState {
             }
             rec.trackers.insert(seq, FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
         }
-        allgather::on_block(ctx, from, m, &sig, seq, rec);
+        allgather::on_block(ctx, sender, m, &sig, seq, rec);
     }
 
     pub fn on_release(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceRelease) {
@@ -577,7 +584,10 @@ impl FenceState {
                 match t.failed.clone() {
                     Some(err) if ctx.topo.is_root() => retire(ctx, sig, seq, rec, Err(err), None),
                     Some(_) => send_error_up(ctx, sig, seq, t),
-                    None => progress(ctx, sig, seq, rec),
+                    None => {
+                        allgather::resend_detours(ctx, sig, seq, rec);
+                        progress(ctx, sig, seq, rec);
+                    }
                 }
             }
             let new_parent = delta.parent_changed.and_then(|(_, p)| p);
@@ -599,8 +609,37 @@ impl FenceState {
         }
     }
 
-    /// Repair handles lost peers; a failed send alone changes nothing for a fence.
-    pub fn peer_unreachable(&mut self, _ctx: &mut Ctx<'_>, _peer: Rank) {}
+    /// A send to `peer` failed or its link was lost. Tree fences wait for the repair; an
+    /// allgather whose partner is still alive in the topology (a lateral link lost, not a
+    /// daemon) sends that partner's blocks along the tree instead. Never a repair.
+    pub fn peer_unreachable(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
+        let topo = ctx.topo;
+        let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
+        // A tree neighbour's link is the repair's business (a detour would take the same link).
+        if peer >= topo.size() || !topo.is_alive(peer) || peer == topo.me() || neighbour {
+            return;
+        }
+        for (sig, rec) in self.sigs.iter_mut() {
+            if !sig.participants.contains(peer) {
+                continue;
+            }
+            let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
+            for seq in seqs {
+                allgather::detour(ctx, sig, seq, rec, peer);
+            }
+            // Blocks sent just before this daemon finished a fence may have been lost with the
+            // link, and the exchange that could send them again is retired: hand the peer the
+            // results instead, along the tree (it drops those it already has).
+            if sig.participants.contains(ctx.topo.me()) {
+                for (seq, result) in rec.held_results() {
+                    // Once per peer and fence, so a link that keeps failing cannot loop.
+                    if result.is_ok() && !rec.trackers.contains_key(&seq) && rec.helped.insert((peer, seq)) {
+                        ctx.send(peer, Body::Release(wire::release_msg(sig, seq, &result)));
+                    }
+                }
+            }
+        }
+    }
 
     pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
         let me = ctx.topo.me();

@@ -300,13 +300,58 @@ fn back_to_back_fences_survive_a_relay_crash() {
     }
 }
 
-fn block(sig: &FenceSignature, seq: u64, movement: u32, step: u32, first: u32, blocks: Vec<Bytes>) -> GrpcommMsg {
+/// A lateral link drops mid-exchange with blocks queued on it: both ends send those blocks
+/// again along the tree, and every participant completes with the oracle's bytes (no repair).
+#[test]
+fn a_lost_lateral_link_detours_along_the_tree() {
+    let mut lost_frames = 0;
+    for seed in 0..120u64 {
+        let (n, radix) = [(16, 2), (10, 2), (27, 3), (12, 64)][seed as usize % 4];
+        let sig = FenceSignature::new("cut", Participants::All);
+        let collects = [true, false, true];
+        let mut net = net(n, radix, seed, FenceMovementMode::Allgather);
+        for r in 0..n {
+            net.start(r, request(&sig, r, 0, true), 0);
+        }
+        for _ in 0..net.rng.below(2 * n as usize) {
+            net.step();
+        }
+        // A lateral link: a pair that is not a tree edge (a tree edge's loss is a repair).
+        let (a, b) = loop {
+            let a = net.rng.below(n as usize) as Rank;
+            let b = (a + 1 + net.rng.below(n as usize - 1) as Rank) % n;
+            let t = Topology::new(a, radix, n).unwrap();
+            if t.parent() != Some(b) && !t.children().contains(&b) {
+                break (a, b);
+            }
+        };
+        lost_frames += net.lose_link(a, b);
+        net.run();
+        let p: Vec<VecDeque<FenceRequest>> = (0..n)
+            .map(|r| collects[1..].iter().enumerate().map(|(k, &c)| request(&sig, r, k as u64 + 1, c)).collect())
+            .collect();
+        net.drive(p, true);
+        check_all(&net, &sig, &collects);
+        assert!(net.all_quiescent(), "seed {seed}");
+    }
+    assert!(lost_frames >= 10, "the loss hit blocks in flight ({lost_frames})");
+}
+
+fn block(
+    sender: Rank,
+    sig: &FenceSignature,
+    seq: u64,
+    movement: u32,
+    step: u32,
+    first: u32,
+    blocks: Vec<Bytes>,
+) -> GrpcommMsg {
     let (all, daemons) = match &sig.participants {
         Participants::All => (true, vec![]),
         Participants::Daemons(d) => (false, d.clone()),
     };
     let sig = Some(dvm_proto::grpcomm::FenceSignature { key: sig.key.clone(), all_daemons: all, daemons });
-    GrpcommMsg { body: Some(Body::Block(FenceBlock { sig, seq, movement, step, first, blocks })) }
+    GrpcommMsg { body: Some(Body::Block(FenceBlock { sig, seq, movement, step, first, blocks, sender })) }
 }
 
 #[test]
@@ -316,11 +361,11 @@ fn malformed_blocks_fail_the_fence_by_name_never_panic() {
     let b = |s: &'static [u8]| Bytes::from_static(s);
     // Not a participant, or from a non-participant: dropped by name, no state.
     let mut g = Grpcomm::new(Topology::new(1, 2, 4).unwrap(), cfg.clone());
-    g.handle(0, block(&sig, 0, 5, 0, 0, vec![b(b"x")]));
+    g.handle(0, block(0, &sig, 0, 5, 0, 0, vec![b(b"x")]));
     let mut g0 = Grpcomm::new(Topology::new(0, 2, 4).unwrap(), cfg.clone());
-    g0.handle(1, block(&sig, 0, 5, 0, 1, vec![b(b"x")]));
+    g0.handle(1, block(1, &sig, 0, 5, 0, 1, vec![b(b"x")]));
     // Far ahead of any fence started here.
-    g0.handle(2, block(&sig, 5_000, 5, 0, 1, vec![b(b"x")]));
+    g0.handle(2, block(2, &sig, 5_000, 5, 0, 1, vec![b(b"x")]));
     for g in [&mut g, &mut g0] {
         let fx: Vec<Effect> = g.drain().collect();
         assert!(
@@ -331,10 +376,10 @@ fn malformed_blocks_fail_the_fence_by_name_never_panic() {
     // Bruck over 3: position 0 (daemon 0) receives from position 1 (daemon 2) at step 0 one
     // block owned by position 1. Each wrong field fails the fence naming the sender.
     let bad = [
-        block(&sig, 0, 5, 7, 1, vec![b(b"x")]),
-        block(&sig, 0, 5, 0, 2, vec![b(b"x")]),
-        block(&sig, 0, 5, 0, 1, vec![]),
-        block(&sig, 0, 5, 0, 1, vec![b(b"x"), b(b"y"), b(b"z"), b(b"w")]),
+        block(2, &sig, 0, 5, 7, 1, vec![b(b"x")]),
+        block(2, &sig, 0, 5, 0, 2, vec![b(b"x")]),
+        block(2, &sig, 0, 5, 0, 1, vec![]),
+        block(2, &sig, 0, 5, 0, 1, vec![b(b"x"), b(b"y"), b(b"z"), b(b"w")]),
     ];
     for msg in bad {
         let mut g = Grpcomm::new(Topology::new(0, 2, 4).unwrap(), cfg.clone());
@@ -353,7 +398,7 @@ fn malformed_blocks_fail_the_fence_by_name_never_panic() {
     let mut g = Grpcomm::new(Topology::new(0, 2, 4).unwrap(), cfg);
     g.fence(FenceRequest { sig: sig.clone(), collect: true, data: b(b"me"), timeout: None }, 0);
     g.drain().for_each(drop);
-    g.handle(3, block(&sig, 0, 5, 0, 1, vec![b(b"x")]));
+    g.handle(3, block(3, &sig, 0, 5, 0, 1, vec![b(b"x")]));
     let fx: Vec<Effect> = g.drain().collect();
     assert!(
         matches!(&fx[..], [.., Effect::FenceComplete { result: Err(FenceError::Protocol(m)), .. }] if m.contains("daemon 3")),

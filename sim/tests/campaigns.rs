@@ -156,6 +156,13 @@ fn runs_are_reproducible() {
 #[test]
 #[should_panic(expected = "replay --seed 9 --n 7 --radix 2 --profile crash\n      lost op 4")]
 fn a_failing_seed_is_named_by_its_replay_line() {
-    let f = dvm_sim::Failure { seed: 9, n: 7, radix: 2, profile: Profile::Crash, violations: vec!["lost op 4".into()] };
+    let f = dvm_sim::Failure {
+        seed: 9,
+        n: 7,
+        radix: 2,
+        profile: Profile::Crash,
+        fence_movement: dvm_sim::FenceMovementMode::Tree,
+        violations: vec!["lost op 4".into()],
+    };
     assert_no_failures(&[f], 1, "schedules");
 }

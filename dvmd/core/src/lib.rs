@@ -183,6 +183,10 @@ pub struct Core {
     fence_owners: BTreeMap<FenceId, FenceOwner>,
     xcast_owners: BTreeMap<XcastId, XcastOwner>,
     bench: Option<bench::DaemonBench>,
+    /// The last finished benchmark's fence signature, forgotten when the next one starts (not
+    /// at once: a participant that finished an allgather may still have to hand its results
+    /// to a peer whose blocks were lost with a lateral link).
+    bench_done_sig: Option<FenceSignature>,
     /// Failed daemons already told to exit (each once).
     evicted: BTreeSet<Rank>,
     hnp_pid: Option<u32>,
@@ -229,6 +233,7 @@ impl Core {
             fence_owners: BTreeMap::new(),
             xcast_owners: BTreeMap::new(),
             bench: None,
+            bench_done_sig: None,
             evicted: BTreeSet::new(),
             hnp_pid,
             last_encoded: None,
@@ -562,8 +567,10 @@ impl Core {
         let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
         if !neighbour {
             // A lateral link (an allgather partner, a direct report): never a tree loss and
-            // never a repair. If the peer really died, its tree neighbours report it.
+            // never a repair. If the peer really died, its tree neighbours report it; until
+            // then grpcomm sends that peer's blocks along the tree.
             debug!(peer, "lost a lateral connection: {reason}");
+            self.g.peer_unreachable(peer);
             return;
         }
         if self.terminating {

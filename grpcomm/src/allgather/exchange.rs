@@ -9,7 +9,7 @@
 //! [`BlockError`], never an index panic); messages for later steps are held keyed by step
 //! (at most one per step, so the hold is O(log P) messages).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_rml::topology::Rank;
@@ -62,6 +62,8 @@ pub struct Exchange {
     /// Steps whose blocks were sent (0..sent).
     sent: u32,
     held: BTreeMap<u32, Vec<Bytes>>,
+    /// Partners whose lateral link was lost: their blocks take the tree instead.
+    detour: BTreeSet<Rank>,
 }
 
 impl Exchange {
@@ -71,7 +73,7 @@ impl Exchange {
         let pos = position_of(&members, me)?;
         let mut blocks = vec![None; members.len()];
         blocks[pos as usize] = Some(own);
-        Ok(Exchange { sched, members, pos, blocks, step: 0, sent: 0, held: BTreeMap::new() })
+        Ok(Exchange { sched, members, pos, blocks, step: 0, sent: 0, held: BTreeMap::new(), detour: BTreeSet::new() })
     }
 
     pub fn schedule(&self) -> Schedule {
@@ -108,6 +110,37 @@ impl Exchange {
             self.step += 1;
         }
         Ok(())
+    }
+
+    /// Send to `peer` along the tree from now on; true the first time.
+    pub fn detour(&mut self, peer: Rank) -> bool {
+        self.detour.insert(peer)
+    }
+
+    /// Whether blocks for `peer` take the tree.
+    pub fn detoured(&self, peer: Rank) -> bool {
+        self.detour.contains(&peer)
+    }
+
+    /// Partners on a detour.
+    pub fn detours(&self) -> impl Iterator<Item = Rank> + '_ {
+        self.detour.iter().copied()
+    }
+
+    /// Every message already sent to `peer`, rebuilt from the blocks held (to send again).
+    pub fn sent_to(&self, peer: Rank) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for k in 0..self.sent {
+            let Ok(st) = self.sched.step(self.pos, k) else { continue };
+            if self.members[st.to as usize] != peer {
+                continue;
+            }
+            let blocks: Option<Vec<Bytes>> = st.send.positions().map(|p| self.blocks[p as usize].clone()).collect();
+            if let Some(blocks) = blocks {
+                out.push(Outgoing { to: peer, step: k, first: st.send.first(), blocks });
+            }
+        }
+        out
     }
 
     /// A block message from daemon `from`. Checked against the schedule, then held for its

@@ -24,7 +24,7 @@ use tracing::debug;
 
 use super::tracker::{OwnSlot, Run, MAX_EARLY_BLOCKS};
 use super::{fail, retire, wire, FenceError, FenceSignature, Participants, SigRecord};
-use crate::allgather::exchange::{Exchange, Received};
+use crate::allgather::exchange::{Exchange, Outgoing, Received};
 use crate::{Ctx, Effect, Movement};
 
 const ALLGATHER: u32 = Movement::Allgather as u32;
@@ -110,6 +110,54 @@ pub(super) fn on_block(
     }
 }
 
+/// Put blocks on the wire: straight to the partner, or along the tree when its lateral link
+/// was lost (`detour`).
+fn send(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, out: Vec<(Outgoing, bool)>) {
+    let me = ctx.topo.me();
+    let wire_sig = (!out.is_empty()).then(|| wire::sig_to_wire(sig));
+    for (o, detour) in out {
+        let m = FenceBlock {
+            sig: wire_sig.clone(),
+            seq,
+            movement: ALLGATHER,
+            step: o.step,
+            first: o.first,
+            blocks: o.blocks,
+            sender: me,
+        };
+        if detour {
+            ctx.send(o.to, Body::Block(m));
+        } else {
+            ctx.send_direct(o.to, Body::Block(m));
+        }
+    }
+}
+
+/// The lateral link to `peer` (alive in the topology) was lost: everything already sent to it
+/// goes again along the tree, and so does everything later. Once per peer and fence.
+pub(super) fn detour(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord, peer: Rank) {
+    let Some(t) = rec.trackers.get_mut(&seq) else { return };
+    let Run::Allgather(ex) = &mut t.run else { return };
+    if t.failed.is_some() || !ex.detour(peer) {
+        return;
+    }
+    debug!(rank = ctx.topo.me(), peer, seq, "lateral link lost: allgather blocks take the tree");
+    let out = ex.sent_to(peer).into_iter().map(|o| (o, true)).collect();
+    send(ctx, sig, seq, out);
+}
+
+/// After a repair that lost no participant: blocks on a detour may have died with a relay;
+/// send them again (receivers drop what they already hold).
+pub(super) fn resend_detours(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
+    let Some(t) = rec.trackers.get(&seq) else { return };
+    let Run::Allgather(ex) = &t.run else { return };
+    if t.failed.is_some() {
+        return;
+    }
+    let out: Vec<(Outgoing, bool)> = ex.detours().flat_map(|p| ex.sent_to(p)).map(|o| (o, true)).collect();
+    send(ctx, sig, seq, out);
+}
+
 /// Send what the exchange can send now; complete the fence once every block is held.
 pub(super) fn drive(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
     let me = ctx.topo.me();
@@ -120,18 +168,8 @@ pub(super) fn drive(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut
     let Run::Allgather(ex) = &mut t.run else { return };
     let mut out = Vec::new();
     let advanced = ex.advance(&mut out);
-    let wire_sig = (!out.is_empty()).then(|| wire::sig_to_wire(sig));
-    for o in out {
-        let m = FenceBlock {
-            sig: wire_sig.clone(),
-            seq,
-            movement: ALLGATHER,
-            step: o.step,
-            first: o.first,
-            blocks: o.blocks,
-        };
-        ctx.send_direct(o.to, Body::Block(m));
-    }
+    let out: Vec<(Outgoing, bool)> = out.into_iter().map(|o| (ex.detoured(o.to), o)).map(|(d, o)| (o, d)).collect();
+    send(ctx, sig, seq, out);
     if let Err(e) = advanced {
         return fail(ctx, sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {e}")));
     }
