@@ -45,6 +45,7 @@ use dvm_proto::Message;
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
+use crate::allgather::exchange::Exchange;
 use crate::{Ctx, Effect, Movement};
 use tracker::{child_slots, lost, FenceTracker, OwnSlot, Run, SubtreeContrib};
 
@@ -163,8 +164,10 @@ struct SigRecord {
     /// The last fence that succeeded. A participant still waiting for it holds up every later
     /// fence over the signature, so those can only fail; this must outlive their errors.
     last_ok: Option<(u64, Bytes)>,
-    /// (peer, seq) whose results were handed to a peer after its lateral link was lost.
-    helped: std::collections::BTreeSet<(Rank, u64)>,
+    /// The last allgather this daemon finished, kept until the next one finishes: a partner
+    /// whose lateral link was lost may still wait for blocks sent just before the end (it is
+    /// at most one fence behind, since this daemon cannot finish the next without it).
+    finished: Option<(u64, Box<Exchange>)>,
 }
 
 impl SigRecord {
@@ -188,8 +191,6 @@ impl SigRecord {
         if self.recent.len() == RECENT_PER_SIGNATURE {
             self.recent.pop_front();
         }
-        let oldest = self.recent.front().map_or(seq, |(s, _)| *s);
-        self.helped.retain(|&(_, s)| s >= oldest);
         self.recent.push_back((seq, result));
     }
 
@@ -251,9 +252,14 @@ fn retire(
     result: FenceResult,
     from: Option<Rank>,
 ) {
-    let t = rec.trackers.remove(&seq);
+    let mut t = rec.trackers.remove(&seq);
     let started = t.as_ref().is_some_and(FenceTracker::started);
     let release = result.is_err() || t.as_ref().is_none_or(FenceTracker::releases_success);
+    if let Some(Run::Allgather(ex)) = t.as_mut().map(|t| std::mem::replace(&mut t.run, Run::Tree)) {
+        if result.is_ok() {
+            rec.finished = Some((seq, ex));
+        }
+    }
     rec.remember(seq, result.clone());
     if let Err(e) = &result {
         if !started && sig.participants.contains(ctx.topo.me()) && seq >= rec.started {
@@ -590,6 +596,11 @@ impl FenceState {
                     }
                 }
             }
+            if let Some((seq, ex)) = &rec.finished {
+                for peer in ex.detours().collect::<Vec<_>>() {
+                    allgather::send_again(ctx, sig, *seq, ex, peer);
+                }
+            }
             let new_parent = delta.parent_changed.and_then(|(_, p)| p);
             let added: Vec<Rank> = delta.children_added.iter().copied().filter(|c| slots.contains(c)).collect();
             for (seq, result) in &rec.held_results() {
@@ -627,15 +638,10 @@ impl FenceState {
             for seq in seqs {
                 allgather::detour(ctx, sig, seq, rec, peer);
             }
-            // Blocks sent just before this daemon finished a fence may have been lost with the
-            // link, and the exchange that could send them again is retired: hand the peer the
-            // results instead, along the tree (it drops those it already has).
-            if sig.participants.contains(ctx.topo.me()) {
-                for (seq, result) in rec.held_results() {
-                    // Once per peer and fence, so a link that keeps failing cannot loop.
-                    if result.is_ok() && !rec.trackers.contains_key(&seq) && rec.helped.insert((peer, seq)) {
-                        ctx.send(peer, Body::Release(wire::release_msg(sig, seq, &result)));
-                    }
+            // Blocks sent just before this daemon finished may have been lost with the link.
+            if let Some((seq, ex)) = rec.finished.as_mut() {
+                if ex.detour(peer) {
+                    allgather::send_again(ctx, sig, *seq, ex, peer);
                 }
             }
         }
@@ -672,6 +678,7 @@ impl FenceState {
             .map(|r| {
                 r.trackers.values().map(FenceTracker::state_bytes).sum::<usize>()
                     + r.early_errors.len() * std::mem::size_of::<(u64, FenceError)>()
+                    + r.finished.as_ref().map_or(0, |(_, ex)| ex.state_bytes())
             })
             .sum();
         let stash: usize = self.stash.iter().map(|(_, m)| m.encoded_len()).sum();

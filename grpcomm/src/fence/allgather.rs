@@ -146,6 +146,13 @@ pub(super) fn detour(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mu
     send(ctx, sig, seq, out);
 }
 
+/// Send everything a finished exchange sent to `peer` again, along the tree.
+pub(super) fn send_again(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, ex: &Exchange, peer: Rank) {
+    debug!(rank = ctx.topo.me(), peer, seq, "lateral link lost after the fence finished here: blocks take the tree");
+    let out = ex.sent_to(peer).into_iter().map(|o| (o, true)).collect();
+    send(ctx, sig, seq, out);
+}
+
 /// After a repair that lost no participant: blocks on a detour may have died with a relay;
 /// send them again (receivers drop what they already hold).
 pub(super) fn resend_detours(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
