@@ -58,6 +58,9 @@ const RECENT_PER_SIGNATURE: usize = 8;
 /// fences that failed before this daemon started them); anything further is dropped by name.
 const HOLD_AHEAD: u64 = 1024;
 
+/// Forgotten signatures remembered (see `FenceState::forgotten`).
+const FORGOTTEN_KEPT: usize = 16;
+
 /// The daemons taking part in a fence.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Participants {
@@ -214,6 +217,10 @@ impl FenceState {
             Some(rec) if !rec.trackers.is_empty() => false,
             Some(_) => {
                 self.sigs.remove(sig);
+                if self.forgotten.len() == FORGOTTEN_KEPT {
+                    self.forgotten.pop_front();
+                }
+                self.forgotten.push_back(sig.clone());
                 true
             }
             None => true,
@@ -226,6 +233,9 @@ pub(crate) struct FenceState {
     sigs: BTreeMap<FenceSignature, SigRecord>,
     /// Contributions from a newer topology epoch than ours, replayed when we catch up.
     stash: Vec<(Rank, FenceContrib)>,
+    /// The last signatures forgotten: an allgather block re-sent late (after a lateral loss)
+    /// for one of them is dropped instead of opening a tracker nobody will ever start.
+    forgotten: VecDeque<FenceSignature>,
     /// Daemons newly failed by each repair, in the order applied (identical on every daemon):
     /// the source of a deterministic `LostConnection` list.
     repairs: Vec<Vec<Rank>>,
@@ -352,6 +362,8 @@ impl FenceState {
             emit(ctx, &sig, current, Err(err));
             return FenceId { sig, seq: current };
         }
+        // A forgotten signature is never used again; if it is anyway, it is live from now on.
+        self.forgotten.retain(|f| f != &sig);
         let rec = self.sigs.entry(sig.clone()).or_default();
         let seq = rec.started;
         rec.started += 1;
@@ -507,6 +519,10 @@ impl FenceState {
         }
         if !lost(ctx.topo, &self.repairs, &sig.participants).is_empty() {
             debug!(rank = me, sender, seq, "allgather block for a fence that lost a participant dropped");
+            return;
+        }
+        if !self.sigs.contains_key(&sig) && self.forgotten.contains(&sig) {
+            debug!(rank = me, sender, seq, "allgather block for a forgotten signature dropped");
             return;
         }
         let rec = self.sigs.entry(sig.clone()).or_default();
