@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
-use dvm_sim::project::{project, Op, Row};
+use dvm_sim::project::{project_with, Op, Row};
 use dvm_sim::{campaign_with, run, Failure, FenceMovementMode, NetModel, Profile, ReplayProfile, Scenario};
 
 #[derive(Parser)]
@@ -98,6 +98,9 @@ enum Cmd {
         /// Print a markdown table instead of CSV.
         #[arg(long)]
         markdown: bool,
+        /// Fence movements to project side by side (broadcasts always take the tree).
+        #[arg(long, value_delimiter = ',', default_value = "tree,allgather")]
+        fence_movement: Vec<FenceMovementMode>,
     },
 }
 
@@ -171,7 +174,18 @@ fn main() -> Result<()> {
             );
             campaign_verdict(&rep.failures, &summary, verbose)?;
         }
-        Cmd::Project { n, radix, xcast_bytes, modex_bytes, alpha_us, bandwidth_gbs, cpu_ns, no_ingress, markdown } => {
+        Cmd::Project {
+            n,
+            radix,
+            xcast_bytes,
+            modex_bytes,
+            alpha_us,
+            bandwidth_gbs,
+            cpu_ns,
+            no_ingress,
+            markdown,
+            fence_movement,
+        } => {
             if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
                 bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
             }
@@ -186,8 +200,10 @@ fn main() -> Result<()> {
             ops.push(Op::Barrier);
             ops.extend(modex_bytes.iter().map(|&d| Op::Modex(d)));
             if markdown {
-                println!("| op | n | radix | bytes | sim µs | model µs | sim/model | messages | peak state B |");
-                println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+                println!(
+                    "| op | movement | n | radix | bytes | sim µs | model µs | sim/model | messages | peak state B |"
+                );
+                println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
             } else {
                 println!("{}", Row::CSV_HEADER);
             }
@@ -195,25 +211,35 @@ fn main() -> Result<()> {
             for &n in &n {
                 for &r in &radix {
                     for &op in &ops {
-                        let row = project(op, n, r, &net);
-                        if markdown {
-                            println!(
-                                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} |",
-                                op.name(),
-                                n,
-                                r,
-                                op.bytes(),
-                                row.sim_ns as f64 / 1e3,
-                                row.model_ns / 1e3,
-                                row.ratio(),
-                                row.messages,
-                                row.peak_state_bytes
-                            );
-                        } else {
-                            println!("{}", row.csv());
-                        }
-                        if !row.violations.is_empty() {
-                            bad.push(format!("{} n={n} radix={r}: {}", op.name(), row.violations.join("; ")));
+                        // A broadcast has one movement; a fence is projected once per mode.
+                        let modes: &[FenceMovementMode] =
+                            if matches!(op, Op::Xcast(_)) { &[FenceMovementMode::Tree] } else { &fence_movement };
+                        for &mode in modes {
+                            let row = project_with(op, n, r, &net, mode);
+                            if markdown {
+                                println!(
+                                    "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} |",
+                                    op.name(),
+                                    row.movement.name(),
+                                    n,
+                                    r,
+                                    op.bytes(),
+                                    row.sim_ns as f64 / 1e3,
+                                    row.model_ns / 1e3,
+                                    row.ratio(),
+                                    row.messages,
+                                    row.peak_state_bytes
+                                );
+                            } else {
+                                println!("{}", row.csv());
+                            }
+                            if !row.violations.is_empty() {
+                                bad.push(format!(
+                                    "{} ({mode}) n={n} radix={r}: {}",
+                                    op.name(),
+                                    row.violations.join("; ")
+                                ));
+                            }
                         }
                     }
                 }
