@@ -106,6 +106,11 @@ const BOOT_GUARD: Duration = Duration::from_secs(120);
 impl Dvm {
     /// Start a DVM; `env` goes to dvmd (and so to every daemon and proc).
     pub fn start(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)]) -> Dvm {
+        Dvm::start_with(name, nodes, radix, &[], env)
+    }
+
+    /// Like [`Dvm::start`], with extra dvmd options (e.g. `--fence-movement allgather`).
+    pub fn start_with(name: &str, nodes: Nodes, radix: u32, args: &[&str], env: &[(&str, &str)]) -> Dvm {
         let root = std::env::temp_dir().join(format!("dvm-t-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
@@ -127,6 +132,7 @@ impl Dvm {
             }
         };
         cmd.args(["--radix", &radix.to_string()])
+            .args(args)
             .arg("--report-uri")
             .arg(&uri_file)
             .env("DVM_TMPDIR", &root)
