@@ -568,6 +568,15 @@ impl FenceState {
                 return dropped(ctx, from, reason);
             }
         }
+        // A running allgather finishes by its own exchange: taking a success release (results
+        // pushed to a new child after a repair) would end it before it sent the blocks its
+        // partners still wait for. Errors still end it; so does a success once it failed here.
+        if result.is_ok()
+            && rec.trackers.get(&seq).is_some_and(|t| t.failed.is_none() && matches!(t.run, Run::Allgather(_)))
+        {
+            debug!(rank = me, from, seq, "success release for a running allgather ignored");
+            return;
+        }
         retire(ctx, &sig, seq, rec, result, Some(from));
     }
 

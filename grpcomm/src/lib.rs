@@ -15,7 +15,9 @@
 //!   is routed hop by hop by the carrier with the same [`Topology`] (tree messages always name
 //!   a direct neighbour); `Via::Direct` goes straight to `to` over a lateral link, whose loss
 //!   is never a tree loss and never repairs the tree.
-//! - Per-operation state is O(radix): per-child slots, never arrays sized by the DVM.
+//! - Per-operation state is O(radix): per-child slots, never arrays sized by the DVM. The
+//!   allgather holds the P blocks it must return anyway (P the participant count), plus the
+//!   last finished exchange per signature.
 //! - Time is an opaque `u64` (nanoseconds) handed in by the caller.
 
 use std::collections::BTreeSet;

@@ -405,3 +405,26 @@ fn malformed_blocks_fail_the_fence_by_name_never_panic() {
         "{fx:?}"
     );
 }
+
+/// A success release (results a new parent pushes after a repair) does not end a running
+/// allgather: the daemon still sends the blocks its partners wait for, then finishes on its own.
+#[test]
+fn a_success_release_does_not_cut_a_running_exchange_short() {
+    use dvm_proto::grpcomm::FenceRelease;
+    let sig = FenceSignature::new("rel", Participants::All);
+    let mut net = net(4, 2, 1, FenceMovementMode::Allgather);
+    for r in 0..4 {
+        net.start(r, request(&sig, r, 0, true), 0);
+    }
+    let want = oracle(&sig, 4, 0, true);
+    let wire_sig = dvm_proto::grpcomm::FenceSignature { key: sig.key.clone(), all_daemons: true, daemons: vec![] };
+    let release = FenceRelease { sig: Some(wire_sig), seq: 0, status: 0, error: String::new(), data: want.clone() };
+    net.node(3).handle(1, GrpcommMsg { body: Some(Body::Release(release)) });
+    let fx: Vec<Effect> = net.node(3).drain().collect();
+    assert!(fx.is_empty(), "ignored: {fx:?}");
+    net.run();
+    for r in 0..4 {
+        assert_eq!(net.done[r as usize], vec![(net.done[r as usize][0].0.clone(), Ok(want.clone()))], "daemon {r}");
+    }
+    assert!(net.all_quiescent());
+}

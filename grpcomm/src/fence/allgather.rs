@@ -14,8 +14,20 @@
 //! participant ends the exchange here at once with the `LostConnection` every survivor derives
 //! alike.
 //!
+//! Lateral loss: a lost link to a partner that is still alive (`peer_unreachable`) is never a
+//! tree loss and never repairs anything. The exchange sends that partner's blocks again, and
+//! every later one, along the tree (`FenceBlock.sender` names the participant, the hop is a
+//! relay); the last exchange finished per signature is kept to do the same for blocks sent
+//! just before it finished (a partner is at most one fence behind); blocks on a detour go
+//! again after every repair. Receivers drop what they already hold.
+//!
 //! Traps: a participant that completed may see an error release for the same fence later
-//! (another participant timed out first); it keeps its result and forwards the error down.
+//! (another participant timed out first); it keeps its result and forwards the error down. A
+//! running exchange ignores success releases (a new parent pushes its results after a
+//! repair): finishing early would leave its partners without its blocks. When a participant
+//! is lost mid-exchange, survivors that already held every block keep their bytes and the
+//! others fail with the `LostConnection` every survivor derives alike — there is no release to
+//! make them agree, and the simulator's checks say so.
 
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock};
