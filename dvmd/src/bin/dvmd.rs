@@ -67,8 +67,9 @@ struct Args {
     max_message: usize,
     /// How fences move: `tree` (rollup and release), `allgather` (lateral exchange for every
     /// fence) or `auto` (barriers on the tree, collecting fences on the allgather). Every
-    /// daemon gets the HNP's choice.
-    #[arg(long, default_value = "tree", value_name = "auto|tree|allgather")]
+    /// daemon gets the HNP's choice. (grpcomm's own `Config::default()` stays `tree`, the
+    /// baseline its unit tests and the simulator's default campaigns pin.)
+    #[arg(long, default_value = "auto", value_name = "auto|tree|allgather")]
     fence_movement: dvm_grpcomm::FenceMovementMode,
 
     // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
