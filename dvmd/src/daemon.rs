@@ -99,13 +99,16 @@ pub struct Daemon {
     odls_rx: Option<mpsc::UnboundedReceiver<crate::odls::OdlsEvent>>,
     input_tx: mpsc::UnboundedSender<Input>,
     input_rx: Option<mpsc::UnboundedReceiver<Input>>,
+    /// The PMIx worker in use (started by the first job, or eagerly after the boot).
     pmix: Option<crate::pmix::PmixHost>,
-    pmix_rx: Option<mpsc::UnboundedReceiver<pmix_shim::PmixEvent>>,
-    pub(crate) pmix_tx: mpsc::UnboundedSender<pmix_shim::PmixEvent>,
-    /// Where the PMIx server will run, once the first job needs it; None after a failed start.
-    pub(crate) pmix_dir: Option<std::path::PathBuf>,
-    /// A PMIx server being started on a helper thread (eager start), claimed by the first job.
-    pub(crate) pmix_pending: Option<std::sync::mpsc::Receiver<Result<pmix_shim::PmixServer, pmix_shim::PmixError>>>,
+    pmix_rx: Option<mpsc::UnboundedReceiver<(u64, crate::pmix::HostEvent)>>,
+    pmix_tx: crate::pmix::EventTx,
+    /// How PMIx workers run here; None: this daemon hosts no PMIx server.
+    pmix_settings: Option<crate::pmix::PmixSettings>,
+    /// Generation of the last PMIx worker started.
+    pmix_gen: u64,
+    /// Workers being ended (finalizing, or killed after a grace); joined before exit.
+    pmix_retiring: Vec<std::thread::JoinHandle<()>>,
     session_dir: Option<String>,
 }
 
@@ -141,8 +144,9 @@ impl Daemon {
             pmix: None,
             pmix_rx: Some(pmix_rx),
             pmix_tx,
-            pmix_dir: None,
-            pmix_pending: None,
+            pmix_settings: None,
+            pmix_gen: 0,
+            pmix_retiring: Vec::new(),
             session_dir: None,
         }
     }
@@ -213,15 +217,19 @@ impl Daemon {
                 Some(inp) = inputs.recv() => self.on_input(inp),
                 Some(inp) = own_inputs.recv() => self.on_input(inp),
                 Some(ev) = odls_rx.recv() => self.on_odls(ev),
-                Some(ev) = pmix_rx.recv() => self.on_pmix(ev),
+                Some((gen, ev)) = pmix_rx.recv() => self.on_pmix(gen, ev),
                 _ = tokio::time::sleep(sleep), if deadline.is_some() => self.submit(CoreInput::Tick),
             }
             self.drive();
         };
         // Nothing this daemon started outlives it.
         self.odls.kill_all();
+        // The PMIx worker ends with the daemon (its session directory goes next).
         if let Some(px) = self.pmix.take() {
-            drop(px);
+            self.retire_pmix(px);
+        }
+        for h in self.pmix_retiring.drain(..) {
+            let _ = h.join();
         }
         exit
     }
@@ -359,7 +367,8 @@ impl Daemon {
                     // The name the node itself reports (the label is in the HNP's status).
                     host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
                     pid: std::process::id(),
-                    rss_kib: rss_kib(),
+                    // The daemon and its PMIx worker: what the node pays for this daemon.
+                    rss_kib: rss_kib() + self.pmix.as_ref().map_or(0, |px| px.worker_rss_kib()),
                 };
                 self.submit(CoreInput::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
             }
@@ -529,8 +538,32 @@ impl Daemon {
     pub(crate) fn host_of(&self, rank: Rank) -> String {
         self.core.host_of(rank)
     }
+    /// Where this daemon's PMIx workers keep their files, and when one is replaced. The first
+    /// worker starts when the first job reaches this daemon (an idle daemon stays small and
+    /// boots fast), or at once with [`Daemon::start_pmix_background`].
+    pub fn set_pmix_settings(&mut self, settings: crate::pmix::PmixSettings) {
+        self.pmix_settings = Some(settings);
+    }
+    pub(crate) fn pmix_settings(&self) -> Option<&crate::pmix::PmixSettings> {
+        self.pmix_settings.as_ref()
+    }
+    pub(crate) fn next_pmix_gen(&mut self) -> u64 {
+        self.pmix_gen += 1;
+        self.pmix_gen
+    }
+    pub(crate) fn pmix_events(&self) -> crate::pmix::EventTx {
+        self.pmix_tx.clone()
+    }
     pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost) {
         self.pmix = Some(host);
+    }
+    pub(crate) fn take_pmix(&mut self) -> Option<crate::pmix::PmixHost> {
+        self.pmix.take()
+    }
+    /// End a worker in the background (joined before this daemon exits).
+    pub(crate) fn retire_pmix(&mut self, px: crate::pmix::PmixHost) {
+        self.pmix_retiring.retain(|h| !h.is_finished());
+        self.pmix_retiring.push(px.retire());
     }
     pub(crate) fn pmix_mut(&mut self) -> Option<&mut crate::pmix::PmixHost> {
         self.pmix.as_mut()
@@ -567,13 +600,15 @@ impl Daemon {
 
 /// Resident set size of this process in KiB (Linux).
 pub fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    rss_kib_of("/proc/self/status").unwrap_or(0)
+}
+
+/// `VmRSS` in KiB from a `/proc/<pid>/status` file; None when the process is gone.
+pub fn rss_kib_of(status_file: &str) -> Option<u64> {
+    std::fs::read_to_string(status_file).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    })
 }

@@ -379,6 +379,7 @@ impl Daemon {
                     job.aborts.insert(a.rank, (a.code, host));
                 }
             }
+            daemon_cmd::Body::JobFail(f) => self.fail_job(f.jobid, f.code, f.reason),
             daemon_cmd::Body::JobLog(l) => {
                 let host = self.host_of(l.daemon);
                 if let Some(job) = self.jobs.hnp.get(&l.jobid) {

@@ -106,6 +106,11 @@ const BOOT_GUARD: Duration = Duration::from_secs(120);
 impl Dvm {
     /// Start a DVM; `env` goes to dvmd (and so to every daemon and proc).
     pub fn start(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)]) -> Dvm {
+        Dvm::start_with_args(name, nodes, radix, env, &[])
+    }
+
+    /// As [`Dvm::start`], with more `dvmd` options.
+    pub fn start_with_args(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)], args: &[&str]) -> Dvm {
         let root = std::env::temp_dir().join(format!("dvm-t-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
@@ -127,6 +132,7 @@ impl Dvm {
             }
         };
         cmd.args(["--radix", &radix.to_string()])
+            .args(args)
             .arg("--report-uri")
             .arg(&uri_file)
             .env("DVM_TMPDIR", &root)
@@ -190,13 +196,32 @@ impl Dvm {
         assert!(out.status.success(), "DVM no longer runs jobs: {}", text(&out).1);
     }
 
-    /// Processes left under the daemons (finished jobs must leave none).
+    /// Processes left under the daemons (finished jobs must leave none; a daemon's PMIx worker
+    /// is the daemon's own).
     pub fn leftover_procs(&self) -> Vec<u32> {
-        self.pids.iter().flat_map(|&d| descendants(d)).filter(|p| !self.pids.contains(p)).collect()
+        let workers = self.pmix_workers();
+        self.pids
+            .iter()
+            .flat_map(|&d| descendants(d))
+            .filter(|p| !self.pids.contains(p) && !workers.contains(p))
+            .collect()
     }
 
-    /// pterm; then no daemon and no session directory may remain.
+    /// The PMIx worker processes the daemons run now (children started with `--pmix-worker`).
+    pub fn pmix_workers(&self) -> Vec<u32> {
+        let workers = procs_with("--pmix-worker");
+        self.pids.iter().flat_map(|&d| children_of(d)).filter(|p| workers.contains(p)).collect()
+    }
+
+    /// The PMIx worker daemon `rank` runs now, if any.
+    pub fn pmix_worker_of(&self, rank: usize) -> Option<u32> {
+        let workers = procs_with("--pmix-worker");
+        children_of(*self.pids.get(rank)?).into_iter().find(|p| workers.contains(p))
+    }
+
+    /// pterm; then no daemon, no PMIx worker and no session directory may remain.
     pub fn stop(mut self) {
+        let workers = self.pmix_workers();
         let st = Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap();
         assert!(st.success(), "pterm failed");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -209,6 +234,7 @@ impl Dvm {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
+        until(Duration::from_secs(10), "PMIx workers ending with their daemons", || workers.iter().all(|&p| !alive(p)));
         let left = session_dirs(&self.root);
         assert!(left.is_empty(), "session dirs left: {left:?}");
         self.pids.clear();
@@ -217,6 +243,13 @@ impl Dvm {
 
 impl Drop for Dvm {
     fn drop(&mut self) {
+        let workers = self.pmix_workers();
+        for &p in &workers {
+            // SAFETY: plain kill(2) on PMIx workers of this test's daemons.
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
         let _ = self.hnp.kill();
         let _ = self.hnp.wait();
         for &p in &self.pids {

@@ -1,6 +1,7 @@
-//! The daemon as a PMIx host: every daemon runs libpmix's server (through `pmix-shim`),
-//! registers each job's namespace from the job map, gives every local rank the environment
-//! `setup_fork` returns, and answers the upcalls from its actor loop — never inside them.
+//! The daemon as a PMIx host: every daemon runs libpmix's server in a worker process of its
+//! own ([`worker`], driven through [`link`]), registers each job's namespace from the job map,
+//! gives every local rank the environment `setup_fork` returns, and answers the upcalls from
+//! its actor loop — never inside them.
 //!
 //! - fence_nb -> grpcomm fence: participants from the procs array (wildcard = every daemon
 //!   hosting the job), movement from `PMIX_COLLECT_DATA` only, `PMIX_TIMEOUT` honoured; the
@@ -13,27 +14,39 @@
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
 //!
-//! Trap (libpmix 4.2.2, measured in docs/soak.md): the server never frees what it holds for a
-//! client once the client has connected — not when it disconnects, not on `deregister_client`
-//! or `deregister_nspace`; only `PMIx_server_finalize` does, and the server cannot be started
-//! again in the same process (its listener is set up once per process). With the shared-memory
-//! store (ds21, libpmix's default) that is ~39 KiB per 8-rank job on every daemon; ranks are
-//! therefore told to use the hash store ([`CLIENT_GDS`]), which leaves ~15 KiB. A job may
-//! still choose with `-x PMIX_GDS_MODULE=...`.
+//! Why a worker process (libpmix 4.2.2, measured in docs/soak.md): the server never frees what
+//! it holds for a client once the client has connected — not when it disconnects, not on
+//! `deregister_client` or `deregister_nspace`; only `PMIx_server_finalize` does, and the server
+//! cannot be started again in the same process (its listener is set up once per process). So
+//! the server lives in a child process, and a worker that has grown by more than
+//! [`PmixSettings::recycle_kib`] is ended when no job uses it and a fresh one started: the
+//! daemon's memory stays flat however many jobs it serves. Ranks also use the hash store
+//! ([`CLIENT_GDS`]), which makes libpmix keep far less per client than its shared-memory store.
+//! A job may still choose with `-x PMIX_GDS_MODULE=...`.
+//!
+//! Traps: a worker's upcall replies are only valid for that worker (events carry its
+//! generation; a stale one is dropped, which fails its upcall); a worker is replaced only when
+//! idle (no namespace, no fence, no direct modex in flight), never under a running job.
+
+mod frame;
+mod link;
+pub mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::PathBuf;
 
 use bytes::Bytes;
 use dvm_grpcomm::{FenceError, FenceRequest as GFence, FenceSignature, Participants};
-use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobLog};
+use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobFail, JobLog};
 use dvm_proto::job::JobMap;
 use dvm_rml::Rank;
-use pmix_shim::{FenceReply, JobInfo, ModexReply, PmixEvent, PmixServer, ProcId, ServerConfig};
+use pmix_shim::{JobInfo, ProcId, ServerConfig};
 use tracing::{debug, error, info, warn};
 
 use crate::daemon::Daemon;
 use crate::jobmap::Placement;
+pub(crate) use link::{EventTx, HostEvent, Worker};
+use link::{FenceUpcall, WorkerReplyHandle};
 
 /// One job's namespace on this daemon.
 struct PmixJob {
@@ -45,19 +58,62 @@ struct PmixJob {
     sigs: BTreeSet<FenceSignature>,
 }
 
-/// This daemon's PMIx server and the upcalls waiting for an answer.
+/// This daemon's PMIx worker and the upcalls waiting for an answer.
 pub(crate) struct PmixHost {
-    server: PmixServer,
+    worker: Worker,
     jobs: BTreeMap<u32, PmixJob>,
     by_nspace: BTreeMap<String, u32>,
     /// Fences this daemon runs for libpmix, by the key the core returns them with.
-    fences: BTreeMap<u64, FenceReply>,
+    fences: BTreeMap<u64, WorkerReplyHandle>,
     /// Direct modex requests this daemon asked of others (by our id).
-    asked: BTreeMap<u64, ModexReply>,
-    /// Requests this daemon serves: shim request id -> (asking daemon, its id).
+    asked: BTreeMap<u64, WorkerReplyHandle>,
+    /// Requests this daemon serves: worker request id -> (asking daemon, its id).
     serving: BTreeMap<u64, (Rank, u64)>,
     next_id: u64,
 }
+
+impl PmixHost {
+    fn new(worker: Worker) -> PmixHost {
+        PmixHost {
+            worker,
+            jobs: BTreeMap::new(),
+            by_nspace: BTreeMap::new(),
+            fences: BTreeMap::new(),
+            asked: BTreeMap::new(),
+            serving: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Nothing of any job is left in the worker, and nobody waits on it.
+    fn idle(&self) -> bool {
+        self.jobs.is_empty() && self.fences.is_empty() && self.asked.is_empty() && self.serving.is_empty()
+    }
+
+    /// The worker, ended in order (see [`Worker::retire`]).
+    pub(crate) fn retire(self) -> std::thread::JoinHandle<()> {
+        self.worker.retire()
+    }
+
+    /// Resident set size of the worker process, KiB.
+    pub(crate) fn worker_rss_kib(&self) -> u64 {
+        self.worker.rss_kib().unwrap_or(0)
+    }
+}
+
+/// How this daemon runs its PMIx workers.
+#[derive(Debug, Clone)]
+pub struct PmixSettings {
+    /// Where the workers keep their files (a directory per worker, removed when it ends).
+    pub dir: PathBuf,
+    /// A worker that has grown by at least this many KiB beyond a fresh one's size is
+    /// replaced the next time no job uses it (0: whenever it is idle).
+    pub recycle_kib: u64,
+}
+
+/// Default of `dvmd --pmix-recycle-kib`: what a worker may keep of past jobs before it is
+/// replaced (libpmix 4.2.2 keeps ~5 KiB per rank it served; docs/soak.md).
+pub const DEFAULT_RECYCLE_KIB: u64 = 512;
 
 /// Namespace of a job: unique per DVM (HNP host and pid), so two DVMs on one host never share
 /// one (Open MPI derives its job id and session paths from it).
@@ -105,78 +161,72 @@ fn fence_status(e: &FenceError) -> pmix_shim::Status {
 }
 
 impl Daemon {
-    /// Where this daemon's PMIx server will keep its files. The server itself starts when
-    /// the first job reaches this daemon: an idle daemon stays small and boots fast.
-    pub fn set_pmix_dir(&mut self, tmpdir: &Path) {
-        self.pmix_dir = Some(tmpdir.to_path_buf());
-    }
-
-    fn pmix_config(&self, dir: std::path::PathBuf) -> ServerConfig {
-        let mut cfg = ServerConfig::new(dir);
+    fn pmix_config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
+        let mut cfg = ServerConfig::new(settings.dir.join(format!("w{gen}")));
         cfg.hostname = Some(self.host.clone());
+        cfg.op_timeout = link::WORKER_OP_TIMEOUT;
         // libpmix discovers the topology in PMIx_server_init either way; shared, each rank
         // adopts it (shared memory, else XML) instead of discovering it again.
         cfg.share_topology = share_topology();
         cfg
     }
 
-    /// Start the PMIx server now on a helper thread, so it is ready when a job arrives (a
-    /// one-shot DVM knows one is coming); the boot does not wait for it.
+    /// Start a PMIx worker now without waiting for its server, so it is ready (or nearly)
+    /// when a job arrives. Nothing happens if one runs or PMIx is not configured.
     pub fn start_pmix_background(&mut self) {
-        let Some(dir) = self.pmix_dir.take() else { return };
-        let cfg = self.pmix_config(dir);
-        let tx = self.pmix_tx.clone();
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new().name("pmix-start".into()).spawn(move || {
-            let r = PmixServer::init(&cfg, move |ev| {
-                let _ = tx.send(ev);
-            });
-            let _ = done_tx.send(r);
-        });
-        match spawned {
-            Ok(_) => self.pmix_pending = Some(done_rx),
-            Err(e) => error!("cannot start the PMIx server thread: {e}"),
+        if self.pmix_ref().is_some() {
+            return;
+        }
+        let Some(settings) = self.pmix_settings().cloned() else { return };
+        let gen = self.next_pmix_gen();
+        let cfg = self.pmix_config(&settings, gen);
+        match Worker::spawn(&cfg, gen, self.pmix_events()) {
+            Ok(w) => {
+                debug!(pid = w.pid(), gen, "PMIx worker started");
+                self.set_pmix(PmixHost::new(w));
+            }
+            Err(e) => error!("daemon {} on host {}: {e}; MPI ranks will fail", self.me, self.host),
         }
     }
 
-    /// Start the PMIx server if it is not running yet (once; a failure is logged and MPI
-    /// ranks then fail at MPI_Init, other jobs run).
+    /// A PMIx server ready for a job: the running worker once its server is up, else a new
+    /// worker. False (logged) if there is none: MPI ranks then fail at MPI_Init, other jobs run.
     pub(crate) fn ensure_pmix(&mut self) -> bool {
-        if self.pmix_ref().is_some() {
-            return true;
-        }
-        let started = if let Some(rx) = self.pmix_pending.take() {
-            // Started in the background: wait for the rest of its start-up.
-            rx.recv().unwrap_or_else(|_| {
-                Err(pmix_shim::PmixError::InvalidArgument { op: "init", detail: "the PMIx start thread died".into() })
-            })
-        } else {
-            let Some(dir) = self.pmix_dir.take() else { return false };
-            let cfg = self.pmix_config(dir);
-            let tx = self.pmix_tx.clone();
-            PmixServer::init(&cfg, move |ev| {
-                let _ = tx.send(ev);
-            })
-        };
-        match started {
-            Ok(server) => {
-                info!(version = %PmixServer::version(), topology_shared = share_topology(), "PMIx server up");
-                self.set_pmix(PmixHost {
-                    server,
-                    jobs: BTreeMap::new(),
-                    by_nspace: BTreeMap::new(),
-                    fences: BTreeMap::new(),
-                    asked: BTreeMap::new(),
-                    serving: BTreeMap::new(),
-                    next_id: 1,
-                });
+        self.start_pmix_background();
+        let (me, host) = (self.me, self.host.clone());
+        let Some(px) = self.pmix_mut() else { return false };
+        match px.worker.ready() {
+            Ok(Some(version)) => {
+                info!(%version, pid = px.worker.pid(), topology_shared = share_topology(), "PMIx server up");
                 true
             }
+            Ok(None) => true,
             Err(e) => {
-                error!("daemon {} on host {}: PMIx server unavailable, MPI ranks will fail: {e}", self.me, self.host);
+                error!("daemon {me} on host {host}: PMIx server unavailable, MPI ranks will fail: {e}");
+                if let Some(px) = self.take_pmix() {
+                    self.retire_pmix(px);
+                }
                 false
             }
         }
+    }
+
+    /// Replace an idle worker that has grown past the limit: ending it frees what libpmix kept
+    /// of past clients, and a fresh one is started for the next job.
+    fn maybe_recycle_pmix(&mut self) {
+        let Some(limit) = self.pmix_settings().map(|s| s.recycle_kib) else { return };
+        let Some(px) = self.pmix_ref() else { return };
+        if !px.idle() {
+            return;
+        }
+        let grown = px.worker.grown_kib();
+        if grown < limit {
+            return;
+        }
+        let px = self.take_pmix().expect("checked above");
+        info!(pid = px.worker.pid(), gen = px.worker.gen, grown_kib = grown, "replacing the idle PMIx worker");
+        self.retire_pmix(px);
+        self.start_pmix_background();
     }
 
     /// Register a job's namespace before its first local rank starts. Returns false (job
@@ -185,16 +235,16 @@ impl Daemon {
         if !self.ensure_pmix() {
             return false;
         }
-        let hosts: Vec<(Rank, String)> = match Placement::from_job_map(map) {
-            Ok(p) => p.daemons().map(|d| (d, self.host_of(d))).collect(),
+        let placement = match Placement::from_job_map(map) {
+            Ok(p) => p,
             Err(e) => {
                 warn!(jobid, "job map unusable for PMIx: {e}");
                 return false;
             }
         };
+        let hosts: Vec<(Rank, String)> = placement.daemons().map(|d| (d, self.host_of(d))).collect();
         let nspace = nspace_of(&self.dvm_id(), jobid);
         let Some(px) = self.pmix_mut() else { return false };
-        let Ok(placement) = Placement::from_job_map(map) else { return false };
         let proc_map: Vec<Vec<u32>> = hosts.iter().map(|(d, _)| placement.procs_on(*d).iter().collect()).collect();
         let info = JobInfo {
             node_map: hosts.iter().map(|(_, h)| h.clone()).collect(),
@@ -206,9 +256,9 @@ impl Daemon {
             max_procs: None,
             extra: Vec::new(),
         };
-        let registered = match px.server.register_nspace(&nspace, nlocal, &info) {
-            Ok(took) => {
-                debug!(jobid, %nspace, ?took, "PMIx namespace registered");
+        let registered = match px.worker.register_nspace(&nspace, nlocal, &info) {
+            Ok(()) => {
+                debug!(jobid, %nspace, "PMIx namespace registered");
                 true
             }
             Err(e) => {
@@ -245,14 +295,10 @@ impl Daemon {
         let Some(px) = self.pmix_mut() else { return Vec::new() };
         let Some(job) = px.jobs.get(&jobid).filter(|j| j.registered) else { return Vec::new() };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        if let Err(e) = px.server.register_client(&job.nspace, rank, uid, gid) {
-            warn!(jobid, rank, "cannot register PMIx client: {e}");
-            return Vec::new();
-        }
-        let mut env = match px.server.setup_fork(&job.nspace, rank) {
+        let mut env = match px.worker.prepare_client(&job.nspace, rank, uid, gid) {
             Ok(env) => env,
             Err(e) => {
-                warn!(jobid, rank, "PMIx setup_fork failed: {e}");
+                warn!(jobid, rank, "cannot prepare the PMIx client: {e}");
                 return Vec::new();
             }
         };
@@ -291,13 +337,22 @@ impl Daemon {
         let Some(px) = self.pmix_mut() else { return };
         let Some(job) = px.jobs.remove(&jobid) else { return };
         px.by_nspace.remove(&job.nspace);
+        let mut recycle_now = false;
         if job.registered {
-            if let Err(e) = px.server.deregister_nspace_nb(&job.nspace) {
+            // The worker may be replaced once libpmix has let go of the namespace
+            // (NspaceDeregistered).
+            if let Err(e) = px.worker.deregister_nspace_nb(&job.nspace) {
                 warn!(jobid, "deregister_nspace: {e}");
+                recycle_now = true;
             }
+        } else {
+            recycle_now = true;
         }
         for sig in job.sigs {
             self.submit(dvm_core::Input::ForgetFence(sig));
+        }
+        if recycle_now {
+            self.maybe_recycle_pmix();
         }
     }
 
@@ -308,101 +363,125 @@ impl Daemon {
             return;
         };
         match result {
-            Ok(data) => reply.complete(pmix_shim::SUCCESS, &data),
+            Ok(data) => reply.complete_with(pmix_shim::SUCCESS, &data),
             Err(e) => {
                 warn!(key, "PMIx fence failed: {e}");
-                reply.complete(fence_status(&e), &[]);
+                reply.complete(fence_status(&e));
             }
         }
+        self.maybe_recycle_pmix();
     }
 
-    pub(crate) fn on_pmix(&mut self, ev: PmixEvent) {
-        debug!(kind = ev.kind(), "PMIx upcall");
+    /// An event from worker generation `gen`.
+    pub(crate) fn on_pmix(&mut self, gen: u64, ev: HostEvent) {
+        debug!(kind = ev.kind(), gen, "PMIx upcall");
+        if self.pmix_ref().map(|px| px.worker.gen) != Some(gen) {
+            // From a worker already replaced or lost: its replies cannot reach a client any
+            // more (dropping them is a no-op on a closed link).
+            debug!(kind = ev.kind(), gen, "event from a former PMIx worker dropped");
+            return;
+        }
         match ev {
-            PmixEvent::ClientConnected { proc, reply } => {
-                if let (Some(job), pmix_shim::Rank::Id(r)) = (self.pmix_job_of(&proc.nspace), proc.rank) {
-                    if let Some(j) = self.pmix_mut().and_then(|p| p.jobs.get_mut(&job)) {
-                        j.connected.insert(r);
-                    }
+            HostEvent::ClientConnected { proc, reply } => {
+                if let Some(j) = self.pmix_job_mut(&proc) {
+                    let r = proc_rank(&proc).expect("checked by pmix_job_mut");
+                    j.connected.insert(r);
                 }
                 reply.complete(pmix_shim::SUCCESS);
             }
-            PmixEvent::ClientFinalized { proc, reply } => {
-                if let (Some(job), pmix_shim::Rank::Id(r)) = (self.pmix_job_of(&proc.nspace), proc.rank) {
-                    if let Some(j) = self.pmix_mut().and_then(|p| p.jobs.get_mut(&job)) {
-                        j.finalized.insert(r);
-                    }
+            HostEvent::ClientFinalized { proc, reply } => {
+                if let Some(j) = self.pmix_job_mut(&proc) {
+                    let r = proc_rank(&proc).expect("checked by pmix_job_mut");
+                    j.finalized.insert(r);
                 }
                 reply.complete(pmix_shim::SUCCESS);
             }
-            PmixEvent::Abort { proc, status, message, reply, .. } => {
+            HostEvent::Abort { proc, status, message, reply } => {
                 // Reply first; the job fails when the aborting rank has exited.
                 reply.complete(pmix_shim::SUCCESS);
-                let (Some(jobid), pmix_shim::Rank::Id(rank)) = (self.pmix_job_of(&proc.nspace), proc.rank) else {
+                let (Some(jobid), Some(rank)) = (self.pmix_job_of(&proc.nspace), proc_rank(&proc)) else {
                     return;
                 };
                 let abort = JobAbort { jobid, rank, code: status, message, daemon: self.me };
                 self.send_job_cmd(0, daemon_cmd::Body::JobAbort(abort));
             }
-            PmixEvent::Log { client, text, reply, .. } => {
+            HostEvent::Log { client, text, reply } => {
                 reply.complete(pmix_shim::SUCCESS);
                 if let (Some(jobid), Some(text)) = (self.pmix_job_of(&client.nspace), text) {
-                    let rank = match client.rank {
-                        pmix_shim::Rank::Id(r) => r,
-                        _ => u32::MAX,
-                    };
+                    let rank = proc_rank(&client).unwrap_or(u32::MAX);
                     self.send_job_cmd(0, daemon_cmd::Body::JobLog(JobLog { jobid, rank, text, daemon: self.me }));
                 }
             }
-            PmixEvent::FenceNb(req) => self.pmix_fence(req),
-            PmixEvent::DirectModex { proc, reply, .. } => self.pmix_direct_modex(proc, reply),
-            PmixEvent::DmodexData { request, status, data, .. } => {
+            HostEvent::FenceNb(req) => self.pmix_fence(req),
+            HostEvent::DirectModex { proc, reply } => self.pmix_direct_modex(proc, reply),
+            HostEvent::DmodexData { request, status, data } => {
                 let Some(px) = self.pmix_mut() else { return };
                 let Some((asker, id)) = px.serving.remove(&request) else { return };
                 if asker == self.me {
                     if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&id)) {
-                        reply.complete(status, &data);
+                        reply.complete_with(status, &data);
                     }
                 } else {
-                    let resp = DmodexResp { id, status, data: data.into() };
+                    let resp = DmodexResp { id, status, data };
                     self.send_job_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
                 }
+                self.maybe_recycle_pmix();
             }
-            PmixEvent::JobControl { reply, .. } => reply.complete(pmix_shim::ERR_NOT_SUPPORTED),
-            PmixEvent::NspaceDeregistered { nspace, status } => debug!(%nspace, status, "PMIx namespace deregistered"),
+            HostEvent::JobControl { reply } => reply.complete(pmix_shim::ERR_NOT_SUPPORTED),
+            HostEvent::NspaceDeregistered { nspace, status } => {
+                debug!(%nspace, status, "PMIx namespace deregistered");
+                self.maybe_recycle_pmix();
+            }
+            HostEvent::Ended { how } => self.pmix_worker_lost(&how),
         }
+    }
+
+    /// The current worker ended by itself (crashed, killed): every job with ranks here loses
+    /// its PMIx server, so each fails naming this node; the next job gets a new worker.
+    fn pmix_worker_lost(&mut self, how: &str) {
+        let Some(px) = self.take_pmix() else { return };
+        let pid = px.worker.pid();
+        let jobs: Vec<u32> = px.jobs.keys().copied().collect();
+        error!("daemon {} on host {}: its PMIx server process (pid {pid}) ended: {how}", self.me, self.host);
+        for jobid in jobs {
+            let reason = format!(
+                "the PMIx server of daemon {} on node {} (pid {pid}) ended while job {jobid} ran: {how}",
+                self.me, self.host
+            );
+            self.send_job_cmd(0, daemon_cmd::Body::JobFail(JobFail { jobid, code: 1, reason, daemon: self.me }));
+        }
+        self.retire_pmix(px);
     }
 
     fn pmix_job_of(&self, nspace: &str) -> Option<u32> {
         self.pmix_ref()?.by_nspace.get(nspace).copied()
     }
 
-    fn pmix_fence(&mut self, req: pmix_shim::FenceRequest) {
+    fn pmix_job_mut(&mut self, proc: &ProcId) -> Option<&mut PmixJob> {
+        proc_rank(proc)?;
+        let job = self.pmix_job_of(&proc.nspace)?;
+        self.pmix_mut()?.jobs.get_mut(&job)
+    }
+
+    fn pmix_fence(&mut self, req: FenceUpcall) {
         let nspace = req.procs.first().map(|p| p.nspace.clone()).unwrap_or_default();
         let Some(jobid) = self.pmix_job_of(&nspace) else {
             warn!(%nspace, "fence for an unknown namespace");
-            req.reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+            req.reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
         };
         if let Some(st) = req.local_status.filter(|&s| s != pmix_shim::SUCCESS) {
             warn!(jobid, status = st, node = %self.host, "a local rank of job {jobid} left a fence (status {st})");
-            req.reply.complete(st, &[]);
+            req.reply.complete(st);
             return;
         }
         let px = self.pmix_ref().expect("job known");
         let job = &px.jobs[&jobid];
-        let wildcard = req.procs.iter().any(|p| !matches!(p.rank, pmix_shim::Rank::Id(_)));
+        let wildcard = req.procs.iter().any(|p| proc_rank(p).is_none());
         let (key, mut daemons): (String, Vec<Rank>) = if wildcard {
             (format!("{nspace}:*"), job.placement.daemons().collect())
         } else {
-            let mut ranks: Vec<u32> = req
-                .procs
-                .iter()
-                .filter_map(|p| match p.rank {
-                    pmix_shim::Rank::Id(r) => Some(r),
-                    _ => None,
-                })
-                .collect();
+            let mut ranks: Vec<u32> = req.procs.iter().filter_map(proc_rank).collect();
             ranks.sort_unstable();
             ranks.dedup();
             let ds = ranks.iter().filter_map(|&r| job.placement.node_of(r)).collect();
@@ -420,19 +499,19 @@ impl Daemon {
         }
         px.fences.insert(key, req.reply);
         debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
-        let fence = GFence { sig, collect: req.collect, data: Bytes::from(req.data), timeout };
+        let fence = GFence { sig, collect: req.collect, data: req.data, timeout };
         self.submit(dvm_core::Input::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
     }
 
-    fn pmix_direct_modex(&mut self, proc: ProcId, reply: ModexReply) {
-        let (Some(jobid), pmix_shim::Rank::Id(rank)) = (self.pmix_job_of(&proc.nspace), proc.rank) else {
-            reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+    fn pmix_direct_modex(&mut self, proc: ProcId, reply: WorkerReplyHandle) {
+        let (Some(jobid), Some(rank)) = (self.pmix_job_of(&proc.nspace), proc_rank(&proc)) else {
+            reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
         };
         let me = self.me;
         let px = self.pmix_mut().expect("job known");
         let Some(owner) = px.jobs[&jobid].placement.node_of(rank) else {
-            reply.complete(pmix_shim::ERR_NOT_FOUND, &[]);
+            reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
         };
         let id = px.next_id;
@@ -449,7 +528,7 @@ impl Daemon {
 
     pub(crate) fn serve_dmodex(&mut self, asker: Rank, req: DmodexReq) {
         let Some(px) = self.pmix_mut() else { return };
-        match px.server.dmodex_request(&req.nspace, req.rank) {
+        match px.worker.dmodex_request(&req.nspace, req.rank) {
             Ok(request) => {
                 px.serving.insert(request, (asker, req.id));
                 info!(nspace = %req.nspace, rank = req.rank, asker, "direct modex served");
@@ -468,7 +547,16 @@ impl Daemon {
 
     pub(crate) fn on_dmodex_resp(&mut self, resp: DmodexResp) {
         if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&resp.id)) {
-            reply.complete(resp.status, &resp.data);
+            reply.complete_with(resp.status, &resp.data);
         }
+        self.maybe_recycle_pmix();
+    }
+}
+
+/// A concrete rank of a proc name (None for the wildcard and libpmix's other reserved ranks).
+fn proc_rank(p: &ProcId) -> Option<u32> {
+    match p.rank {
+        pmix_shim::Rank::Id(r) => Some(r),
+        _ => None,
     }
 }
