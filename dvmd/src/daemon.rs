@@ -99,16 +99,10 @@ pub struct Daemon {
     odls_rx: Option<mpsc::UnboundedReceiver<crate::odls::OdlsEvent>>,
     input_tx: mpsc::UnboundedSender<Input>,
     input_rx: Option<mpsc::UnboundedReceiver<Input>>,
-    /// The PMIx worker in use (started by the first job, or eagerly after the boot).
-    pmix: Option<crate::pmix::PmixHost>,
+    /// PMIx hosting (its worker process, namespaces, upcalls waiting for answers); what it
+    /// asks of the core is drained in [`Daemon::drive`].
+    pub(crate) pmix: crate::pmix::PmixHost,
     pmix_rx: Option<mpsc::UnboundedReceiver<(u64, crate::pmix::HostEvent)>>,
-    pmix_tx: crate::pmix::EventTx,
-    /// How PMIx workers run here; None: this daemon hosts no PMIx server.
-    pmix_settings: Option<crate::pmix::PmixSettings>,
-    /// Generation of the last PMIx worker started.
-    pmix_gen: u64,
-    /// Workers being ended (finalizing, or killed after a grace); joined before exit.
-    pmix_retiring: Vec<std::thread::JoinHandle<()>>,
     session_dir: Option<String>,
 }
 
@@ -137,16 +131,12 @@ impl Daemon {
             hnp,
             exit: None,
             jobs: Default::default(),
-            odls: crate::odls::Odls::new(host, odls_tx, crate::jobs::IOF_WINDOW as usize),
+            odls: crate::odls::Odls::new(host.clone(), odls_tx, crate::jobs::IOF_WINDOW as usize),
             odls_rx: Some(odls_rx),
             input_tx,
             input_rx: Some(input_rx),
-            pmix: None,
+            pmix: crate::pmix::PmixHost::new(me, host, pmix_tx),
             pmix_rx: Some(pmix_rx),
-            pmix_tx,
-            pmix_settings: None,
-            pmix_gen: 0,
-            pmix_retiring: Vec::new(),
             session_dir: None,
         }
     }
@@ -167,7 +157,11 @@ impl Daemon {
     /// Step every queued input and carry out every effect, in order, until both are empty.
     /// The one place the core's effects are drained.
     fn drive(&mut self) {
-        while let Some(input) = self.inbox.pop_front() {
+        loop {
+            // What PMIx hosting asked of the core (by an upcall, or by an effect just carried
+            // out) is stepped in the order it was asked.
+            self.inbox.extend(self.pmix.drain());
+            let Some(input) = self.inbox.pop_front() else { return };
             if self.exit.is_some() {
                 // The core said this daemon ends: nothing queued may act any more.
                 self.inbox.clear();
@@ -217,7 +211,7 @@ impl Daemon {
                 Some(inp) = inputs.recv() => self.on_input(inp),
                 Some(inp) = own_inputs.recv() => self.on_input(inp),
                 Some(ev) = odls_rx.recv() => self.on_odls(ev),
-                Some((gen, ev)) = pmix_rx.recv() => self.on_pmix(gen, ev),
+                Some((gen, ev)) = pmix_rx.recv() => self.pmix.on_event(gen, ev),
                 _ = tokio::time::sleep(sleep), if deadline.is_some() => self.submit(CoreInput::Tick),
             }
             self.drive();
@@ -225,12 +219,7 @@ impl Daemon {
         // Nothing this daemon started outlives it.
         self.odls.kill_all();
         // The PMIx worker ends with the daemon (its session directory goes next).
-        if let Some(px) = self.pmix.take() {
-            self.retire_pmix(px);
-        }
-        for h in self.pmix_retiring.drain(..) {
-            let _ = h.join();
-        }
+        self.pmix.shutdown();
         exit
     }
 
@@ -330,7 +319,7 @@ impl Daemon {
                     self.maybe_finish_tree_query();
                 }
             }
-            Effect::FenceDone { key, result } => self.pmix_fence_done(key, result),
+            Effect::FenceDone { key, result } => self.pmix.fence_done(key, result),
             Effect::BenchDone(r) => {
                 if let Some(tx) = self.hnp.as_mut().and_then(|h| h.bench.take()) {
                     let _ = tx.send(r);
@@ -368,7 +357,7 @@ impl Daemon {
                     host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
                     pid: std::process::id(),
                     // The daemon and its PMIx worker: what the node pays for this daemon.
-                    rss_kib: rss_kib() + self.pmix.as_ref().map_or(0, |px| px.worker_rss_kib()),
+                    rss_kib: rss_kib() + self.pmix.worker_rss_kib(),
                 };
                 self.submit(CoreInput::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
             }
@@ -542,34 +531,11 @@ impl Daemon {
     /// worker starts when the first job reaches this daemon (an idle daemon stays small and
     /// boots fast), or at once with [`Daemon::start_pmix_background`].
     pub fn set_pmix_settings(&mut self, settings: crate::pmix::PmixSettings) {
-        self.pmix_settings = Some(settings);
+        self.pmix.configure(settings);
     }
-    pub(crate) fn pmix_settings(&self) -> Option<&crate::pmix::PmixSettings> {
-        self.pmix_settings.as_ref()
-    }
-    pub(crate) fn next_pmix_gen(&mut self) -> u64 {
-        self.pmix_gen += 1;
-        self.pmix_gen
-    }
-    pub(crate) fn pmix_events(&self) -> crate::pmix::EventTx {
-        self.pmix_tx.clone()
-    }
-    pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost) {
-        self.pmix = Some(host);
-    }
-    pub(crate) fn take_pmix(&mut self) -> Option<crate::pmix::PmixHost> {
-        self.pmix.take()
-    }
-    /// End a worker in the background (joined before this daemon exits).
-    pub(crate) fn retire_pmix(&mut self, px: crate::pmix::PmixHost) {
-        self.pmix_retiring.retain(|h| !h.is_finished());
-        self.pmix_retiring.push(px.retire());
-    }
-    pub(crate) fn pmix_mut(&mut self) -> Option<&mut crate::pmix::PmixHost> {
-        self.pmix.as_mut()
-    }
-    pub(crate) fn pmix_ref(&self) -> Option<&crate::pmix::PmixHost> {
-        self.pmix.as_ref()
+    /// Start the PMIx worker now, in the background (a one-shot DVM knows a job is coming).
+    pub fn start_pmix_background(&mut self) {
+        self.pmix.start_background();
     }
     /// This daemon's session directory (per-daemon scratch for its ranks).
     pub fn set_session_dir(&mut self, dir: &std::path::Path) {

@@ -227,8 +227,10 @@ pub(crate) struct Worker {
     tmpdir: PathBuf,
     /// The `Init` reply is still to be read.
     init_pending: bool,
-    /// The worker's RSS once its server was up: what a fresh worker costs.
-    baseline_kib: u64,
+    /// The worker's RSS the first time it was idle after a job: what a worker costs once its
+    /// server has served anyone (libpmix's first client costs ~1.5 MiB, once). What it keeps
+    /// of each later client shows as growth beyond this.
+    baseline_kib: Option<u64>,
 }
 
 /// How long a worker may take to finalize once told to end, before it is killed.
@@ -283,8 +285,14 @@ impl Worker {
         cmd_ours.set_write_timeout(bound).map_err(WorkerError::Spawn)?;
         let link =
             Arc::new(WorkerLink { pid, io: Mutex::new(Some((BufReader::new(reader), BufWriter::new(cmd_ours)))) });
-        let worker =
-            Worker { gen, link: link.clone(), child, tmpdir: cfg.tmpdir.clone(), init_pending: true, baseline_kib: 0 };
+        let worker = Worker {
+            gen,
+            link: link.clone(),
+            child,
+            tmpdir: cfg.tmpdir.clone(),
+            init_pending: true,
+            baseline_kib: None,
+        };
         let events_link = link.clone();
         std::thread::Builder::new()
             .name(format!("pmix-worker-{gen}"))
@@ -311,7 +319,6 @@ impl Worker {
         }
         self.init_pending = false;
         let reply = self.link.finish()?;
-        self.baseline_kib = self.rss_kib().unwrap_or(0);
         Ok(Some(reply.version))
     }
 
@@ -320,9 +327,12 @@ impl Worker {
         crate::daemon::rss_kib_of(&format!("/proc/{}/status", self.pid()))
     }
 
-    /// What the worker holds beyond a fresh one's size.
-    pub fn grown_kib(&self) -> u64 {
-        self.rss_kib().unwrap_or(0).saturating_sub(self.baseline_kib)
+    /// Call when no job uses the worker: what it holds beyond its size the first time this was
+    /// called (0 that first time).
+    pub fn idle_growth_kib(&mut self) -> u64 {
+        let rss = self.rss_kib().unwrap_or(0);
+        let base = *self.baseline_kib.get_or_insert(rss);
+        rss.saturating_sub(base)
     }
 
     pub fn register_nspace(&self, nspace: &str, n_local: u32, job: &JobInfo) -> Result<(), WorkerError> {

@@ -24,6 +24,11 @@
 //! ([`CLIENT_GDS`]), which makes libpmix keep far less per client than its shared-memory store.
 //! A job may still choose with `-x PMIX_GDS_MODULE=...`.
 //!
+//! Shape: [`PmixHost`] is a plain struct the shell owns. The shell calls it (a job's launch,
+//! a proc's exit, a fence's completion, a worker event) and drains what it asks of the daemon
+//! core — fences to start, commands to other daemons — with [`PmixHost::drain`], in order,
+//! in the shell's one drain loop.
+//!
 //! Traps: a worker's upcall replies are only valid for that worker (events carry its
 //! generation; a stale one is dropped, which fails its upcall); a worker is replaced only when
 //! idle (no namespace, no fence, no direct modex in flight), never under a running job.
@@ -36,17 +41,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use bytes::Bytes;
+use dvm_core::Input as CoreInput;
 use dvm_grpcomm::{FenceError, FenceRequest as GFence, FenceSignature, Participants};
 use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobFail, JobLog};
-use dvm_proto::job::JobMap;
 use dvm_rml::Rank;
 use pmix_shim::{JobInfo, ProcId, ServerConfig};
 use tracing::{debug, error, info, warn};
 
-use crate::daemon::Daemon;
 use crate::jobmap::Placement;
-pub(crate) use link::{EventTx, HostEvent, Worker};
-use link::{FenceUpcall, WorkerReplyHandle};
+pub(crate) use link::{EventTx, HostEvent};
+use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
 /// One job's namespace on this daemon.
 struct PmixJob {
@@ -58,9 +62,19 @@ struct PmixJob {
     sigs: BTreeSet<FenceSignature>,
 }
 
-/// This daemon's PMIx worker and the upcalls waiting for an answer.
+/// This daemon's PMIx hosting: its worker, the namespaces registered there and the upcalls
+/// waiting for an answer.
 pub(crate) struct PmixHost {
-    worker: Worker,
+    me: Rank,
+    host: String,
+    /// None: this daemon hosts no PMIx server.
+    settings: Option<PmixSettings>,
+    events: EventTx,
+    /// Generation of the last worker started.
+    gen: u64,
+    worker: Option<Worker>,
+    /// Workers being ended (finalizing, or killed after a grace); joined at shutdown.
+    retiring: Vec<std::thread::JoinHandle<()>>,
     jobs: BTreeMap<u32, PmixJob>,
     by_nspace: BTreeMap<String, u32>,
     /// Fences this daemon runs for libpmix, by the key the core returns them with.
@@ -70,35 +84,19 @@ pub(crate) struct PmixHost {
     /// Requests this daemon serves: worker request id -> (asking daemon, its id).
     serving: BTreeMap<u64, (Rank, u64)>,
     next_id: u64,
+    /// What this asks of the daemon core, in order (see [`PmixHost::drain`]).
+    out: Vec<CoreInput>,
 }
 
-impl PmixHost {
-    fn new(worker: Worker) -> PmixHost {
-        PmixHost {
-            worker,
-            jobs: BTreeMap::new(),
-            by_nspace: BTreeMap::new(),
-            fences: BTreeMap::new(),
-            asked: BTreeMap::new(),
-            serving: BTreeMap::new(),
-            next_id: 1,
-        }
-    }
-
-    /// Nothing of any job is left in the worker, and nobody waits on it.
-    fn idle(&self) -> bool {
-        self.jobs.is_empty() && self.fences.is_empty() && self.asked.is_empty() && self.serving.is_empty()
-    }
-
-    /// The worker, ended in order (see [`Worker::retire`]).
-    pub(crate) fn retire(self) -> std::thread::JoinHandle<()> {
-        self.worker.retire()
-    }
-
-    /// Resident set size of the worker process, KiB.
-    pub(crate) fn worker_rss_kib(&self) -> u64 {
-        self.worker.rss_kib().unwrap_or(0)
-    }
+/// What the shell knows of a job when it starts its local procs.
+pub(crate) struct JobStart<'a> {
+    pub jobid: u32,
+    pub nspace: String,
+    pub placement: Placement,
+    /// Host of each daemon of `placement`, in `placement.daemons()` order.
+    pub hosts: &'a [String],
+    pub nprocs: u32,
+    pub nlocal: u32,
 }
 
 /// How this daemon runs its PMIx workers.
@@ -106,8 +104,8 @@ impl PmixHost {
 pub struct PmixSettings {
     /// Where the workers keep their files (a directory per worker, removed when it ends).
     pub dir: PathBuf,
-    /// A worker that has grown by at least this many KiB beyond a fresh one's size is
-    /// replaced the next time no job uses it (0: whenever it is idle).
+    /// A worker that has grown by at least this many KiB since it was first idle after a job
+    /// is replaced the next time no job uses it (0: after every job).
     pub recycle_kib: u64,
 }
 
@@ -160,8 +158,53 @@ fn fence_status(e: &FenceError) -> pmix_shim::Status {
     }
 }
 
-impl Daemon {
-    fn pmix_config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
+impl PmixHost {
+    pub(crate) fn new(me: Rank, host: String, events: EventTx) -> PmixHost {
+        PmixHost {
+            me,
+            host,
+            settings: None,
+            events,
+            gen: 0,
+            worker: None,
+            retiring: Vec::new(),
+            jobs: BTreeMap::new(),
+            by_nspace: BTreeMap::new(),
+            fences: BTreeMap::new(),
+            asked: BTreeMap::new(),
+            serving: BTreeMap::new(),
+            next_id: 1,
+            out: Vec::new(),
+        }
+    }
+
+    /// Where the workers keep their files and when one is replaced. The first worker starts
+    /// when the first job needs it (an idle daemon stays small and boots fast), or at once
+    /// with [`PmixHost::start_background`].
+    pub(crate) fn configure(&mut self, settings: PmixSettings) {
+        self.settings = Some(settings);
+    }
+
+    /// What this asks of the daemon core since the last drain, in order.
+    pub(crate) fn drain(&mut self) -> std::vec::Drain<'_, CoreInput> {
+        self.out.drain(..)
+    }
+
+    fn send_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
+        self.out.push(CoreInput::Cmd { dst, body });
+    }
+
+    /// Resident set size of the worker process (KiB; 0 when none runs).
+    pub(crate) fn worker_rss_kib(&self) -> u64 {
+        self.worker.as_ref().and_then(Worker::rss_kib).unwrap_or(0)
+    }
+
+    /// Nothing of any job is left in the worker, and nobody waits on it.
+    fn idle(&self) -> bool {
+        self.jobs.is_empty() && self.fences.is_empty() && self.asked.is_empty() && self.serving.is_empty()
+    }
+
+    fn config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
         let mut cfg = ServerConfig::new(settings.dir.join(format!("w{gen}")));
         cfg.hostname = Some(self.host.clone());
         cfg.op_timeout = link::WORKER_OP_TIMEOUT;
@@ -171,92 +214,97 @@ impl Daemon {
         cfg
     }
 
-    /// Start a PMIx worker now without waiting for its server, so it is ready (or nearly)
-    /// when a job arrives. Nothing happens if one runs or PMIx is not configured.
-    pub fn start_pmix_background(&mut self) {
-        if self.pmix_ref().is_some() {
+    /// Start a worker now without waiting for its server, so it is ready (or nearly) when a
+    /// job arrives. Nothing happens if one runs or PMIx is not configured.
+    pub(crate) fn start_background(&mut self) {
+        if self.worker.is_some() {
             return;
         }
-        let Some(settings) = self.pmix_settings().cloned() else { return };
-        let gen = self.next_pmix_gen();
-        let cfg = self.pmix_config(&settings, gen);
-        match Worker::spawn(&cfg, gen, self.pmix_events()) {
+        let Some(settings) = self.settings.clone() else { return };
+        self.gen += 1;
+        let cfg = self.config(&settings, self.gen);
+        match Worker::spawn(&cfg, self.gen, self.events.clone()) {
             Ok(w) => {
-                debug!(pid = w.pid(), gen, "PMIx worker started");
-                self.set_pmix(PmixHost::new(w));
+                debug!(pid = w.pid(), gen = self.gen, "PMIx worker started");
+                self.worker = Some(w);
             }
             Err(e) => error!("daemon {} on host {}: {e}; MPI ranks will fail", self.me, self.host),
         }
     }
 
-    /// A PMIx server ready for a job: the running worker once its server is up, else a new
-    /// worker. False (logged) if there is none: MPI ranks then fail at MPI_Init, other jobs run.
-    pub(crate) fn ensure_pmix(&mut self) -> bool {
-        self.start_pmix_background();
-        let (me, host) = (self.me, self.host.clone());
-        let Some(px) = self.pmix_mut() else { return false };
-        match px.worker.ready() {
+    /// A server ready for a job: the running worker once its server is up, else a new worker.
+    /// False (logged) if there is none: MPI ranks then fail at MPI_Init, other jobs run.
+    fn ensure(&mut self) -> bool {
+        self.start_background();
+        let Some(w) = self.worker.as_mut() else { return false };
+        match w.ready() {
             Ok(Some(version)) => {
-                info!(%version, pid = px.worker.pid(), topology_shared = share_topology(), "PMIx server up");
+                info!(%version, pid = w.pid(), topology_shared = share_topology(), "PMIx server up");
                 true
             }
             Ok(None) => true,
             Err(e) => {
-                error!("daemon {me} on host {host}: PMIx server unavailable, MPI ranks will fail: {e}");
-                if let Some(px) = self.take_pmix() {
-                    self.retire_pmix(px);
-                }
+                error!("daemon {} on host {}: PMIx server unavailable, MPI ranks will fail: {e}", self.me, self.host);
+                self.retire_worker();
                 false
             }
         }
     }
 
+    /// End the current worker in the background.
+    fn retire_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            self.retiring.retain(|h| !h.is_finished());
+            self.retiring.push(w.retire());
+        }
+    }
+
     /// Replace an idle worker that has grown past the limit: ending it frees what libpmix kept
     /// of past clients, and a fresh one is started for the next job.
-    fn maybe_recycle_pmix(&mut self) {
-        let Some(limit) = self.pmix_settings().map(|s| s.recycle_kib) else { return };
-        let Some(px) = self.pmix_ref() else { return };
-        if !px.idle() {
+    fn maybe_recycle(&mut self) {
+        let Some(limit) = self.settings.as_ref().map(|s| s.recycle_kib) else { return };
+        if !self.idle() {
             return;
         }
-        let grown = px.worker.grown_kib();
+        let Some(w) = self.worker.as_mut() else { return };
+        let grown = w.idle_growth_kib();
         if grown < limit {
             return;
         }
-        let px = self.take_pmix().expect("checked above");
-        info!(pid = px.worker.pid(), gen = px.worker.gen, grown_kib = grown, "replacing the idle PMIx worker");
-        self.retire_pmix(px);
-        self.start_pmix_background();
+        info!(pid = w.pid(), gen = w.gen, grown_kib = grown, "replacing the idle PMIx worker");
+        self.retire_worker();
+        self.start_background();
     }
 
-    /// Register a job's namespace before its first local rank starts. Returns false (job
-    /// runs without PMIx) if the server refuses it.
-    pub(crate) fn pmix_job_start(&mut self, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
-        if !self.ensure_pmix() {
+    /// The daemon ends: every worker is ended, and waited for (its files are in the session
+    /// directory, removed next).
+    pub(crate) fn shutdown(&mut self) {
+        self.retire_worker();
+        for h in self.retiring.drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Register a job's namespace before its first local rank starts. Returns false (the job
+    /// runs without PMIx) if there is no server or it refuses the namespace.
+    pub(crate) fn job_start(&mut self, job: JobStart<'_>) -> bool {
+        if !self.ensure() {
             return false;
         }
-        let placement = match Placement::from_job_map(map) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(jobid, "job map unusable for PMIx: {e}");
-                return false;
-            }
-        };
-        let hosts: Vec<(Rank, String)> = placement.daemons().map(|d| (d, self.host_of(d))).collect();
-        let nspace = nspace_of(&self.dvm_id(), jobid);
-        let Some(px) = self.pmix_mut() else { return false };
-        let proc_map: Vec<Vec<u32>> = hosts.iter().map(|(d, _)| placement.procs_on(*d).iter().collect()).collect();
+        let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal } = job;
+        let proc_map: Vec<Vec<u32>> = placement.daemons().map(|d| placement.procs_on(d).iter().collect()).collect();
         let info = JobInfo {
-            node_map: hosts.iter().map(|(_, h)| h.clone()).collect(),
+            node_map: hosts.to_vec(),
             proc_map,
-            job_size: map.nprocs,
-            universe_size: map.nprocs,
+            job_size: nprocs,
+            universe_size: nprocs,
             appnum: 0,
             jobid: Some(nspace.clone()),
             max_procs: None,
             extra: Vec::new(),
         };
-        let registered = match px.worker.register_nspace(&nspace, nlocal, &info) {
+        let w = self.worker.as_ref().expect("ensured above");
+        let registered = match w.register_nspace(&nspace, nlocal, &info) {
             Ok(()) => {
                 debug!(jobid, %nspace, "PMIx namespace registered");
                 true
@@ -266,36 +314,36 @@ impl Daemon {
                 false
             }
         };
-        px.by_nspace.insert(nspace.clone(), jobid);
-        px.jobs.insert(
-            jobid,
-            PmixJob {
-                nspace,
-                placement,
-                registered,
-                connected: BTreeSet::new(),
-                finalized: BTreeSet::new(),
-                sigs: BTreeSet::new(),
-            },
-        );
+        self.by_nspace.insert(nspace.clone(), jobid);
+        let job = PmixJob {
+            nspace,
+            placement,
+            registered,
+            connected: BTreeSet::new(),
+            finalized: BTreeSet::new(),
+            sigs: BTreeSet::new(),
+        };
+        self.jobs.insert(jobid, job);
         registered
     }
 
     /// The PMIx environment of one local rank (register_client + setup_fork + Open MPI's
-    /// settings for running under a non-mpirun launcher). `yield_idle`: the rank's machine is
-    /// oversubscribed (see [`oversubscribed`]), so it is told to yield while it waits.
-    pub(crate) fn pmix_proc_env(
+    /// settings for running under a non-mpirun launcher). `session`: the daemon's scratch
+    /// directory; `yield_idle`: the rank's machine is oversubscribed (see [`oversubscribed`]),
+    /// so it is told to yield while it waits.
+    pub(crate) fn proc_env(
         &mut self,
         jobid: u32,
         rank: u32,
+        session: Option<String>,
         loopback: bool,
         yield_idle: bool,
     ) -> Vec<(String, String)> {
-        let session = self.session_dir();
-        let Some(px) = self.pmix_mut() else { return Vec::new() };
-        let Some(job) = px.jobs.get(&jobid).filter(|j| j.registered) else { return Vec::new() };
+        let (Some(w), Some(job)) = (self.worker.as_ref(), self.jobs.get(&jobid).filter(|j| j.registered)) else {
+            return Vec::new();
+        };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        let mut env = match px.worker.prepare_client(&job.nspace, rank, uid, gid) {
+        let mut env = match w.prepare_client(&job.nspace, rank, uid, gid) {
             Ok(env) => env,
             Err(e) => {
                 warn!(jobid, rank, "cannot prepare the PMIx client: {e}");
@@ -324,41 +372,34 @@ impl Daemon {
     }
 
     /// A local rank ended: was it an MPI rank that never finalized?
-    pub(crate) fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
-        let host = self.host.clone();
-        let px = self.pmix_mut()?;
-        let job = px.jobs.get(&jobid)?;
+    pub(crate) fn proc_exit(&self, jobid: u32, rank: u32) -> Option<String> {
+        let job = self.jobs.get(&jobid)?;
         (job.connected.contains(&rank) && !job.finalized.contains(&rank))
-            .then(|| format!("rank {rank} on node {host} exited without calling MPI_Finalize"))
+            .then(|| format!("rank {rank} on node {} exited without calling MPI_Finalize", self.host))
     }
 
     /// Every local rank of a job is gone: drop its namespace and fence signatures.
-    pub(crate) fn pmix_job_done(&mut self, jobid: u32) {
-        let Some(px) = self.pmix_mut() else { return };
-        let Some(job) = px.jobs.remove(&jobid) else { return };
-        px.by_nspace.remove(&job.nspace);
-        let mut recycle_now = false;
-        if job.registered {
-            // The worker may be replaced once libpmix has let go of the namespace
-            // (NspaceDeregistered).
-            if let Err(e) = px.worker.deregister_nspace_nb(&job.nspace) {
-                warn!(jobid, "deregister_nspace: {e}");
-                recycle_now = true;
+    pub(crate) fn job_done(&mut self, jobid: u32) {
+        let Some(job) = self.jobs.remove(&jobid) else { return };
+        self.by_nspace.remove(&job.nspace);
+        // The worker may be replaced once libpmix has let go of the namespace
+        // (NspaceDeregistered), or now if it never held it.
+        let mut recycle_now = true;
+        if let (true, Some(w)) = (job.registered, self.worker.as_ref()) {
+            match w.deregister_nspace_nb(&job.nspace) {
+                Ok(()) => recycle_now = false,
+                Err(e) => warn!(jobid, "deregister_nspace: {e}"),
             }
-        } else {
-            recycle_now = true;
         }
-        for sig in job.sigs {
-            self.submit(dvm_core::Input::ForgetFence(sig));
-        }
+        self.out.extend(job.sigs.into_iter().map(CoreInput::ForgetFence));
         if recycle_now {
-            self.maybe_recycle_pmix();
+            self.maybe_recycle();
         }
     }
 
     /// A fence this daemon runs for PMIx completed: answer libpmix.
-    pub(crate) fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
-        let Some(reply) = self.pmix_mut().and_then(|px| px.fences.remove(&key)) else {
+    pub(crate) fn fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
+        let Some(reply) = self.fences.remove(&key) else {
             warn!(key, "a PMIx fence completed with no upcall waiting for it");
             return;
         };
@@ -369,13 +410,13 @@ impl Daemon {
                 reply.complete(fence_status(&e));
             }
         }
-        self.maybe_recycle_pmix();
+        self.maybe_recycle();
     }
 
     /// An event from worker generation `gen`.
-    pub(crate) fn on_pmix(&mut self, gen: u64, ev: HostEvent) {
+    pub(crate) fn on_event(&mut self, gen: u64, ev: HostEvent) {
         debug!(kind = ev.kind(), gen, "PMIx upcall");
-        if self.pmix_ref().map(|px| px.worker.gen) != Some(gen) {
+        if self.worker.as_ref().map(|w| w.gen) != Some(gen) {
             // From a worker already replaced or lost: its replies cannot reach a client any
             // more (dropping them is a no-op on a closed link).
             debug!(kind = ev.kind(), gen, "event from a former PMIx worker dropped");
@@ -383,15 +424,13 @@ impl Daemon {
         }
         match ev {
             HostEvent::ClientConnected { proc, reply } => {
-                if let Some(j) = self.pmix_job_mut(&proc) {
-                    let r = proc_rank(&proc).expect("checked by pmix_job_mut");
+                if let Some((j, r)) = self.job_rank_mut(&proc) {
                     j.connected.insert(r);
                 }
                 reply.complete(pmix_shim::SUCCESS);
             }
             HostEvent::ClientFinalized { proc, reply } => {
-                if let Some(j) = self.pmix_job_mut(&proc) {
-                    let r = proc_rank(&proc).expect("checked by pmix_job_mut");
+                if let Some((j, r)) = self.job_rank_mut(&proc) {
                     j.finalized.insert(r);
                 }
                 reply.complete(pmix_shim::SUCCESS);
@@ -399,73 +438,75 @@ impl Daemon {
             HostEvent::Abort { proc, status, message, reply } => {
                 // Reply first; the job fails when the aborting rank has exited.
                 reply.complete(pmix_shim::SUCCESS);
-                let (Some(jobid), Some(rank)) = (self.pmix_job_of(&proc.nspace), proc_rank(&proc)) else {
-                    return;
-                };
+                let (Some(jobid), Some(rank)) = (self.job_of(&proc.nspace), proc_rank(&proc)) else { return };
                 let abort = JobAbort { jobid, rank, code: status, message, daemon: self.me };
-                self.send_job_cmd(0, daemon_cmd::Body::JobAbort(abort));
+                self.send_cmd(0, daemon_cmd::Body::JobAbort(abort));
             }
             HostEvent::Log { client, text, reply } => {
                 reply.complete(pmix_shim::SUCCESS);
-                if let (Some(jobid), Some(text)) = (self.pmix_job_of(&client.nspace), text) {
+                if let (Some(jobid), Some(text)) = (self.job_of(&client.nspace), text) {
                     let rank = proc_rank(&client).unwrap_or(u32::MAX);
-                    self.send_job_cmd(0, daemon_cmd::Body::JobLog(JobLog { jobid, rank, text, daemon: self.me }));
+                    self.send_cmd(0, daemon_cmd::Body::JobLog(JobLog { jobid, rank, text, daemon: self.me }));
                 }
             }
-            HostEvent::FenceNb(req) => self.pmix_fence(req),
-            HostEvent::DirectModex { proc, reply } => self.pmix_direct_modex(proc, reply),
+            HostEvent::FenceNb(req) => self.fence(req),
+            HostEvent::DirectModex { proc, reply } => self.direct_modex(proc, reply),
             HostEvent::DmodexData { request, status, data } => {
-                let Some(px) = self.pmix_mut() else { return };
-                let Some((asker, id)) = px.serving.remove(&request) else { return };
+                let Some((asker, id)) = self.serving.remove(&request) else { return };
+                let resp = DmodexResp { id, status, data };
                 if asker == self.me {
-                    if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&id)) {
-                        reply.complete_with(status, &data);
-                    }
+                    self.on_dmodex_resp(resp);
                 } else {
-                    let resp = DmodexResp { id, status, data };
-                    self.send_job_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
+                    self.send_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
+                    self.maybe_recycle();
                 }
-                self.maybe_recycle_pmix();
             }
             HostEvent::JobControl { reply } => reply.complete(pmix_shim::ERR_NOT_SUPPORTED),
             HostEvent::NspaceDeregistered { nspace, status } => {
                 debug!(%nspace, status, "PMIx namespace deregistered");
-                self.maybe_recycle_pmix();
+                self.maybe_recycle();
             }
-            HostEvent::Ended { how } => self.pmix_worker_lost(&how),
+            HostEvent::Ended { how } => self.worker_lost(&how),
         }
     }
 
     /// The current worker ended by itself (crashed, killed): every job with ranks here loses
     /// its PMIx server, so each fails naming this node; the next job gets a new worker.
-    fn pmix_worker_lost(&mut self, how: &str) {
-        let Some(px) = self.take_pmix() else { return };
-        let pid = px.worker.pid();
-        let jobs: Vec<u32> = px.jobs.keys().copied().collect();
+    fn worker_lost(&mut self, how: &str) {
+        let pid = self.worker.as_ref().map_or(0, Worker::pid);
         error!("daemon {} on host {}: its PMIx server process (pid {pid}) ended: {how}", self.me, self.host);
+        let jobs: Vec<u32> = self.jobs.keys().copied().collect();
         for jobid in jobs {
             let reason = format!(
                 "the PMIx server of daemon {} on node {} (pid {pid}) ended while job {jobid} ran: {how}",
                 self.me, self.host
             );
-            self.send_job_cmd(0, daemon_cmd::Body::JobFail(JobFail { jobid, code: 1, reason, daemon: self.me }));
+            self.send_cmd(0, daemon_cmd::Body::JobFail(JobFail { jobid, code: 1, reason, daemon: self.me }));
         }
-        self.retire_pmix(px);
+        // What the lost worker held is gone with it; the jobs keep their entries until their
+        // procs end (exits still need `proc_exit`), but no reply can be answered any more.
+        for job in self.jobs.values_mut() {
+            job.registered = false;
+        }
+        self.fences.clear();
+        self.asked.clear();
+        self.serving.clear();
+        self.retire_worker();
     }
 
-    fn pmix_job_of(&self, nspace: &str) -> Option<u32> {
-        self.pmix_ref()?.by_nspace.get(nspace).copied()
+    fn job_of(&self, nspace: &str) -> Option<u32> {
+        self.by_nspace.get(nspace).copied()
     }
 
-    fn pmix_job_mut(&mut self, proc: &ProcId) -> Option<&mut PmixJob> {
-        proc_rank(proc)?;
-        let job = self.pmix_job_of(&proc.nspace)?;
-        self.pmix_mut()?.jobs.get_mut(&job)
+    fn job_rank_mut(&mut self, proc: &ProcId) -> Option<(&mut PmixJob, u32)> {
+        let rank = proc_rank(proc)?;
+        let job = self.job_of(&proc.nspace)?;
+        Some((self.jobs.get_mut(&job)?, rank))
     }
 
-    fn pmix_fence(&mut self, req: FenceUpcall) {
+    fn fence(&mut self, req: FenceUpcall) {
         let nspace = req.procs.first().map(|p| p.nspace.clone()).unwrap_or_default();
-        let Some(jobid) = self.pmix_job_of(&nspace) else {
+        let Some(jobid) = self.job_of(&nspace) else {
             warn!(%nspace, "fence for an unknown namespace");
             req.reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
@@ -475,8 +516,7 @@ impl Daemon {
             req.reply.complete(st);
             return;
         }
-        let px = self.pmix_ref().expect("job known");
-        let job = &px.jobs[&jobid];
+        let job = self.jobs.get_mut(&jobid).expect("indexed by by_nspace");
         let wildcard = req.procs.iter().any(|p| proc_rank(p).is_none());
         let (key, mut daemons): (String, Vec<Rank>) = if wildcard {
             (format!("{nspace}:*"), job.placement.daemons().collect())
@@ -490,47 +530,46 @@ impl Daemon {
         daemons.sort_unstable();
         daemons.dedup();
         let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons));
+        job.sigs.insert(sig.clone());
         let timeout = req.timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
-        let Some(px) = self.pmix_mut() else { return };
-        let key = px.next_id;
-        px.next_id += 1;
-        if let Some(job) = px.jobs.get_mut(&jobid) {
-            job.sigs.insert(sig.clone());
-        }
-        px.fences.insert(key, req.reply);
+        let key = self.next_id;
+        self.next_id += 1;
+        self.fences.insert(key, req.reply);
         debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
         let fence = GFence { sig, collect: req.collect, data: req.data, timeout };
-        self.submit(dvm_core::Input::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
+        self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
     }
 
-    fn pmix_direct_modex(&mut self, proc: ProcId, reply: WorkerReplyHandle) {
-        let (Some(jobid), Some(rank)) = (self.pmix_job_of(&proc.nspace), proc_rank(&proc)) else {
+    fn direct_modex(&mut self, proc: ProcId, reply: WorkerReplyHandle) {
+        let owner = match (self.job_of(&proc.nspace), proc_rank(&proc)) {
+            (Some(jobid), Some(rank)) => self.jobs[&jobid].placement.node_of(rank).map(|o| (o, jobid, rank)),
+            _ => None,
+        };
+        let Some((owner, jobid, rank)) = owner else {
             reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
         };
-        let me = self.me;
-        let px = self.pmix_mut().expect("job known");
-        let Some(owner) = px.jobs[&jobid].placement.node_of(rank) else {
-            reply.complete(pmix_shim::ERR_NOT_FOUND);
-            return;
-        };
-        let id = px.next_id;
-        px.next_id += 1;
-        px.asked.insert(id, reply);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.asked.insert(id, reply);
         info!(jobid, rank, owner, "direct modex: asking daemon {owner} for rank {rank}");
         let req = DmodexReq { id, nspace: proc.nspace, rank };
-        if owner == me {
-            self.serve_dmodex(me, req);
+        if owner == self.me {
+            self.serve_dmodex(self.me, req);
         } else {
-            self.send_job_cmd(owner, daemon_cmd::Body::DmodexReq(req));
+            self.send_cmd(owner, daemon_cmd::Body::DmodexReq(req));
         }
     }
 
+    /// Another daemon (or this one) asks for the modex blob of a rank hosted here.
     pub(crate) fn serve_dmodex(&mut self, asker: Rank, req: DmodexReq) {
-        let Some(px) = self.pmix_mut() else { return };
-        match px.worker.dmodex_request(&req.nspace, req.rank) {
+        let requested = match self.worker.as_ref() {
+            Some(w) => w.dmodex_request(&req.nspace, req.rank).map_err(|e| e.to_string()),
+            None => Err("no PMIx server runs here".to_string()),
+        };
+        match requested {
             Ok(request) => {
-                px.serving.insert(request, (asker, req.id));
+                self.serving.insert(request, (asker, req.id));
                 info!(nspace = %req.nspace, rank = req.rank, asker, "direct modex served");
             }
             Err(e) => {
@@ -539,17 +578,18 @@ impl Daemon {
                 if asker == self.me {
                     self.on_dmodex_resp(resp);
                 } else {
-                    self.send_job_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
+                    self.send_cmd(asker, daemon_cmd::Body::DmodexResp(resp));
                 }
             }
         }
     }
 
+    /// The answer to a direct modex this daemon asked for.
     pub(crate) fn on_dmodex_resp(&mut self, resp: DmodexResp) {
-        if let Some(reply) = self.pmix_mut().and_then(|p| p.asked.remove(&resp.id)) {
+        if let Some(reply) = self.asked.remove(&resp.id) {
             reply.complete_with(resp.status, &resp.data);
         }
-        self.maybe_recycle_pmix();
+        self.maybe_recycle();
     }
 }
 

@@ -207,16 +207,27 @@ impl Dvm {
             .collect()
     }
 
-    /// The PMIx worker processes the daemons run now (children started with `--pmix-worker`).
+    /// The PMIx worker processes the daemons run now: children of a daemon running the
+    /// daemon's own executable (`dvmd --pmix-worker`, or just forked to become one), other
+    /// than the daemons themselves.
     pub fn pmix_workers(&self) -> Vec<u32> {
-        let workers = procs_with("--pmix-worker");
-        self.pids.iter().flat_map(|&d| children_of(d)).filter(|p| workers.contains(p)).collect()
+        let mut out: Vec<u32> = (0..self.pids.len()).flat_map(|r| self.workers_of(r)).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
-    /// The PMIx worker daemon `rank` runs now, if any.
+    fn workers_of(&self, rank: usize) -> Vec<u32> {
+        let Some(&d) = self.pids.get(rank) else { return Vec::new() };
+        let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+        let Some(own) = exe(d) else { return Vec::new() };
+        children_of(d).into_iter().filter(|&c| !self.pids.contains(&c) && exe(c).as_ref() == Some(&own)).collect()
+    }
+
+    /// The PMIx worker daemon `rank` runs now, if any (one that has started as a worker).
     pub fn pmix_worker_of(&self, rank: usize) -> Option<u32> {
         let workers = procs_with("--pmix-worker");
-        children_of(*self.pids.get(rank)?).into_iter().find(|p| workers.contains(p))
+        self.workers_of(rank).into_iter().find(|p| workers.contains(p))
     }
 
     /// pterm; then no daemon, no PMIx worker and no session directory may remain.
