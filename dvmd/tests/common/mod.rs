@@ -197,13 +197,43 @@ impl Dvm {
     }
 
     /// Processes left under the daemons (finished jobs must leave none; a daemon's PMIx worker
-    /// is the daemon's own).
+    /// is the daemon's own). Each process is judged by itself (its parent and executable), so a
+    /// worker being replaced while this looks is never mistaken for a leftover.
     pub fn leftover_procs(&self) -> Vec<u32> {
-        let workers = self.pmix_workers();
-        self.pids
+        let mut out: Vec<u32> = self
+            .pids
             .iter()
             .flat_map(|&d| descendants(d))
-            .filter(|p| !self.pids.contains(p) && !workers.contains(p))
+            .filter(|&p| !self.pids.contains(&p) && alive(p) && !self.is_worker(p))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// A PMIx worker of one of the daemons: a child of a daemon running the daemon's own
+    /// executable (`dvmd --pmix-worker`, or just forked to become one).
+    fn is_worker(&self, p: u32) -> bool {
+        let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        let parent = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|f| f.parse().ok());
+        match parent {
+            Some(pp) if self.pids.contains(&pp) => exe(p).is_some() && exe(p) == exe(pp),
+            _ => false,
+        }
+    }
+
+    /// [`Dvm::leftover_procs`] with each one's parent and command line, for a failure message.
+    pub fn describe_procs(pids: &[u32]) -> Vec<String> {
+        pids.iter()
+            .map(|p| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                let exe = std::fs::read_link(format!("/proc/{p}/exe")).map(|e| e.display().to_string());
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).unwrap_or("?").to_string();
+                format!("{p} (parent {ppid}, exe {exe:?}): {cmd}")
+            })
             .collect()
     }
 
@@ -219,9 +249,7 @@ impl Dvm {
 
     fn workers_of(&self, rank: usize) -> Vec<u32> {
         let Some(&d) = self.pids.get(rank) else { return Vec::new() };
-        let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-        let Some(own) = exe(d) else { return Vec::new() };
-        children_of(d).into_iter().filter(|&c| !self.pids.contains(&c) && exe(c).as_ref() == Some(&own)).collect()
+        children_of(d).into_iter().filter(|&c| !self.pids.contains(&c) && self.is_worker(c)).collect()
     }
 
     /// The PMIx worker daemon `rank` runs now, if any (one that has started as a worker).
