@@ -540,6 +540,11 @@ impl Daemon {
         if ctl.cleanup {
             self.jobs.local.remove(&ctl.jobid);
             self.odls_mut().forget_job(ctl.jobid);
+            if self.jobs.local.is_empty() && self.jobs.hnp.is_empty() {
+                // Idle: what the job's messages, processes and streams used goes back to the
+                // system, so a DVM serving thousands of jobs stays at its idle size.
+                crate::daemon::trim_heap();
+            }
             return;
         }
         if ctl.kill {

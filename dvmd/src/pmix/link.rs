@@ -125,42 +125,37 @@ pub(crate) struct WorkerLink {
 }
 
 impl WorkerLink {
+    /// One command and its answer (the lock held across both: answers come in order).
     fn call(&self, body: Cmd) -> Result<WorkerReply, WorkerError> {
-        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((r, w)) = io.as_mut() else { return Err(WorkerError::Gone { pid: self.pid }) };
-        let res = write_frame(w, &WorkerCmd { body: Some(body) }).and_then(|()| read_frame::<WorkerReply>(r));
-        match res {
-            Ok(Some(reply)) if reply.error.is_empty() => Ok(reply),
-            Ok(Some(reply)) => Err(WorkerError::Pmix(reply.error)),
-            Ok(None) => {
-                *io = None;
-                Err(WorkerError::Gone { pid: self.pid })
-            }
-            Err(source) => {
-                *io = None;
-                Err(WorkerError::Link { pid: self.pid, source })
-            }
-        }
+        self.exchange(Some(body), true)?.ok_or(WorkerError::Gone { pid: self.pid })
     }
 
     /// Write a command without reading anything: a `Complete` (which the worker never
     /// answers), or `Init`, whose answer [`WorkerLink::finish`] reads later.
     fn post(&self, body: Cmd) -> Result<(), WorkerError> {
-        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((_, w)) = io.as_mut() else { return Err(WorkerError::Gone { pid: self.pid }) };
-        write_frame(w, &WorkerCmd { body: Some(body) }).map_err(|source| {
-            *io = None;
-            WorkerError::Link { pid: self.pid, source }
-        })
+        self.exchange(Some(body), false).map(drop)
     }
 
+    /// Read the answer to a command posted earlier.
     fn finish(&self) -> Result<WorkerReply, WorkerError> {
+        self.exchange(None, true)?.ok_or(WorkerError::Gone { pid: self.pid })
+    }
+
+    /// Write `cmd` (if any), then read one answer (if `answer`). Any failure of the stream
+    /// closes the link for good: a half-written or half-read frame cannot be resynchronized.
+    fn exchange(&self, cmd: Option<Cmd>, answer: bool) -> Result<Option<WorkerReply>, WorkerError> {
         let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((r, _)) = io.as_mut() else { return Err(WorkerError::Gone { pid: self.pid }) };
-        match read_frame::<WorkerReply>(r) {
-            Ok(Some(reply)) if reply.error.is_empty() => Ok(reply),
-            Ok(Some(reply)) => Err(WorkerError::Pmix(reply.error)),
+        let Some((r, w)) = io.as_mut() else { return Err(WorkerError::Gone { pid: self.pid }) };
+        let mut got = cmd.map_or(Ok(()), |body| write_frame(w, &WorkerCmd { body: Some(body) })).map(|()| None);
+        if answer {
+            got = got.and_then(|_| read_frame::<WorkerReply>(r));
+        }
+        match got {
+            Ok(Some(reply)) if !reply.error.is_empty() => Err(WorkerError::Pmix(reply.error)),
+            Ok(Some(reply)) => Ok(Some(reply)),
+            Ok(None) if !answer => Ok(None),
             Ok(None) => {
+                // The worker closed its end between frames: it exited.
                 *io = None;
                 Err(WorkerError::Gone { pid: self.pid })
             }
