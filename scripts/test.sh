@@ -8,6 +8,7 @@
 # (CI) nothing may skip: a skip fails the test itself and fails this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/prereqs.sh test
 cargo build --workspace --all-targets
 
 skips="$(mktemp -d "${TMPDIR:-/tmp}/dvm-test-skips.XXXXXX")"
