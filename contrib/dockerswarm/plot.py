@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Plots and tables for contrib/dockerswarm/scaletest.sh results.
+
+Reads DIR/NAME.csv (scaletest rows), DIR/NAME-mpi.csv and DIR/NAME-boot.csv; writes
+DIR/NAME-modex.png (collect - barrier vs total modex bytes), DIR/NAME-barrier.png (barrier vs
+N with PRRTE's published 165 + 40(N-1) us line) and DIR/NAME-tables.md. Iteration 1 is kept
+apart: steady state is the median over iterations 2..I.
+"""
+import argparse
+import csv
+import os
+import statistics
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--name", default="sweep")
+    a = ap.parse_args()
+    base = os.path.join(a.dir, a.name)
+    rows = read(base + ".csv")
+    mpi = read(base + "-mpi.csv")
+    boot = read(base + "-boot.csv")
+
+    # config -> iteration rows
+    cfg = defaultdict(list)
+    for r in rows:
+        key = (int(r["nodes"]), int(r["ppn"]), int(r["ranks"]), r["radix"], r["movement"], r["mode"],
+               int(r["size"]), int(r["nkeys"]))
+        cfg[key].append({k: float(r[k]) for k in ("iteration", "collect_us", "barrier_us", "get_us")})
+
+    summary = []
+    for key in sorted(cfg, key=lambda k: (k[5], k[0], k[1], k[3], k[4], k[6])):
+        its = sorted(cfg[key], key=lambda x: x["iteration"])
+        first = its[0]
+        steady = its[1:] or its
+        s = {m: med([x[m] for x in steady]) for m in ("collect_us", "barrier_us", "get_us")}
+        s["diff"] = med([x["collect_us"] - x["barrier_us"] for x in steady])
+        s["ratio"] = med([x["collect_us"] / x["barrier_us"] for x in steady if x["barrier_us"] > 0])
+        summary.append((key, first, s, len(steady)))
+
+    # Plot 1: collect - barrier vs total modex bytes, one line per DVM configuration.
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = defaultdict(list)
+    for key, first, s, _ in summary:
+        nodes, ppn, ranks, radix, mv, mode, size, nkeys = key
+        if mode != "all":
+            continue
+        lines[(nodes, ppn, radix, mv)].append((ranks * nkeys * size, max(s["diff"], 1.0)))
+    for (nodes, ppn, radix, mv), pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                label=f"{nodes} nodes x {ppn} ppn, radix {radix}, {mv}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("total modex bytes (ranks x keys x size)")
+    ax.set_ylabel("collect - barrier fence, median us (iterations 2..)")
+    ax.set_title("PMIx collecting fence: cost of the data")
+    ax.grid(True, which="both", alpha=0.3)
+    if lines:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(base + "-modex.png", dpi=110)
+    plt.close(fig)
+
+    # Plot 2: barrier vs N per radix/ppn (median over sizes and iterations 2..), with PRRTE's line.
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bar = defaultdict(lambda: defaultdict(list))
+    for key, its in cfg.items():
+        nodes, ppn, ranks, radix, mv, mode, size, nkeys = key
+        steady = sorted(its, key=lambda x: x["iteration"])[1:] or its
+        bar[(radix, ppn)][nodes].extend(x["barrier_us"] for x in steady)
+    ns = sorted({k[0] for k in cfg})
+    for (radix, ppn), by_n in sorted(bar.items()):
+        xs = sorted(by_n)
+        ax.plot(xs, [med(by_n[x]) for x in xs], marker="o", label=f"dvm radix {radix}, {ppn} ppn")
+    if ns:
+        xs = list(range(min(ns), max(ns) + 1))
+        ax.plot(xs, [165 + 40 * (x - 1) for x in xs], "k--", label="PRRTE published 165 + 40(N-1) us (radix 64)")
+    ax.set_xlabel("N (node containers; the HNP adds one daemon)")
+    ax.set_ylabel("barrier fence, median us")
+    ax.set_title("PMIx barrier (no data) vs DVM size, 2-core host")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(base + "-barrier.png", dpi=110)
+    plt.close(fig)
+
+    out = []
+    out.append(f"### scaletest ({a.name}.csv): iteration 1 vs median of iterations 2..I, max over ranks, us\n")
+    out.append("| nodes | ppn | ranks | radix | mode | size B | it1 collect | it1 barrier | it1 get "
+               "| collect | barrier | get | collect-barrier | collect/barrier | n |")
+    out.append("|" + "---|" * 15)
+    for key, first, s, n in summary:
+        nodes, ppn, ranks, radix, mv, mode, size, nkeys = key
+        out.append(f"| {nodes} | {ppn} | {ranks} | {radix} | {mode} | {size} | {first['collect_us']:.0f} | "
+                   f"{first['barrier_us']:.0f} | {first['get_us']:.0f} | {s['collect_us']:.0f} | "
+                   f"{s['barrier_us']:.0f} | {s['get_us']:.0f} | {s['diff']:.0f} | {s['ratio']:.2f} | {n} |")
+    if mpi:
+        out.append("\n### MPI jobs under prun: median wall time of the whole `prun` (ms), rank 0's MPI_Init (us)\n")
+        out.append("| nodes | ppn | ranks | radix | mpinoop ms | MPI_Init us | allreduce ms | ring ms | reps |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        m = defaultdict(lambda: defaultdict(list))
+        for r in mpi:
+            k = (int(r["nodes"]), int(r["ppn"]), int(r["ranks"]), r["radix"])
+            m[k][r["program"]].append(float(r["wall_ms"]))
+            if r["init_us"]:
+                m[k]["init"].append(float(r["init_us"]))
+        for k in sorted(m):
+            d = m[k]
+            out.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {med(d['mpinoop']):.0f} | {med(d['init']):.0f} | "
+                       f"{med(d['allreduce']):.0f} | {med(d['ring']):.0f} | {len(d['mpinoop'])} |")
+    if boot:
+        out.append("\n### DVM boot from the head (`dvmd --host node1..nodeN`, ssh agent) until the URI is written, ms\n")
+        out.append("| nodes | daemons | radix | boot ms |")
+        out.append("|---|---|---|---|")
+        for r in boot:
+            out.append(f"| {r['nodes']} | {r['daemons']} | {r['radix']} | {r['boot_ms']} |")
+    with open(base + "-tables.md", "w") as f:
+        f.write("\n".join(out) + "\n")
+    print(f"wrote {base}-modex.png, {base}-barrier.png, {base}-tables.md")
+
+
+if __name__ == "__main__":
+    main()
