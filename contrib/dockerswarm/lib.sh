@@ -57,6 +57,18 @@ ds_lock() {
   fi
 }
 
+# A python3 that has matplotlib (a pyenv python3 first on PATH may lack Debian's).
+ds_python() {
+  local py
+  for py in python3 /usr/bin/python3; do
+    if command -v "$py" >/dev/null && "$py" -c 'import matplotlib' 2>/dev/null; then
+      echo "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
 ds_hash() { sha256sum | cut -c1-16; }
 
 # The base image: a bookworm root filesystem from mmdebstrap, imported (no registry needed).
@@ -114,8 +126,14 @@ ds_build_images() {
     ds_say "image $DS_IMAGE is up to date (cached)"
   else
     ds_say "building image $DS_IMAGE"
-    docker build -q --build-arg BASE="$DS_BASE" --label dvm.dockerswarm.image=app -t "$DS_IMAGE" "$ctx" >/dev/null \
-      || { rm -rf "$ctx"; ds_die "docker build of $DS_IMAGE failed."; }
+    # (the legacy builder's deprecation notice goes to the log, shown only on failure)
+    if ! docker build -q --build-arg BASE="$DS_BASE" --label dvm.dockerswarm.image=app -t "$DS_IMAGE" "$ctx" \
+        >"$ctx.log" 2>&1; then
+      tail -20 "$ctx.log" >&2
+      rm -rf "$ctx" "$ctx.log"
+      ds_die "docker build of $DS_IMAGE failed (its output is above)."
+    fi
+    rm -f "$ctx.log"
     # Older application images of this tool are superseded; the base stays cached.
     local old
     for old in $(docker images "$DS_APP_REPO" --format '{{.Repository}}:{{.Tag}}'); do

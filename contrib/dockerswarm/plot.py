@@ -38,6 +38,7 @@ def main():
     rows = read(base + ".csv")
     mpi = read(base + "-mpi.csv")
     boot = read(base + "-boot.csv")
+    bench = read(base + "-bench.csv")
 
     # config -> iteration rows
     cfg = defaultdict(list)
@@ -133,6 +134,18 @@ def main():
         out.append("|---|---|---|---|")
         for r in boot:
             out.append(f"| {r['nodes']} | {r['daemons']} | {r['radix']} | {r['boot_ms']} |")
+    if bench:
+        out.append("\n### dvm-bench on the same DVMs: the daemons' own fences (no PMIx, no ranks), p50 us\n")
+        out.append("| nodes | daemons | radix | barrier | modex 64 B/daemon | modex 8 KiB/daemon | modex 64 / barrier |")
+        out.append("|---|---|---|---|---|---|---|")
+        b = defaultdict(dict)
+        for r in bench:
+            b[(int(r["nodes"]), int(r["daemons"]), int(r["radix"]))][(r["op"], int(r["bytes"]))] = float(r["p50_us"])
+        for k in sorted(b):
+            d = b[k]
+            bar_, m64, m8k = d.get(("barrier", 0)), d.get(("modex", 64)), d.get(("modex", 8192))
+            ratio = f"{m64 / bar_:.2f}" if bar_ and m64 else "-"
+            out.append(f"| {k[0]} | {k[1]} | {k[2]} | {bar_:.0f} | {m64:.0f} | {m8k:.0f} | {ratio} |")
     with open(base + "-tables.md", "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"wrote {base}-modex.png, {base}-barrier.png, {base}-tables.md")

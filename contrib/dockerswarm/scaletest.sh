@@ -61,6 +61,7 @@ IFS=, read -r -a SIZES <<<"${opt[sizes]:-$def_sizes}"
 IFS=, read -r -a MODES <<<"${opt[modes]:-$def_modes}"
 IFS=, read -r -a MOVEMENTS <<<"${opt[movement]:-tree}"
 NKEYS=${opt[nkeys]:-1}
+BENCH_COUNT=$([ "$quick" -eq 1 ] && echo 50 || echo 200)
 ITERS=${opt[iters]:-$def_iters}
 REPS=${opt[mpi-reps]:-$def_reps}
 NAME=${opt[name]:-$def_name}
@@ -83,12 +84,15 @@ maxppn=0
 for p in "${PPNS[@]}"; do [ "$p" -le "$maxppn" ] || maxppn=$p; done
 
 ds_preflight
+PY=$(ds_python) || ds_die "no python3 with matplotlib for the plots (apt-get install -y python3-matplotlib); nothing was started."
 ds_lock
 mkdir -p "$OUT"
 CSV="$OUT/$NAME.csv" MPICSV="$OUT/$NAME-mpi.csv" BOOTCSV="$OUT/$NAME-boot.csv" LOG="$OUT/$NAME.log"
+BENCHCSV="$OUT/$NAME-bench.csv"
 echo "nodes,ppn,ranks,radix,movement,mode,size,nkeys,iteration,collect_us,barrier_us,get_us" >"$CSV"
 echo "nodes,ppn,ranks,radix,program,rep,wall_ms,init_us" >"$MPICSV"
 echo "nodes,daemons,radix,boot_ms" >"$BOOTCSV"
+echo "nodes,op,bytes,daemons,radix,depth,alpha_us,beta_ns_per_byte,p50_us,p99_us,model_us,ratio" >"$BENCHCSV"
 : >"$LOG"
 failures=()
 
@@ -115,6 +119,14 @@ for n in "${NODES[@]}"; do
     ms=$(ds_boot "$maxppn" --radix "$r")
     echo "$n,$((n + 1)),$r,$ms" >>"$BOOTCSV"
     ds_say "N=$n radix=$r: DVM ready in $ms ms"
+    # The daemons' own collectives (no PMIx, no ranks) on the same DVM, for comparison.
+    if ds_head "dvm-bench --count $BENCH_COUNT --modex-bytes 0,64,8192 --xcast-bytes 64 --csv /tmp/bench.csv >/dev/null && tail -n +2 /tmp/bench.csv" \
+        >"$tmp/bench.out" 2>>"$LOG"; then
+      sed "s/^/$n,/" "$tmp/bench.out" >>"$BENCHCSV"
+    else
+      failures+=("N=$n radix=$r: dvm-bench failed (see $LOG)")
+      ds_say "${failures[-1]}"
+    fi
     for p in "${PPNS[@]}"; do
       np=$((n * p))
       for prog in mpinoop allreduce ring; do
@@ -152,7 +164,7 @@ ds_down
 [ "$DS_KEEP" -eq 1 ] || ds_verify_clean
 ds_say "sweep took $((SECONDS - t_start)) s"
 
-python3 "$DS_DIR/plot.py" --name "$NAME" "$OUT" >&2 || ds_die "plotting $CSV failed (python3 with matplotlib is needed: apt-get install -y python3-matplotlib)."
+"$PY" "$DS_DIR/plot.py" --name "$NAME" "$OUT" >&2 || ds_die "plotting $CSV failed (python3 with matplotlib is needed: apt-get install -y python3-matplotlib)."
 rows=$(($(wc -l <"$CSV") - 1))
 [ "$rows" -gt 0 ] || ds_die "no scaletest row was measured (see $LOG)."
 if [ ${#failures[@]} -gt 0 ]; then
