@@ -21,7 +21,6 @@ DS_NET="dvmswarm-$DS_ID"
 DS_SVC="dvmswarm-$DS_ID-node"
 DS_HEAD="dvmswarm-$DS_ID-head"
 DS_BASE_REPO="dvm-swarm-base"
-DS_APP_REPO="dvm-swarm"
 DS_KEEP="${DS_KEEP:-0}"
 DS_BINS="${DS_BINS:-}"          # directory with dvmd, prun, pterm, dvm-bench (default: build release)
 DS_SWARM_INITED=0
@@ -121,6 +120,11 @@ ds_build_images() {
   cp "$DS_DIR/Dockerfile" "$ctx/Dockerfile"
   local tag
   tag=$( (echo "$DS_BASE"; cd "$ctx" && find . -type f | LC_ALL=C sort | xargs sha256sum) | ds_hash)
+  # One repository per binaries' flavour (release, debug), so a smoke run with debug binaries
+  # and a sweep with release binaries do not evict each other's cached image.
+  local flavour
+  flavour=$(basename "$bins" | tr -c 'a-z0-9\n' '-')
+  DS_APP_REPO="dvm-swarm-$flavour"
   DS_IMAGE="$DS_APP_REPO:$tag"
   if docker image inspect "$DS_IMAGE" >/dev/null 2>&1; then
     ds_say "image $DS_IMAGE is up to date (cached)"
