@@ -92,9 +92,16 @@ def main():
     for (radix, ppn), by_n in sorted(bar.items()):
         xs = sorted(by_n)
         ax.plot(xs, [med(by_n[x]) for x in xs], marker="o", label=f"dvm radix {radix}, {ppn} ppn")
+    dvmb = defaultdict(dict)
+    for r in bench:
+        if r["op"] == "barrier":
+            dvmb[int(r["radix"])][int(r["nodes"])] = float(r["p50_us"])
+    for radix, by_n in sorted(dvmb.items()):
+        xs = sorted(by_n)
+        ax.plot(xs, [by_n[x] for x in xs], ":", marker="s", label=f"dvm-bench daemon barrier, radix {radix}")
     if ns:
-        xs = list(range(min(ns), max(ns) + 1))
-        ax.plot(xs, [165 + 40 * (x - 1) for x in xs], "k--", label="PRRTE published 165 + 40(N-1) us (radix 64)")
+        ax.plot(ns, [165 + 40 * (x - 1) for x in ns], "k--", marker="x",
+                label="PRRTE published 165 + 40(N-1) us (radix 64)")
     ax.set_xlabel("N (node containers; the HNP adds one daemon)")
     ax.set_ylabel("barrier fence, median us")
     ax.set_title("PMIx barrier (no data) vs DVM size, 2-core host")
