@@ -50,7 +50,7 @@ ds_say "DVM ready on $nodes nodes in $ms ms (heartbeat ${hb_ms} ms x $hb_misses)
 # The running container of task slot K (hostname nodeK).
 container_of() { docker ps -q --filter "label=com.docker.swarm.service.name=$DS_SVC" --filter "name=^$DS_SVC\.$1\." | head -1; }
 
-alive=$nodes
+alive=$nodes killed_ctr=""
 # fault NAME SLOT ACTION: runs a long scaletest on the alive nodes, applies ACTION to node SLOT.
 fault() {
   local name=$1 slot=$2 action=$3 node="node$2" ctr
@@ -68,7 +68,7 @@ fault() {
   local t0 t1 st=0
   t0=$(date +%s%N)
   case "$action" in
-    kill) docker kill "$ctr" >/dev/null ;;
+    kill) docker kill "$ctr" >/dev/null; killed_ctr=$ctr ;;
     pause) docker pause "$ctr" >/dev/null ;;
     kill-dvmd)
       local pid
@@ -120,7 +120,15 @@ fault docker-kill "$nodes" kill
 fault docker-pause "$((nodes - 1))" pause
 fault kill-dvmd "$((nodes - 2))" kill-dvmd
 
-# The replacement for the killed task must not have joined: the DVM's hosts are the survivors.
+# Swarm replaced the killed task by a new container with the same hostname: it must exist
+# (else the refusal checks above proved nothing) and must not have joined.
+repl=$(container_of "$nodes")
+if [ -n "$repl" ] && [ "$repl" != "$killed_ctr" ]; then
+  echo "replacement,node$nodes,,,,,,refused,pass: swarm's new container ${repl:0:12} for node$nodes ran and was never admitted" >>"$CSV"
+else
+  echo "replacement,node$nodes,,,,,,,FAIL: swarm started no replacement container for node$nodes" >>"$CSV"
+  failed=$((failed + 1))
+fi
 paused=$(container_of "$((nodes - 1))")
 docker unpause "$paused" >/dev/null
 ds_say "resumed node$((nodes - 1)); its daemon must now exit by itself"

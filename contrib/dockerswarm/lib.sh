@@ -250,6 +250,9 @@ ds_collect() {
   docker service ps --no-trunc "$DS_SVC" >"$dir/tasks.txt" 2>&1 || true
 }
 
+# The service's task history (restarts show as Shutdown/Failed rows).
+ds_tasks() { docker service ps --no-trunc --format '{{.Name}} {{.DesiredState}} {{.CurrentState}} {{.Error}}' "$DS_SVC" 2>&1 || true; }
+
 # Stops the service and waits until its containers are gone.
 ds_stop_service() {
   docker service rm "$DS_SVC" >/dev/null 2>&1 || true

@@ -32,10 +32,11 @@ usage: scaletest.sh [--nodes LIST] [--ppn LIST] [--radix LIST] [--sizes LIST] [-
   --mpi-reps  repetitions of each MPI program per configuration (default 3; --quick: 1)
   --name      file name stem (default sweep; --quick: quick)
   --out       output directory (default docs/scaletest of this tree)
+  --dvmd-args more dvmd options for every DVM, e.g. '--heartbeat-ms 3000 --heartbeat-misses 10'
 EOF
 }
 
-quick=0
+quick=0 DVMD_ARGS=""
 declare -A opt=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,6 +44,7 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || ds_die "$1 needs a value."
       opt[${1#--}]=$2; shift 2 ;;
     --bins) DS_BINS=${2:?--bins needs a directory}; shift 2 ;;
+    --dvmd-args) DVMD_ARGS=${2?--dvmd-args needs options}; shift 2 ;;
     --quick) quick=1; shift ;;
     --keep) DS_KEEP=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -94,6 +96,7 @@ echo "nodes,ppn,ranks,radix,program,rep,wall_ms,init_us" >"$MPICSV"
 echo "nodes,daemons,radix,boot_ms" >"$BOOTCSV"
 echo "nodes,op,bytes,daemons,radix,depth,alpha_us,beta_ns_per_byte,p50_us,p99_us,model_us,ratio" >"$BENCHCSV"
 : >"$LOG"
+: >"$OUT/$NAME-tasks.txt"
 failures=()
 
 ds_build_images
@@ -114,9 +117,10 @@ tmp=$(mktemp -d /tmp/dvmswarm-scaletest.XXXXXX)
 trap 'rm -rf "$tmp"; ds_down' EXIT
 first=1
 for n in "${NODES[@]}"; do
-  if [ "$first" -eq 1 ]; then ds_up "$n"; first=0; else ds_resize "$n"; fi
+  if [ "$first" -eq 1 ]; then ds_up "$n"; first=0; else ds_tasks >>"$OUT/$NAME-tasks.txt"; ds_resize "$n"; fi
   for r in "${RADIXES[@]}"; do
-    ms=$(ds_boot "$maxppn" --radix "$r")
+    # shellcheck disable=SC2086
+    ms=$(ds_boot "$maxppn" --radix "$r" $DVMD_ARGS)
     echo "$n,$((n + 1)),$r,$ms" >>"$BOOTCSV"
     ds_say "N=$n radix=$r: DVM ready in $ms ms"
     # The daemons' own collectives (no PMIx, no ranks) on the same DVM, for comparison.
@@ -158,6 +162,7 @@ for n in "${NODES[@]}"; do
     ds_pterm
   done
 done
+ds_tasks >>"$OUT/$NAME-tasks.txt"
 ds_collect "$tmp/results"
 cp "$tmp/results/hnp.log" "$OUT/$NAME-hnp.log" 2>/dev/null || true
 ds_down
