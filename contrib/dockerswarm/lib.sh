@@ -25,6 +25,7 @@ DS_KEEP="${DS_KEEP:-0}"
 DS_BINS="${DS_BINS:-}"          # directory with dvmd, prun, pterm, dvm-bench (default: build release)
 DS_SWARM_INITED=0
 DS_SWARM_BEFORE=""
+DS_GWBRIDGE_BEFORE=1
 DS_UP=0
 DS_NODES=0
 DS_IMAGE=""
@@ -167,6 +168,10 @@ ds_up() {
   local n=$1
   DS_NODES=$n
   DS_SWARM_BEFORE=$(ds_swarm_state)
+  # swarm init creates docker_gwbridge (and ingress); a run that initializes the swarm removes
+  # it again when it did not exist before.
+  DS_GWBRIDGE_BEFORE=0
+  docker network inspect docker_gwbridge >/dev/null 2>&1 && DS_GWBRIDGE_BEFORE=1
   case "$DS_SWARM_BEFORE" in
     inactive)
       docker swarm init --advertise-addr 127.0.0.1 >/dev/null || ds_die "docker swarm init --advertise-addr 127.0.0.1 failed."
@@ -267,6 +272,8 @@ ds_stop_service() {
 ds_down() {
   [ "$DS_UP" -eq 1 ] || return 0
   set +e
+  # A second Ctrl-C or a TERM during the teardown must not abandon it half-way.
+  trap '' INT TERM
   if [ "$DS_KEEP" -eq 1 ]; then
     ds_say "--keep: left running: head $DS_HEAD, service $DS_SVC, network $DS_NET$([ "$DS_SWARM_INITED" -eq 1 ] && echo ', swarm (initialized by this run)')"
     ds_say "remove them with: docker rm -f $DS_HEAD; docker service rm $DS_SVC; docker network rm $DS_NET$([ "$DS_SWARM_INITED" -eq 1 ] && echo '; docker swarm leave --force')"
@@ -286,6 +293,13 @@ ds_down() {
   if [ "$DS_SWARM_INITED" -eq 1 ]; then
     docker swarm leave --force >/dev/null 2>&1
     DS_SWARM_INITED=0
+    if [ "$DS_GWBRIDGE_BEFORE" -eq 0 ]; then
+      for i in $(seq 20); do
+        docker network inspect docker_gwbridge >/dev/null 2>&1 || break
+        docker network rm docker_gwbridge >/dev/null 2>&1 && break
+        sleep 0.5
+      done
+    fi
   fi
   DS_UP=0
   set -e
@@ -299,6 +313,9 @@ ds_verify_clean() {
     [ -z "$(docker service ls -q --filter "label=$DS_LABEL")" ] || left+=" services"
   fi
   [ -z "$(docker network ls -q --filter "label=$DS_LABEL")" ] || left+=" networks"
+  if [ "${DS_GWBRIDGE_BEFORE:-1}" -eq 0 ] && docker network inspect docker_gwbridge >/dev/null 2>&1; then
+    left+=" docker_gwbridge"
+  fi
   local now
   now=$(ds_swarm_state)
   [ -z "$DS_SWARM_BEFORE" ] || [ "$now" = "$DS_SWARM_BEFORE" ] || left+=" swarm-state($DS_SWARM_BEFORE→$now)"
