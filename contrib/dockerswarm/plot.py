@@ -72,14 +72,23 @@ def main():
             if x["iteration"] >= 2:
                 carried = ranks * nkeys * size * int(x["iteration"])
                 lines[(nodes, ppn, radix, mv)][carried].append(x["collect_us"] - x["barrier_us"])
+    import math
     for (nodes, ppn, radix, mv), by_b in sorted(lines.items()):
-        xs = sorted(by_b)
-        ax.plot(xs, [max(med(by_b[b]), 10.0) for b in xs], marker="o", markersize=3,
-                label=f"{nodes} nodes x {ppn} ppn, radix {radix}, {mv}")
+        # Medians over bins a factor 4 wide; bins whose median is not positive (collect no
+        # slower than barrier: noise on this shared host) are left out.
+        bins = defaultdict(list)
+        for b, ds in by_b.items():
+            bins[int(math.log(b, 4))].extend(ds)
+        pts = [(4 ** (k + 0.5), med(ds)) for k, ds in sorted(bins.items())]
+        pts = [(x, y) for x, y in pts if y > 0]
+        groups = sorted({(k[0], k[1]) for k in lines})
+        color = plt.cm.viridis(groups.index((nodes, ppn)) / max(len(groups) - 1, 1))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if radix == "64" else "--", marker="o",
+                markersize=3, color=color, label=f"{nodes} nodes x {ppn} ppn, radix {radix}, {mv}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("bytes carried: ranks x keys x size x iteration (libpmix re-sends earlier keys)")
-    ax.set_ylabel("collect - barrier fence, us (iterations 2..)")
+    ax.set_ylabel("collect - barrier, median us (iterations 2.., bins x4)")
     ax.set_title("PMIx collecting fence: cost of the data")
     ax.grid(True, which="both", alpha=0.3)
     if lines:
@@ -109,6 +118,7 @@ def main():
     if ns:
         ax.plot(ns, [165 + 40 * (x - 1) for x in ns], "k--", marker="x",
                 label="PRRTE published 165 + 40(N-1) us (radix 64)")
+    ax.set_yscale("log")
     ax.set_xlabel("N (node containers; the HNP adds one daemon)")
     ax.set_ylabel("barrier fence, median us")
     ax.set_title("PMIx barrier (no data) vs DVM size, 2-core host")
