@@ -105,7 +105,7 @@ ds_build_images() {
   if [ -z "$bins" ]; then
     ds_say "building release binaries (cargo build --release --bins)"
     (cd "$DS_REPO" && nice -n 10 cargo build --release --bins --quiet) || ds_die "cargo build --release --bins failed."
-    bins="$DS_REPO/target/release"
+    bins="${CARGO_TARGET_DIR:-$DS_REPO/target}/release"
   fi
   local b
   for b in dvmd prun pterm dvm-bench; do
