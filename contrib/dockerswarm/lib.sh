@@ -213,8 +213,12 @@ ds_wait_ssh() {
     || ds_die "the head cannot reach sshd on every node of $DS_SVC."
 }
 
-# Runs a bash command line in the head container (stdin passed through).
-ds_head() { docker exec -i "$DS_HEAD" bash -c "$1"; }
+# Runs a bash command line in the head container (stdin passed through). In the background
+# plus `wait`, so a TERM or INT reaches the traps at once instead of after the command.
+ds_head() {
+  docker exec -i "$DS_HEAD" bash -c "$1" <&0 &
+  wait $!
+}
 
 # The --host list for N nodes with S slots each.
 ds_hosts() {
