@@ -280,7 +280,7 @@ ds_down() {
   trap '' INT TERM
   if [ "$DS_KEEP" -eq 1 ]; then
     ds_say "--keep: left running: head $DS_HEAD, service $DS_SVC, network $DS_NET$([ "$DS_SWARM_INITED" -eq 1 ] && echo ', swarm (initialized by this run)')"
-    ds_say "remove them with: docker rm -f $DS_HEAD; docker service rm $DS_SVC; docker network rm $DS_NET$([ "$DS_SWARM_INITED" -eq 1 ] && echo '; docker swarm leave --force')"
+    ds_say "remove them with: docker rm -f $DS_HEAD; docker service rm $DS_SVC; sleep 10; docker network rm $DS_NET$([ "$DS_SWARM_INITED" -eq 1 ] && echo '; docker swarm leave --force')"
     DS_UP=0
     return 0
   fi

@@ -26,7 +26,7 @@ usage: swarm.sh [--nodes N] [--slots S] [--radix R] [--dvmd-args 'OPTS'] [--out 
   --out DIR      where /results of the head lands (default ./swarm-out)
   --bins DIR     use these dvmd/prun/pterm/dvm-bench (default: cargo build --release --bins)
   --no-boot      start the containers only; COMMAND boots what it wants
-  --keep         leave containers, service, network (and a swarm this run initialized) up
+  --keep         leave the DVM, containers, service, network (and a swarm this run initialized) up
   --build        build (or find cached) images and stop
   --clean        remove every image this tool built
   COMMAND        bash command line run in the head (default: a hostname job on every node)
@@ -74,7 +74,8 @@ if [ "$boot" -eq 1 ]; then
   ds_say "DVM ready on $nodes nodes (+ head) at radix $radix in $ms ms"
 fi
 ds_head "cd /results && $cmd" || status=$?
-[ "$boot" -eq 0 ] || ds_pterm
+# With --keep the DVM stays up too, for a look inside (docker exec -it HEAD bash; pterm there).
+[ "$boot" -eq 0 ] || [ "$DS_KEEP" -eq 1 ] || ds_pterm
 ds_collect "$out"
 ds_down
 [ "$DS_KEEP" -eq 1 ] || ds_verify_clean
