@@ -4,7 +4,7 @@
 Reads DIR/NAME.csv (scaletest rows), DIR/NAME-mpi.csv and DIR/NAME-boot.csv; writes
 DIR/NAME-modex.png (collect - barrier vs total modex bytes), DIR/NAME-barrier.png (barrier vs
 N with PRRTE's published 165 + 40(N-1) us line) and DIR/NAME-tables.md. Iteration 1 is kept
-apart: steady state is the median over iterations 2..I.
+apart: steady state is the median over the other rows (iterations 2..I, or jobs 2..R).
 """
 import argparse
 import csv
@@ -45,11 +45,14 @@ def main():
     for r in rows:
         key = (int(r["nodes"]), int(r["ppn"]), int(r["ranks"]), r["radix"], r["movement"], r["mode"],
                int(r["size"]), int(r["nkeys"]))
-        cfg[key].append({k: float(r[k]) for k in ("iteration", "collect_us", "barrier_us", "get_us")})
+        row = {k: float(r[k]) for k in ("iteration", "collect_us", "barrier_us", "get_us")}
+        row["job"] = int(r.get("job") or 1)
+        cfg[key].append(row)
 
     summary = []
     for key in sorted(cfg, key=lambda k: (k[5], k[0], k[1], k[3], k[4], k[6])):
-        its = sorted(cfg[key], key=lambda x: x["iteration"])
+        # The first row (job 1, iteration 1) is cold; the rest is the steady state.
+        its = sorted(cfg[key], key=lambda x: (x["job"], x["iteration"]))
         first = its[0]
         steady = its[1:] or its
         s = {m: med([x[m] for x in steady]) for m in ("collect_us", "barrier_us", "get_us")}
@@ -59,40 +62,47 @@ def main():
         s["last_it"] = int(its[-1]["iteration"])
         summary.append((key, first, s, len(steady)))
 
-    # Plot 1: collect - barrier vs the bytes the fence carried. libpmix 4.2's server sends every
-    # key a proc ever committed at each collecting fence (fresh key names do not help), so
-    # iteration k of a job carries ranks x keys x size x k bytes. Iteration 1 is cold: left out.
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines = defaultdict(lambda: defaultdict(list))
+    # Plot 1: collect - barrier (left) and the collecting fence itself (right) vs the bytes the
+    # fence carried. libpmix 4.2's server sends every key a proc ever committed at each
+    # collecting fence (fresh key names do not help), so iteration k of a job carries
+    # ranks x keys x size x k bytes. The first row is cold: left out. On an oversubscribed host
+    # the barrier right after a collecting fence also absorbs the ranks' skew, so the difference
+    # can be negative: the right panel does not depend on it.
+    import math
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    series = {"diff": defaultdict(lambda: defaultdict(list)), "collect": defaultdict(lambda: defaultdict(list))}
     for key, its in cfg.items():
         nodes, ppn, ranks, radix, mv, mode, size, nkeys = key
         if mode != "all":
             continue
-        for x in its:
-            if x["iteration"] >= 2:
-                carried = ranks * nkeys * size * int(x["iteration"])
-                lines[(nodes, ppn, radix, mv)][carried].append(x["collect_us"] - x["barrier_us"])
-    import math
-    for (nodes, ppn, radix, mv), by_b in sorted(lines.items()):
-        # Medians over bins a factor 4 wide; bins whose median is not positive (collect no
-        # slower than barrier: noise on this shared host) are left out.
-        bins = defaultdict(list)
-        for b, ds in by_b.items():
-            bins[int(math.log(b, 4))].extend(ds)
-        pts = [(4 ** (k + 0.5), med(ds)) for k, ds in sorted(bins.items())]
-        pts = [(x, y) for x, y in pts if y > 0]
-        groups = sorted({(k[0], k[1]) for k in lines})
-        color = plt.cm.viridis(groups.index((nodes, ppn)) / max(len(groups) - 1, 1))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if radix == "64" else "--", marker="o",
-                markersize=3, color=color, label=f"{nodes} nodes x {ppn} ppn, radix {radix}, {mv}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("bytes carried: ranks x keys x size x iteration (libpmix re-sends earlier keys)")
-    ax.set_ylabel("collect - barrier, median us (iterations 2.., bins x4)")
-    ax.set_title("PMIx collecting fence: cost of the data")
-    ax.grid(True, which="both", alpha=0.3)
-    if lines:
-        ax.legend(fontsize=7)
+        for x in sorted(its, key=lambda x: (x["job"], x["iteration"]))[1:]:
+            carried = ranks * nkeys * size * int(x["iteration"])
+            series["diff"][(nodes, ppn, radix, mv)][carried].append(x["collect_us"] - x["barrier_us"])
+            series["collect"][(nodes, ppn, radix, mv)][carried].append(x["collect_us"])
+    groups = sorted({(k[0], k[1]) for k in series["collect"]})
+    for ax, which, ylabel in ((axes[0], "diff", "collect - barrier, median us"),
+                              (axes[1], "collect", "collecting fence, median us")):
+        for (nodes, ppn, radix, mv), by_b in sorted(series[which].items()):
+            # Medians over bins a factor 4 wide; non-positive medians are left out.
+            bins = defaultdict(list)
+            for b, ds in by_b.items():
+                bins[int(math.log(b, 4))].extend(ds)
+            pts = [(4 ** (k + 0.5), med(ds)) for k, ds in sorted(bins.items())]
+            pts = [(x, y) for x, y in pts if y > 0]
+            if not pts:
+                continue
+            color = plt.cm.viridis(groups.index((nodes, ppn)) / max(len(groups) - 1, 1))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if radix == "64" else "--", marker="o",
+                    markersize=3, color=color, label=f"{nodes} nodes x {ppn} ppn, radix {radix}, {mv}")
+        if ax.lines:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("bytes carried: ranks x keys x size x iteration")
+        ax.set_ylabel(ylabel + " (bins x4, first row left out)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_title("cost of the data: collect - barrier")
+    axes[1].set_title("collecting PMIx_Fence")
     fig.tight_layout()
     fig.savefig(base + "-modex.png", dpi=110)
     plt.close(fig)
@@ -102,7 +112,7 @@ def main():
     bar = defaultdict(lambda: defaultdict(list))
     for key, its in cfg.items():
         nodes, ppn, ranks, radix, mv, mode, size, nkeys = key
-        steady = sorted(its, key=lambda x: x["iteration"])[1:] or its
+        steady = sorted(its, key=lambda x: (x["job"], x["iteration"]))[1:] or its
         bar[(radix, ppn)][nodes].extend(x["barrier_us"] for x in steady)
     ns = sorted({k[0] for k in cfg})
     for (radix, ppn), by_n in sorted(bar.items()):
@@ -118,7 +128,8 @@ def main():
     if ns:
         ax.plot(ns, [165 + 40 * (x - 1) for x in ns], "k--", marker="x",
                 label="PRRTE published 165 + 40(N-1) us (radix 64)")
-    ax.set_yscale("log")
+    if any(y > 0 for line in ax.lines for y in line.get_ydata()):
+        ax.set_yscale("log")
     ax.set_xlabel("N (node containers; the HNP adds one daemon)")
     ax.set_ylabel("barrier fence, median us")
     ax.set_title("PMIx barrier (no data) vs DVM size, 2-core host")
@@ -129,7 +140,7 @@ def main():
     plt.close(fig)
 
     out = []
-    out.append(f"### scaletest ({a.name}.csv): iteration 1 vs median of iterations 2..I, max over ranks, us\n")
+    out.append(f"### scaletest ({a.name}.csv): the first row (job 1, iteration 1) vs median of the others, max over ranks, us\n")
     out.append("Iteration k carries k x size bytes per rank (libpmix re-sends every committed key), so for "
                "large sizes the 2..I medians mix 2..I x size; the last column is the last iteration's collect.\n")
     out.append("| nodes | ppn | ranks | radix | mode | size B | it1 collect | it1 barrier | it1 get "

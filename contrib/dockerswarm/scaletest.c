@@ -108,20 +108,25 @@ static pmix_value_t *get_from(uint32_t rank, const char *key) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: scaletest [--size BYTES] [--nkeys K] [--iters N] [--neighbors] [--seed S]\n"
-            "                 [--radix R] [--movement M] [--header]\n"
+            "                 [--warmup W] [--radix R] [--movement M] [--header]\n"
+            "  --warmup W: W untimed fence rounds with no data before iteration 1.\n"
+            "  libpmix re-sends every key a rank committed at each collecting fence: iteration k\n"
+            "  carries k x nkeys x size per rank. For fences of a fixed size use --iters 1 and\n"
+            "  several jobs.\n"
             "  --radix and --movement only label the CSV rows (the DVM's settings).\n");
 }
 
 int main(int argc, char **argv) {
     size_t size = 64;
-    int nkeys = 1, iters = 5, neighbors = 0, header = 0;
+    int nkeys = 1, iters = 5, neighbors = 0, header = 0, warmup = 0;
     uint64_t seed = 0x5ca1e7e57ull;
     const char *radix = "?", *movement = "tree";
     static struct option opts[] = {{"size", required_argument, 0, 's'},    {"nkeys", required_argument, 0, 'k'},
                                    {"iters", required_argument, 0, 'i'},   {"neighbors", no_argument, 0, 'n'},
                                    {"seed", required_argument, 0, 'S'},    {"radix", required_argument, 0, 'r'},
                                    {"movement", required_argument, 0, 'm'}, {"header", no_argument, 0, 'H'},
-                                   {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+                                   {"warmup", required_argument, 0, 'w'},  {"help", no_argument, 0, 'h'},
+                                   {0, 0, 0, 0}};
     int c;
     char *end;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -131,6 +136,7 @@ int main(int argc, char **argv) {
         case 'k': nkeys = (int)strtol(optarg, &end, 10); if (*end || nkeys < 1) { fprintf(stderr, "scaletest: --nkeys %s is not a positive count\n", optarg); return 1; } break;
         case 'i': iters = (int)strtol(optarg, &end, 10); if (*end || iters < 1) { fprintf(stderr, "scaletest: --iters %s is not a positive count\n", optarg); return 1; } break;
         case 'n': neighbors = 1; break;
+        case 'w': warmup = (int)strtol(optarg, &end, 10); if (*end || warmup < 0) { fprintf(stderr, "scaletest: --warmup %s is not a count\n", optarg); return 1; } break;
         case 'S': seed = strtoull(optarg, &end, 0); if (*end) { fprintf(stderr, "scaletest: --seed %s is not a number\n", optarg); return 1; } break;
         case 'r': radix = optarg; break;
         case 'm': movement = optarg; break;
@@ -165,6 +171,12 @@ int main(int argc, char **argv) {
 
     char key[PMIX_MAX_KEYLEN + 1];
     fence(false); /* every rank is up before the first timed fence */
+    /* Warm-up rounds put nothing, so they warm the fence path without adding data that later
+     * collecting fences would carry again (libpmix re-sends every committed key). */
+    for (int w = 0; w < warmup; w++) {
+        fence(!neighbors);
+        fence(false);
+    }
     for (int it = 1; it <= iters; it++) {
         for (int k = 0; k < nkeys; k++) {
             fill(mine, size, seed, me.rank, it, k);

@@ -25,7 +25,11 @@ usage: scaletest.sh [--nodes LIST] [--ppn LIST] [--radix LIST] [--sizes LIST] [-
   --radix     dvmd --radix values (default 2,64; --quick: 64)
   --sizes     bytes per key (default 64,1024,8192,65536; --quick: 64,8192)
   --nkeys     keys per rank per iteration (default 1)
-  --iters     iterations per scaletest job (default 10; --quick: 4); iteration 1 is reported apart
+  --iters     iterations per scaletest job (default 10; --quick: 4); iteration 1 is reported apart.
+              libpmix re-sends every committed key, so iteration k carries k x size per rank
+  --jobs      scaletest jobs per configuration (default 1); '--iters 1 --jobs R --warmup 2'
+              gives R fences of exactly ranks x size bytes (job 1 is reported apart)
+  --warmup    untimed fence rounds with no data before iteration 1 (default 0)
   --modes     'all' (collecting fence, get every peer) and/or 'neighbors' (non-collecting
               fence, get the two ring neighbours: direct modex) (default all,neighbors; --quick: all)
   --movement  the DVM's data movement; only 'tree' exists in the daemon today
@@ -42,7 +46,7 @@ quick=0 DVMD_ARGS=""
 declare -A opt=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --nodes|--ppn|--radix|--sizes|--nkeys|--iters|--modes|--movement|--mpi-reps|--mpi-max-ranks|--name|--out)
+    --nodes|--ppn|--radix|--sizes|--nkeys|--iters|--jobs|--warmup|--modes|--movement|--mpi-reps|--mpi-max-ranks|--name|--out)
       [ $# -ge 2 ] || ds_die "$1 needs a value."
       opt[${1#--}]=$2; shift 2 ;;
     --bins) DS_BINS=${2:?--bins needs a directory}; shift 2 ;;
@@ -68,6 +72,8 @@ NKEYS=${opt[nkeys]:-1}
 BENCH_COUNT=$([ "$quick" -eq 1 ] && echo 50 || echo 200)
 ITERS=${opt[iters]:-$def_iters}
 REPS=${opt[mpi-reps]:-$def_reps}
+JOBS=${opt[jobs]:-1}
+WARMUP=${opt[warmup]:-0}
 MPI_MAX=${opt[mpi-max-ranks]:-32}
 NAME=${opt[name]:-$def_name}
 OUT=${opt[out]:-$DS_REPO/docs/scaletest}
@@ -77,7 +83,8 @@ for v in "${NODES[@]}"; do posint --nodes "$v"; done
 for v in "${PPNS[@]}"; do posint --ppn "$v"; done
 for v in "${SIZES[@]}"; do posint --sizes "$v"; done
 for v in "${RADIXES[@]}"; do posint --radix "$v"; [ "$v" -ge 2 ] || ds_die "--radix $v is below 2."; done
-posint --nkeys "$NKEYS"; posint --iters "$ITERS"; posint --mpi-reps "$REPS"; posint --mpi-max-ranks "$MPI_MAX"
+posint --nkeys "$NKEYS"; posint --iters "$ITERS"; posint --mpi-reps "$REPS"; posint --mpi-max-ranks "$MPI_MAX"; posint --jobs "$JOBS"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || ds_die "--warmup value '$WARMUP' is not a count."
 for m in "${MOVEMENTS[@]}"; do
   [ "$m" = tree ] || ds_die "--movement $m does not exist in the daemon yet; only 'tree' is valid."
 done
@@ -94,7 +101,7 @@ ds_lock
 mkdir -p "$OUT"
 CSV="$OUT/$NAME.csv" MPICSV="$OUT/$NAME-mpi.csv" BOOTCSV="$OUT/$NAME-boot.csv" LOG="$OUT/$NAME.log"
 BENCHCSV="$OUT/$NAME-bench.csv"
-echo "nodes,ppn,ranks,radix,movement,mode,size,nkeys,iteration,collect_us,barrier_us,get_us" >"$CSV"
+echo "nodes,ppn,ranks,radix,movement,mode,size,nkeys,iteration,collect_us,barrier_us,get_us,job" >"$CSV"
 echo "nodes,ppn,ranks,radix,program,rep,wall_ms,init_us" >"$MPICSV"
 echo "nodes,daemons,radix,boot_ms" >"$BOOTCSV"
 echo "nodes,op,bytes,daemons,radix,depth,alpha_us,beta_ns_per_byte,p50_us,p99_us,model_us,ratio" >"$BENCHCSV"
@@ -158,13 +165,15 @@ for n in "${NODES[@]}"; do
         for mode in "${MODES[@]}"; do
           flag=""; [ "$mode" = all ] || flag=--neighbors
           for s in "${SIZES[@]}"; do
-            if ms=$(timed_prun "$tmp/st.out" "-N $p -n $np scaletest --size $s --nkeys $NKEYS --iters $ITERS --radix $r --movement $mv $flag"); then
-              grep -E '^[0-9]+,' "$tmp/st.out" >>"$CSV" || true
-              ds_say "N=$n radix=$r ppn=$p $mode size=$s: $ITERS iterations in $ms ms"
-            else
-              failures+=("N=$n radix=$r ppn=$p mode=$mode size=$s: scaletest failed (see $LOG)")
-              ds_say "${failures[-1]}"
-            fi
+            for j in $(seq 1 "$JOBS"); do
+              if ms=$(timed_prun "$tmp/st.out" "-N $p -n $np scaletest --size $s --nkeys $NKEYS --iters $ITERS --warmup $WARMUP --radix $r --movement $mv $flag"); then
+                grep -E '^[0-9]+,' "$tmp/st.out" | sed "s/\$/,$j/" >>"$CSV" || true
+                ds_say "N=$n radix=$r ppn=$p $mode size=$s job $j: $ITERS iterations in $ms ms"
+              else
+                failures+=("N=$n radix=$r ppn=$p mode=$mode size=$s job $j: scaletest failed (see $LOG)")
+                ds_say "${failures[-1]}"
+              fi
+            done
           done
         done
       done
@@ -179,7 +188,7 @@ ds_down
 [ "$DS_KEEP" -eq 1 ] || ds_verify_clean
 ds_say "sweep took $((SECONDS - t_start)) s"
 
-"$PY" "$DS_DIR/plot.py" --name "$NAME" "$OUT" >&2 || ds_die "plotting $CSV failed (python3 with matplotlib is needed: apt-get install -y python3-matplotlib)."
+"$PY" "$DS_DIR/plot.py" --name "$NAME" "$OUT" >&2 || ds_die "contrib/dockerswarm/plot.py failed on $CSV (its error is above)."
 rows=$(($(wc -l <"$CSV") - 1))
 [ "$rows" -gt 0 ] || ds_die "no scaletest row was measured (see $LOG)."
 if [ ${#failures[@]} -gt 0 ]; then
