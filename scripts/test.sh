@@ -17,6 +17,9 @@ export DVM_TEST_SKIP_DIR="$skips"
 
 status=0
 cargo test --workspace --no-fail-fast -- --test-threads="${DVM_TEST_THREADS:-2}" || status=$?
+# Real containers: a 4-node docker swarm boots the DVM and runs MPI and scaletest jobs
+# (contrib/dockerswarm/smoke.sh; it records a skip where docker is not usable).
+contrib/dockerswarm/smoke.sh --bins target/debug || status=$?
 
 records=("$skips"/*.skip)
 [ -e "${records[0]}" ] || records=()
