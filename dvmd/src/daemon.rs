@@ -108,17 +108,24 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn new(me: Rank, host: String, topo: Topology, t: Transport, epoch: u64, hnp: Option<Hnp>) -> Daemon {
+        Daemon::with_grpcomm(me, host, topo, t, epoch, hnp, Config::default())
+    }
+
+    /// Like [`Daemon::new`] with this collective configuration (every daemon of a DVM must
+    /// hold the same, e.g. `--fence-movement`).
+    pub fn with_grpcomm(
+        me: Rank,
+        host: String,
+        topo: Topology,
+        t: Transport,
+        epoch: u64,
+        hnp: Option<Hnp>,
+        grpcomm: Config,
+    ) -> Daemon {
         let (odls_tx, odls_rx) = mpsc::unbounded_channel();
         let (input_tx, input_rx) = mpsc::unbounded_channel();
         let (pmix_tx, pmix_rx) = mpsc::unbounded_channel();
-        let cfg = CoreConfig {
-            me,
-            host: host.clone(),
-            epoch,
-            radix: topo.radix(),
-            size: topo.size(),
-            grpcomm: Config::default(),
-        };
+        let cfg = CoreConfig { me, host: host.clone(), epoch, radix: topo.radix(), size: topo.size(), grpcomm };
         let core = Core::new(cfg, hnp.as_ref().map(|h| h.own.clone()))
             .expect("the topology was built from the same radix and size");
         Daemon {

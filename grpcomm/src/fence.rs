@@ -1,11 +1,17 @@
-//! Fence: barrier and modex over a participant set, rolled up the routing tree.
+//! Fence: barrier and modex over a participant set. This file is the framing; the movements
+//! are `tree.rs` (rollup and release) and `allgather.rs` (lateral exchange, no release).
 //!
-//! Owns: the per-signature sequence counters, one `tracker::FenceTracker` per fence in flight
+//! Framing owns: the per-signature sequence counters, one `tracker::FenceTracker` per fence in flight
 //! (signature, seq), the stash of contributions from a newer topology epoch, the list of
 //! daemons each repair failed, and a short memory of results per signature (to answer
 //! contributions re-sent after a repair).
 //!
-//! How a fence travels: every daemon whose subtree holds a participant keeps a tracker with a
+//! It also owns the choice of movement (the configured mode, the collect flag and the
+//! participant count: inputs every participant holds alike), the deadline, the error rollup
+//! (errors of every movement go up the tree and come down as the root's release), the lost
+//! participants, `forget`, and the movement check on every contribution and block.
+//!
+//! How a tree fence travels: every daemon whose subtree holds a participant keeps a tracker with a
 //! slot per such child plus its own slot when it participates. A full tracker sends ONE merged
 //! contribution to its parent; the topology root produces the result and releases it down to
 //! every child whose subtree holds a participant. Errors (timeout, movement mismatch, bad
@@ -26,23 +32,34 @@
 //! daemon that missed a release (its relay died) is answered from the result memory, so the
 //! last success per signature is kept until the next one.
 
+mod allgather;
 mod tracker;
+mod tree;
 mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceContrib, FenceRelease};
+use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock, FenceContrib, FenceRelease};
 use dvm_proto::Message;
-use dvm_rml::topology::{Rank, RepairDelta, Route};
+use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
+use crate::allgather::exchange::Exchange;
 use crate::{Ctx, Effect, Movement};
-use tracker::{child_slots, lost, Agreement, FenceTracker, OwnSlot, SubtreeContrib};
+use tracker::{child_slots, lost, FenceTracker, OwnSlot, Run, SubtreeContrib};
 
 /// Results kept per signature after retirement, to answer contributions re-sent after a repair
 /// (plus the last success, which later failures cannot push out).
 const RECENT_PER_SIGNATURE: usize = 8;
+
+/// Allgather blocks are held for fences at most this many ahead of this daemon's next start
+/// (a peer runs ahead by the fences it started without waiting for the previous ones, and by
+/// fences that failed before this daemon started them); anything further is dropped by name.
+const HOLD_AHEAD: u64 = 1024;
+
+/// Forgotten signatures remembered (see `FenceState::forgotten`).
+const FORGOTTEN_KEPT: usize = 16;
 
 /// The daemons taking part in a fence.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -150,6 +167,10 @@ struct SigRecord {
     /// The last fence that succeeded. A participant still waiting for it holds up every later
     /// fence over the signature, so those can only fail; this must outlive their errors.
     last_ok: Option<(u64, Bytes)>,
+    /// The last allgather this daemon finished, kept until the next one finishes: a partner
+    /// whose lateral link was lost may still wait for blocks sent just before the end (it is
+    /// at most one fence behind, since this daemon cannot finish the next without it).
+    finished: Option<(u64, Box<Exchange>)>,
 }
 
 impl SigRecord {
@@ -196,6 +217,10 @@ impl FenceState {
             Some(rec) if !rec.trackers.is_empty() => false,
             Some(_) => {
                 self.sigs.remove(sig);
+                if self.forgotten.len() == FORGOTTEN_KEPT {
+                    self.forgotten.pop_front();
+                }
+                self.forgotten.push_back(sig.clone());
                 true
             }
             None => true,
@@ -208,6 +233,9 @@ pub(crate) struct FenceState {
     sigs: BTreeMap<FenceSignature, SigRecord>,
     /// Contributions from a newer topology epoch than ours, replayed when we catch up.
     stash: Vec<(Rank, FenceContrib)>,
+    /// The last signatures forgotten: an allgather block re-sent late (after a lateral loss)
+    /// for one of them is dropped instead of opening a tracker nobody will ever start.
+    forgotten: VecDeque<FenceSignature>,
     /// Daemons newly failed by each repair, in the order applied (identical on every daemon):
     /// the source of a deterministic `LostConnection` list.
     repairs: Vec<Vec<Rank>>,
@@ -224,7 +252,8 @@ fn dropped(ctx: &mut Ctx<'_>, from: Rank, reason: String) {
 }
 
 /// Remove the tracker, remember the result, forward it to every child holding a participant
-/// (but not back to `from`), then emit it if this daemon started the fence.
+/// (but not back to `from`; a success only for movements that release), then emit it if this
+/// daemon started the fence.
 fn retire(
     ctx: &mut Ctx<'_>,
     sig: &FenceSignature,
@@ -233,21 +262,44 @@ fn retire(
     result: FenceResult,
     from: Option<Rank>,
 ) {
-    let started = rec.trackers.remove(&seq).is_some_and(|t| t.started());
+    let mut t = rec.trackers.remove(&seq);
+    let started = t.as_ref().is_some_and(FenceTracker::started);
+    let release = result.is_err() || t.as_ref().is_none_or(FenceTracker::releases_success);
+    if let Some(Run::Allgather(ex)) = t.as_mut().map(|t| std::mem::replace(&mut t.run, Run::Tree)) {
+        if result.is_ok() {
+            rec.finished = Some((seq, ex));
+        }
+    }
     rec.remember(seq, result.clone());
     if let Err(e) = &result {
         if !started && sig.participants.contains(ctx.topo.me()) && seq >= rec.started {
             rec.early_errors.insert(seq, e.clone());
         }
     }
-    let msg = wire::release_msg(sig, seq, &result);
+    if release {
+        release_down(ctx, sig, seq, &result, from);
+    }
+    if started {
+        emit(ctx, sig, seq, result);
+    }
+}
+
+/// The result to every child whose subtree holds a participant, except `from`.
+fn release_down(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: &FenceResult, from: Option<Rank>) {
+    let msg = wire::release_msg(sig, seq, result);
     for c in child_slots(ctx.topo, &sig.participants) {
         if Some(c) != from {
             ctx.send(c, Body::Release(msg.clone()));
         }
     }
-    if started {
-        emit(ctx, sig, seq, result);
+}
+
+/// Let the fence's movement act on what it holds now.
+fn progress(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
+    match rec.trackers.get(&seq).map(|t| &t.run) {
+        Some(Run::Allgather(_)) => allgather::drive(ctx, sig, seq, rec),
+        Some(Run::Tree | Run::Pending { .. }) => tree::progress(ctx, sig, seq, rec),
+        None => {}
     }
 }
 
@@ -292,96 +344,6 @@ fn send_error_up(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, t: &FenceTra
     ctx.send(parent, Body::Contrib(m));
 }
 
-/// If every slot is in: the root completes the fence, anyone else sends the merge up once.
-fn progress(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
-    let me = ctx.topo.me();
-    let Some(t) = rec.trackers.get_mut(&seq) else { return };
-    if t.failed.is_some() || t.sent_up || !t.ready() {
-        return;
-    }
-    let movement = match t.agreement(me) {
-        Agreement::Agreed(m) => m,
-        Agreement::Mismatch { expected, got, daemon } => {
-            let err = FenceError::MovementMismatch {
-                expected: Movement::name_of(expected),
-                got: Movement::name_of(got),
-                daemon,
-            };
-            return fail(ctx, sig, seq, rec, err);
-        }
-    };
-    let gather = movement == Movement::TreeGatherRelease.id();
-    let merged = match t.merge(me, gather) {
-        Ok(m) => m,
-        Err(e) => return fail(ctx, sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {e}"))),
-    };
-    if ctx.topo.is_root() {
-        let result = root_result(ctx, sig, seq, movement, merged);
-        retire(ctx, sig, seq, rec, result, None);
-        return;
-    }
-    t.sent_up = true;
-    let m = FenceContrib {
-        sig: Some(wire::sig_to_wire(sig)),
-        seq,
-        movement,
-        topo_epoch: ctx.topo.epoch(),
-        count: merged.count,
-        entries: merged.entries,
-        status: 0,
-        error: String::new(),
-    };
-    if let Some(parent) = ctx.topo.parent() {
-        ctx.send(parent, Body::Contrib(m));
-    }
-}
-
-fn root_result(ctx: &Ctx<'_>, sig: &FenceSignature, seq: u64, movement: u32, merged: SubtreeContrib) -> FenceResult {
-    let expected = tracker::participant_count(ctx.topo, &sig.participants);
-    if u64::from(merged.count) != expected {
-        return Err(FenceError::Protocol(format!(
-            "root daemon {} counted {} participants in fence {seq}, expected {expected}",
-            ctx.topo.me(),
-            merged.count
-        )));
-    }
-    match Movement::from_id(movement) {
-        Some(Movement::TreeBarrier) => Ok(Bytes::new()),
-        Some(Movement::TreeGatherRelease) => Ok(tracker::concat(&merged.entries)),
-        _ => Err(FenceError::Protocol(format!(
-            "every participant chose {}, which cannot carry a fence",
-            Movement::name_of(movement)
-        ))),
-    }
-}
-
-/// A gather contribution must hold one entry per counted participant of the sender's subtree.
-fn check_entries(ctx: &Ctx<'_>, sig: &FenceSignature, from: Rank, m: &FenceContrib) -> Result<(), String> {
-    if m.count == 0 {
-        return Err(format!("child {from} contributed zero participants"));
-    }
-    if m.movement != Movement::TreeGatherRelease.id() {
-        return Ok(());
-    }
-    if m.entries.len() != m.count as usize {
-        return Err(format!("child {from} counted {} participants but sent {} entries", m.count, m.entries.len()));
-    }
-    let mut prev = None;
-    for e in &m.entries {
-        if prev.is_some_and(|p| p >= e.daemon) {
-            return Err(format!("child {from} sent entries out of daemon order at {}", e.daemon));
-        }
-        prev = Some(e.daemon);
-        if !sig.participants.contains(e.daemon) || ctx.topo.route_to(e.daemon) != Route::Down(from) {
-            return Err(format!(
-                "child {from} sent an entry for daemon {}, not a participant of its subtree",
-                e.daemon
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl FenceState {
     pub fn new() -> Self {
         Self::default()
@@ -400,6 +362,8 @@ impl FenceState {
             emit(ctx, &sig, current, Err(err));
             return FenceId { sig, seq: current };
         }
+        // A forgotten signature is never used again; if it is anyway, it is live from now on.
+        self.forgotten.retain(|f| f != &sig);
         let rec = self.sigs.entry(sig.clone()).or_default();
         let seq = rec.started;
         rec.started += 1;
@@ -416,21 +380,43 @@ impl FenceState {
             emit(ctx, &sig, seq, result);
             return id;
         }
-        let movement = ctx.cfg.movements.for_fence(req.collect).id();
-        let data = if movement == Movement::TreeGatherRelease.id() { req.data } else { Bytes::new() };
+        let count = tracker::participant_count(ctx.topo, &sig.participants);
+        let movement = ctx.cfg.fence_movement.for_fence(req.collect, count);
         let t = rec
             .trackers
             .entry(seq)
             .or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
-        t.own = OwnSlot::Filled { movement, data };
         if let Some(timeout) = req.timeout {
             let at = ctx.now.saturating_add(timeout);
             t.deadline = Some(at);
             t.timeout_ns = timeout;
             ctx.out.push(Effect::ArmTimer { at });
         }
-        debug!(rank = me, key = ?sig.key, seq, movement = Movement::name_of(movement), "fence started");
-        progress(ctx, &sig, seq, rec);
+        debug!(rank = me, key = ?sig.key, seq, movement = movement.name(), "fence started");
+        match movement {
+            // A barrier carries no data on any movement (a real one arrives with 8 bytes).
+            Movement::Allgather => {
+                let data = if req.collect { req.data } else { Bytes::new() };
+                allgather::start(ctx, &sig, seq, rec, data)
+            }
+            m => {
+                let data = if m == Movement::TreeGatherRelease { req.data } else { Bytes::new() };
+                t.own = OwnSlot::Filled { movement: m.id(), data };
+                let early = std::mem::replace(&mut t.run, Run::Tree);
+                if let Run::Pending { early } = early {
+                    if let Some((from, b)) = early.first() {
+                        let err = FenceError::MovementMismatch {
+                            expected: m.name().into(),
+                            got: Movement::name_of(b.movement),
+                            daemon: *from,
+                        };
+                        fail(ctx, &sig, seq, rec, err);
+                        return id;
+                    }
+                }
+                progress(ctx, &sig, seq, rec);
+            }
+        }
         id
     }
 
@@ -494,7 +480,15 @@ impl FenceState {
             debug!(rank = me, from, seq, "contribution to a fence that already failed here");
             return;
         }
-        if let Err(reason) = check_entries(ctx, &sig, from, &m) {
+        if let Run::Allgather(_) = t.run {
+            let err = FenceError::MovementMismatch {
+                expected: Movement::Allgather.name().into(),
+                got: Movement::name_of(m.movement),
+                daemon: from,
+            };
+            return fail(ctx, &sig, seq, rec, err);
+        }
+        if let Err(reason) = tree::check_entries(ctx, &sig, from, &m) {
             return fail(ctx, &sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {reason}")));
         }
         let Some(slot) = t.slot_mut(from) else { return };
@@ -508,6 +502,47 @@ impl FenceState {
         progress(ctx, &sig, seq, rec);
     }
 
+    /// An allgather block sent straight to this daemon by another participant.
+    pub fn on_block(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceBlock) {
+        let sig = match wire::sig_from_wire(m.sig.as_ref(), ctx.topo.size()) {
+            Ok(s) => s,
+            Err(reason) => return dropped(ctx, from, format!("allgather block (seq {}): {reason}", m.seq)),
+        };
+        // `from` is the last hop (a relay, when the block took a detour along the tree).
+        let (me, seq, sender) = (ctx.topo.me(), m.seq, m.sender);
+        if !sig.participants.contains(me) || !sig.participants.contains(sender) || sender == me {
+            let reason = format!(
+                "allgather block for fence {:?}#{seq} from {sender} to {me}: not two distinct participants",
+                sig.key
+            );
+            return dropped(ctx, from, reason);
+        }
+        if !lost(ctx.topo, &self.repairs, &sig.participants).is_empty() {
+            debug!(rank = me, sender, seq, "allgather block for a fence that lost a participant dropped");
+            return;
+        }
+        if !self.sigs.contains_key(&sig) && self.forgotten.contains(&sig) {
+            debug!(rank = me, sender, seq, "allgather block for a forgotten signature dropped");
+            return;
+        }
+        let rec = self.sigs.entry(sig.clone()).or_default();
+        if !rec.trackers.contains_key(&seq) {
+            if rec.is_retired(seq, true) {
+                debug!(rank = me, sender, seq, "allgather block for a retired fence");
+                return;
+            }
+            if seq >= rec.started.saturating_add(HOLD_AHEAD) {
+                let reason = format!(
+                    "allgather block for fence {:?}#{seq}, more than {HOLD_AHEAD} ahead of this daemon's next ({})",
+                    sig.key, rec.started
+                );
+                return dropped(ctx, from, reason);
+            }
+            rec.trackers.insert(seq, FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
+        }
+        allgather::on_block(ctx, sender, m, &sig, seq, rec);
+    }
+
     pub fn on_release(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceRelease) {
         let sig = match wire::sig_from_wire(m.sig.as_ref(), ctx.topo.size()) {
             Ok(s) => s,
@@ -519,6 +554,11 @@ impl FenceState {
         let rec = self.sigs.entry(sig.clone()).or_default();
         if !rec.trackers.contains_key(&seq) {
             if rec.is_retired(seq, participant) {
+                // A participant that finished an allgather on its own still passes another
+                // participant's failure down, so every daemon below hears it.
+                if result.is_err() && matches!(rec.result_of(seq), Some(Ok(_))) {
+                    release_down(ctx, &sig, seq, &result, Some(from));
+                }
                 debug!(rank = me, from, seq, "duplicate fence release");
                 return;
             }
@@ -556,12 +596,25 @@ impl FenceState {
                 }
                 t.reset_children(slots.clone());
                 if hit && t.failed.is_none() {
+                    if let Run::Allgather(_) = t.run {
+                        // Every survivor derives the same lost list: end the exchange here.
+                        retire(ctx, sig, seq, rec, Err(lost_err()), None);
+                        continue;
+                    }
                     t.failed = Some(lost_err());
                 }
                 match t.failed.clone() {
                     Some(err) if ctx.topo.is_root() => retire(ctx, sig, seq, rec, Err(err), None),
                     Some(_) => send_error_up(ctx, sig, seq, t),
-                    None => progress(ctx, sig, seq, rec),
+                    None => {
+                        allgather::resend_detours(ctx, sig, seq, rec);
+                        progress(ctx, sig, seq, rec);
+                    }
+                }
+            }
+            if let Some((seq, ex)) = &rec.finished {
+                for peer in ex.detours().collect::<Vec<_>>() {
+                    allgather::send_again(ctx, sig, *seq, ex, peer);
                 }
             }
             let new_parent = delta.parent_changed.and_then(|(_, p)| p);
@@ -583,8 +636,32 @@ impl FenceState {
         }
     }
 
-    /// Repair handles lost peers; a failed send alone changes nothing for a fence.
-    pub fn peer_unreachable(&mut self, _ctx: &mut Ctx<'_>, _peer: Rank) {}
+    /// A send to `peer` failed or its link was lost. Tree fences wait for the repair; an
+    /// allgather whose partner is still alive in the topology (a lateral link lost, not a
+    /// daemon) sends that partner's blocks along the tree instead. Never a repair.
+    pub fn peer_unreachable(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
+        let topo = ctx.topo;
+        let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
+        // A tree neighbour's link is the repair's business (a detour would take the same link).
+        if peer >= topo.size() || !topo.is_alive(peer) || peer == topo.me() || neighbour {
+            return;
+        }
+        for (sig, rec) in self.sigs.iter_mut() {
+            if !sig.participants.contains(peer) {
+                continue;
+            }
+            let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
+            for seq in seqs {
+                allgather::detour(ctx, sig, seq, rec, peer);
+            }
+            // Blocks sent just before this daemon finished may have been lost with the link.
+            if let Some((seq, ex)) = rec.finished.as_mut() {
+                if ex.detour(peer) {
+                    allgather::send_again(ctx, sig, *seq, ex, peer);
+                }
+            }
+        }
+    }
 
     pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
         let me = ctx.topo.me();
@@ -617,6 +694,7 @@ impl FenceState {
             .map(|r| {
                 r.trackers.values().map(FenceTracker::state_bytes).sum::<usize>()
                     + r.early_errors.len() * std::mem::size_of::<(u64, FenceError)>()
+                    + r.finished.as_ref().map_or(0, |(_, ex)| ex.state_bytes())
             })
             .sum();
         let stash: usize = self.stash.iter().map(|(_, m)| m.encoded_len()).sum();

@@ -11,8 +11,10 @@
 //! `sim` (thousands of instances in one process).
 //!
 //! Invariants:
-//! - `Effect::Send { to }` names the final destination; the carrier routes it hop by hop with
-//!   the same [`Topology`]. Tree messages always name a direct neighbour.
+//! - `Effect::Send { to, via }` names the final destination and how it travels: `Via::Tree`
+//!   is routed hop by hop by the carrier with the same [`Topology`] (tree messages always name
+//!   a direct neighbour); `Via::Direct` goes straight to `to` over a lateral link, whose loss
+//!   is never a tree loss and never repairs the tree.
 //! - Per-operation state is O(radix): per-child slots, never arrays sized by the DVM.
 //! - Time is an opaque `u64` (nanoseconds) handed in by the caller.
 
@@ -30,7 +32,7 @@ pub mod scatter;
 pub mod xcast;
 
 pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
-pub use movement::{Movement, MovementTable};
+pub use movement::{FenceMovementMode, Movement, UnknownMovement};
 pub use xcast::XcastId;
 
 /// Application tags carried by xcast and scatter.
@@ -58,8 +60,8 @@ pub struct Config {
     pub compress_threshold: usize,
     /// Tags processed before forwarding (they change the tree or the child set).
     pub process_first: BTreeSet<u32>,
-    /// How each operation travels.
-    pub movements: MovementTable,
+    /// Which movement fences use (every daemon of a DVM must hold the same).
+    pub fence_movement: FenceMovementMode,
     /// A non-root origin re-sends its xcast relay to the root if no Done came after this many
     /// nanoseconds (the root answers duplicates; nothing is delivered twice).
     pub relay_retry_ns: u64,
@@ -70,7 +72,7 @@ impl Default for Config {
         Config {
             compress_threshold: 16 * 1024,
             process_first: [tags::WIREUP, tags::DAEMON_DIED].into_iter().collect(),
-            movements: MovementTable::default(),
+            fence_movement: FenceMovementMode::default(),
             relay_retry_ns: 1_000_000_000,
         }
     }
@@ -79,8 +81,9 @@ impl Default for Config {
 /// An output of the state machines, to be carried out by the driver.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    /// Send `msg` to daemon `to` (routed by the carrier along `route_to`).
-    Send { to: Rank, msg: GrpcommMsg },
+    /// Send `msg` to daemon `to`, along the tree (routed by the carrier with `route_to`) or
+    /// directly (a lateral link).
+    Send { to: Rank, msg: GrpcommMsg, via: Via },
     /// An xcast delivered on this daemon, exactly once and in op-id order. For tags in
     /// `Config::process_first` the driver must call [`Grpcomm::xcast_processed`] once it has
     /// applied the payload; later ops wait until then.
@@ -98,6 +101,16 @@ pub enum Effect {
     Dropped { from: Rank, reason: String },
 }
 
+/// How a message travels to its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Via {
+    /// Hop by hop along the routing tree.
+    Tree,
+    /// Straight to the destination over a lateral link (a connection that is not a tree
+    /// edge). Its loss is never read as a lifeline or tree loss and never repairs the tree.
+    Direct,
+}
+
 /// The shared context handed to each sub-machine for one input.
 pub(crate) struct Ctx<'a> {
     pub topo: &'a Topology,
@@ -108,7 +121,12 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn send(&mut self, to: Rank, body: Body) {
-        self.out.push(Effect::Send { to, msg: GrpcommMsg { body: Some(body) } });
+        self.out.push(Effect::Send { to, msg: GrpcommMsg { body: Some(body) }, via: Via::Tree });
+    }
+
+    /// Straight to `to` over a lateral link.
+    pub fn send_direct(&mut self, to: Rank, body: Body) {
+        self.out.push(Effect::Send { to, msg: GrpcommMsg { body: Some(body) }, via: Via::Direct });
     }
 }
 
@@ -160,6 +178,7 @@ impl Grpcomm {
             Some(Body::Done(m)) => x.on_done(&mut ctx, from, m),
             Some(Body::Contrib(m)) => f.on_contrib(&mut ctx, from, m),
             Some(Body::Release(m)) => f.on_release(&mut ctx, from, m),
+            Some(Body::Block(m)) => f.on_block(&mut ctx, from, m),
             Some(Body::Scatter(m)) => s.on_scatter(&mut ctx, from, m),
             None => ctx.out.push(Effect::Dropped { from, reason: "empty grpcomm message".into() }),
         }

@@ -85,7 +85,7 @@ impl Net {
         let effects: Vec<Effect> = self.nodes[r as usize].drain().collect();
         for e in effects {
             match e {
-                Effect::Send { to, msg } => {
+                Effect::Send { to, msg, .. } => {
                     if let Some(Body::Forward(f)) = &msg.body {
                         if self.process_first(r, f.tag) && !self.confirmed[r as usize].contains(&f.op_id) {
                             self.violations.push(format!(

@@ -208,13 +208,29 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
         }
         let results: Vec<(Rank, u64, &Result<Bytes, FenceError>)> =
             live.iter().map(|c| (c.daemon, c.done.as_ref().unwrap().0, &c.done.as_ref().unwrap().1)).collect();
-        let (r0, _, res0) = results[0];
+        // A movement without a release (the allgather) lets each participant finish on its
+        // own: when a participant is lost mid-exchange, survivors that already held every block
+        // keep their result while the others fail with LostConnection. Oks must still agree
+        // with each other (and the oracle), errors with each other.
+        let members = chain.members.len() as u64;
+        let release_free =
+            sc.cfg.fence_movement.for_fence(calls[0].collect, members) == dvm_grpcomm::Movement::Allgather;
+        let end_all = results.iter().map(|x| x.1).max().unwrap_or(0);
+        let may_split = release_free && !clean(t, chain, end_all);
+        let firsts: Vec<(Rank, u64, &Result<Bytes, FenceError>)> = if may_split {
+            let ok = results.iter().find(|x| x.2.is_ok()).copied();
+            let err = results.iter().find(|x| x.2.is_err()).copied();
+            ok.into_iter().chain(err).collect()
+        } else {
+            vec![results[0]]
+        };
+        let (r0, _, res0) = firsts[0];
         for &(r, _, res) in &results[1..] {
-            let equal = match (res0, res) {
+            let equal = firsts.iter().any(|&(_, _, first)| match (first, res) {
                 (Ok(a), Ok(b)) => same(a, b),
                 (Err(a), Err(b)) => a == b,
                 _ => false,
-            };
+            });
             if !equal {
                 v.push(format!(
                     "{name}: daemon {r0} returned {} but daemon {r} returned {}",
@@ -227,44 +243,47 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
         if end > sc.bound_ns {
             v.push(format!("{name}: completed at t={end} ns, past the bound of {} ns", sc.bound_ns));
         }
-        // Every result equals daemon r0's (checked above), so the oracle judges r0's.
-        let mut callers: Vec<&&FenceCall> = calls.iter().collect();
-        callers.sort_by_key(|c| c.daemon);
-        match res0 {
-            Ok(out) => {
-                let who: Vec<Rank> = callers.iter().map(|c| c.daemon).collect();
-                if who != chain.members {
-                    v.push(format!(
-                        "{name}: daemon {r0} reports success but only daemons {who:?} of {:?} contributed",
-                        chain.members
-                    ));
-                }
-                let expect = if callers[0].collect { concat(callers.iter().map(|c| &c.data)) } else { Bytes::new() };
-                if !same(out, &expect) {
-                    v.push(format!(
-                        "{name}: daemon {r0} returned {} but the contributions in daemon order are {}",
-                        show(out),
-                        show(&expect)
-                    ));
-                }
-            }
-            Err(FenceError::LostConnection { lost }) => {
-                for x in lost {
-                    let member = match &chain.sig.participants {
-                        Participants::All => true,
-                        Participants::Daemons(m) => m.contains(x),
-                    };
-                    if t.crash_time(*x).is_none() || !member {
+        // Every result equals one of `firsts` (checked above), so the oracle judges those.
+        for &(r0, _, res0) in &firsts {
+            let mut callers: Vec<&&FenceCall> = calls.iter().collect();
+            callers.sort_by_key(|c| c.daemon);
+            match res0 {
+                Ok(out) => {
+                    let who: Vec<Rank> = callers.iter().map(|c| c.daemon).collect();
+                    if who != chain.members {
                         v.push(format!(
-                            "{name}: daemon {r0} reports lost participant {x}, which is not a crashed participant"
+                            "{name}: daemon {r0} reports success but only daemons {who:?} of {:?} contributed",
+                            chain.members
+                        ));
+                    }
+                    let expect =
+                        if callers[0].collect { concat(callers.iter().map(|c| &c.data)) } else { Bytes::new() };
+                    if !same(out, &expect) {
+                        v.push(format!(
+                            "{name}: daemon {r0} returned {} but the contributions in daemon order are {}",
+                            show(out),
+                            show(&expect)
                         ));
                     }
                 }
+                Err(FenceError::LostConnection { lost }) => {
+                    for x in lost {
+                        let member = match &chain.sig.participants {
+                            Participants::All => true,
+                            Participants::Daemons(m) => m.contains(x),
+                        };
+                        if t.crash_time(*x).is_none() || !member {
+                            v.push(format!(
+                                "{name}: daemon {r0} reports lost participant {x}, which is not a crashed participant"
+                            ));
+                        }
+                    }
+                }
+                // A timeout is an answer only to a fence that asked for one; nothing else may fail
+                // a fence in these schedules (no forced movement, every caller a participant).
+                Err(FenceError::Timeout { .. }) if chain.steps[step].timeout.is_some() => {}
+                Err(e) => v.push(format!("{name}: daemon {r0} failed with an error no schedule can cause: {e}")),
             }
-            // A timeout is an answer only to a fence that asked for one; nothing else may fail
-            // a fence in these schedules (no forced movement, every caller a participant).
-            Err(FenceError::Timeout { .. }) if chain.steps[step].timeout.is_some() => {}
-            Err(e) => v.push(format!("{name}: daemon {r0} failed with an error no schedule can cause: {e}")),
         }
         let no_timeout = chain.steps[step].timeout.is_none();
         if no_timeout && results.iter().any(|x| x.2.is_err()) && clean(t, chain, end) {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::{Effect, FenceId, FenceRequest, FenceSignature, Grpcomm, Rank, Topology};
+use dvm_grpcomm::{Effect, FenceId, FenceRequest, FenceSignature, Grpcomm, Rank, Topology, Via};
 use dvm_proto::grpcomm::GrpcommMsg;
 use dvm_rml::Route;
 use prost::Message;
@@ -125,6 +125,15 @@ pub fn describe(msg: &GrpcommMsg) -> String {
             m.data.len()
         ),
         Some(Body::Scatter(m)) => format!("Scatter{{{}:{} {} slices}}", m.origin, m.scatter_id, m.slices.len()),
+        Some(Body::Block(m)) => format!(
+            "Block{{key {:?} seq {} mv {} step {} first {} {} blocks}}",
+            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
+            m.seq,
+            m.movement,
+            m.step,
+            m.first,
+            m.blocks.len()
+        ),
         None => "empty".into(),
     }
 }
@@ -368,9 +377,19 @@ impl<'s> Engine<'s> {
 
     fn apply(&mut self, daemon: Rank, e: Effect) {
         match e {
-            Effect::Send { to, msg } => {
+            Effect::Send { to, msg, via: Via::Tree } => {
                 self.q.note(|| format!("d{daemon} -> d{to} {}", describe(&msg)));
                 self.forward(daemon, to, msg, 0)
+            }
+            // A lateral link: one hop straight to the destination, costed like a tree link.
+            Effect::Send { to, msg, via: Via::Direct } => {
+                self.q.note(|| format!("d{daemon} => d{to} {}", describe(&msg)));
+                if to == daemon || to >= self.sc.n {
+                    self.trace.engine_errors.push(format!("daemon {daemon}: direct send to {to}"));
+                    return;
+                }
+                self.trace.stats.direct += 1;
+                self.transmit(daemon, to, to, msg, 1)
             }
             Effect::Deliver { op_id, origin, tag, payload } => {
                 self.q.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));

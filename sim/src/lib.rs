@@ -34,6 +34,7 @@ use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 
+pub use dvm_grpcomm::FenceMovementMode;
 pub use net::NetModel;
 pub use scenario::{Profile, Scenario};
 pub use trace::Trace;
@@ -116,13 +117,19 @@ pub struct Failure<P = Profile> {
     pub n: u32,
     pub radix: u32,
     pub profile: P,
+    /// The fence movement every daemon of the run was configured with.
+    pub fence_movement: FenceMovementMode,
     pub violations: Vec<String>,
 }
 
 impl<P: ReplayProfile> Failure<P> {
     /// The one-line command that reruns this schedule.
     pub fn replay(&self) -> String {
-        self.profile.replay_command(self.seed, self.n, self.radix)
+        let cmd = self.profile.replay_command(self.seed, self.n, self.radix);
+        match self.fence_movement {
+            FenceMovementMode::Tree => cmd,
+            m => format!("{cmd} --fence-movement {m}"),
+        }
     }
 }
 
@@ -136,11 +143,24 @@ pub struct CampaignReport {
     pub failures: Vec<Failure>,
 }
 
-/// Run the generated schedules `seeds` at `(n, radix, profile)`.
+/// Run the generated schedules `seeds` at `(n, radix, profile)` with the default movements.
 pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: Profile) -> CampaignReport {
+    campaign_with(seeds, n, radix, profile, FenceMovementMode::default())
+}
+
+/// Run the generated schedules `seeds` at `(n, radix, profile)`, every daemon configured with
+/// fence movement `mode`.
+pub fn campaign_with(
+    seeds: std::ops::Range<u64>,
+    n: u32,
+    radix: u32,
+    profile: Profile,
+    mode: FenceMovementMode,
+) -> CampaignReport {
     let mut rep = CampaignReport::default();
     for seed in seeds {
-        let sc = Scenario::generate(seed, n, radix, profile);
+        let mut sc = Scenario::generate(seed, n, radix, profile);
+        sc.cfg.fence_movement = mode;
         let out = run(&sc);
         rep.runs += 1;
         if let Some(t) = &out.trace {
@@ -149,7 +169,7 @@ pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: Profil
             rep.fences += t.fence_calls.len() as u64;
         }
         if !out.violations.is_empty() {
-            rep.failures.push(Failure { seed, n, radix, profile, violations: out.violations });
+            rep.failures.push(Failure { seed, n, radix, profile, fence_movement: mode, violations: out.violations });
         }
     }
     rep

@@ -5,8 +5,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
-use dvm_sim::project::{project, Op, Row};
-use dvm_sim::{campaign, run, Failure, NetModel, Profile, ReplayProfile, Scenario};
+use dvm_sim::project::{project_with, Op, Row};
+use dvm_sim::{campaign_with, run, Failure, FenceMovementMode, NetModel, Profile, ReplayProfile, Scenario};
 
 #[derive(Parser)]
 #[command(name = "dvm-sim", about = "Deterministic simulator of the DVM's collectives")]
@@ -45,6 +45,9 @@ enum Cmd {
         /// Print every event (messages, repairs, deliveries, completions).
         #[arg(long)]
         log: bool,
+        /// Fence movement of every daemon: tree, allgather or auto.
+        #[arg(long, default_value = "tree")]
+        fence_movement: FenceMovementMode,
     },
     /// Run seeds `first..first+count` and print one replay line per failing seed.
     Campaign {
@@ -64,6 +67,9 @@ enum Cmd {
         /// Print every violation of a failing seed, not only the first.
         #[arg(long)]
         verbose: bool,
+        /// Fence movement of every daemon: tree, allgather or auto.
+        #[arg(long, default_value = "tree")]
+        fence_movement: FenceMovementMode,
     },
     /// Print the projection table as CSV (or markdown).
     Project {
@@ -92,18 +98,21 @@ enum Cmd {
         /// Print a markdown table instead of CSV.
         #[arg(long)]
         markdown: bool,
+        /// Fence movements to project side by side (broadcasts always take the tree).
+        #[arg(long, value_delimiter = ',', default_value = "tree,allgather")]
+        fence_movement: Vec<FenceMovementMode>,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Replay { engine: EngineKind::Core, seed, n, radix, profile, verbose, log } => {
+        Cmd::Replay { engine: EngineKind::Core, seed, n, radix, profile, verbose, log, fence_movement } => {
             let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
-            replay_core(seed, n, radix, profile, verbose, log)?;
+            replay_core(seed, n, radix, profile, verbose, log, fence_movement)?;
         }
-        Cmd::Campaign { engine: EngineKind::Core, first, count, n, radix, profile, verbose } => {
+        Cmd::Campaign { engine: EngineKind::Core, first, count, n, radix, profile, verbose, fence_movement } => {
             let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
-            let rep = daemons::campaign(first..first + count, n, radix, profile);
+            let rep = daemons::campaign_with(first..first + count, n, radix, profile, fence_movement);
             let summary = format!(
                 "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} evictions, {} frames from dead daemons dropped: {} failing",
                 rep.runs,
@@ -121,9 +130,10 @@ fn main() -> Result<()> {
             );
             campaign_verdict(&rep.failures, &summary, verbose)?;
         }
-        Cmd::Replay { engine: EngineKind::Grpcomm, seed, n, radix, profile, verbose, log } => {
+        Cmd::Replay { engine: EngineKind::Grpcomm, seed, n, radix, profile, verbose, log, fence_movement } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
-            let sc = Scenario::generate(seed, n, radix, profile);
+            let mut sc = Scenario::generate(seed, n, radix, profile);
+            sc.cfg.fence_movement = fence_movement;
             if verbose {
                 println!("{sc:#?}");
             }
@@ -151,9 +161,9 @@ fn main() -> Result<()> {
             }
             replay_verdict(&out.violations)?;
         }
-        Cmd::Campaign { engine: EngineKind::Grpcomm, first, count, n, radix, profile, verbose } => {
+        Cmd::Campaign { engine: EngineKind::Grpcomm, first, count, n, radix, profile, verbose, fence_movement } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
-            let rep = campaign(first..first + count, n, radix, profile);
+            let rep = campaign_with(first..first + count, n, radix, profile, fence_movement);
             let summary = format!(
                 "{} runs, {} crashes, {} xcasts, {} fence calls: {} failing",
                 rep.runs,
@@ -164,7 +174,18 @@ fn main() -> Result<()> {
             );
             campaign_verdict(&rep.failures, &summary, verbose)?;
         }
-        Cmd::Project { n, radix, xcast_bytes, modex_bytes, alpha_us, bandwidth_gbs, cpu_ns, no_ingress, markdown } => {
+        Cmd::Project {
+            n,
+            radix,
+            xcast_bytes,
+            modex_bytes,
+            alpha_us,
+            bandwidth_gbs,
+            cpu_ns,
+            no_ingress,
+            markdown,
+            fence_movement,
+        } => {
             if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
                 bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
             }
@@ -179,8 +200,10 @@ fn main() -> Result<()> {
             ops.push(Op::Barrier);
             ops.extend(modex_bytes.iter().map(|&d| Op::Modex(d)));
             if markdown {
-                println!("| op | n | radix | bytes | sim µs | model µs | sim/model | messages | peak state B |");
-                println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+                println!(
+                    "| op | movement | n | radix | bytes | sim µs | model µs | sim/model | messages | peak state B |"
+                );
+                println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
             } else {
                 println!("{}", Row::CSV_HEADER);
             }
@@ -188,25 +211,35 @@ fn main() -> Result<()> {
             for &n in &n {
                 for &r in &radix {
                     for &op in &ops {
-                        let row = project(op, n, r, &net);
-                        if markdown {
-                            println!(
-                                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} |",
-                                op.name(),
-                                n,
-                                r,
-                                op.bytes(),
-                                row.sim_ns as f64 / 1e3,
-                                row.model_ns / 1e3,
-                                row.ratio(),
-                                row.messages,
-                                row.peak_state_bytes
-                            );
-                        } else {
-                            println!("{}", row.csv());
-                        }
-                        if !row.violations.is_empty() {
-                            bad.push(format!("{} n={n} radix={r}: {}", op.name(), row.violations.join("; ")));
+                        // A broadcast has one movement; a fence is projected once per mode.
+                        let modes: &[FenceMovementMode] =
+                            if matches!(op, Op::Xcast(_)) { &[FenceMovementMode::Tree] } else { &fence_movement };
+                        for &mode in modes {
+                            let row = project_with(op, n, r, &net, mode);
+                            if markdown {
+                                println!(
+                                    "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} |",
+                                    op.name(),
+                                    row.movement.name(),
+                                    n,
+                                    r,
+                                    op.bytes(),
+                                    row.sim_ns as f64 / 1e3,
+                                    row.model_ns / 1e3,
+                                    row.ratio(),
+                                    row.messages,
+                                    row.peak_state_bytes
+                                );
+                            } else {
+                                println!("{}", row.csv());
+                            }
+                            if !row.violations.is_empty() {
+                                bad.push(format!(
+                                    "{} ({mode}) n={n} radix={r}: {}",
+                                    op.name(),
+                                    row.violations.join("; ")
+                                ));
+                            }
                         }
                     }
                 }
@@ -224,8 +257,17 @@ fn main() -> Result<()> {
 }
 
 /// Rerun one generated daemon-core schedule and print its violations.
-fn replay_core(seed: u64, n: u32, radix: u32, profile: CoreProfile, verbose: bool, log: bool) -> Result<()> {
-    let sc = CoreScenario::generate(seed, n, radix, profile);
+fn replay_core(
+    seed: u64,
+    n: u32,
+    radix: u32,
+    profile: CoreProfile,
+    verbose: bool,
+    log: bool,
+    fence_movement: FenceMovementMode,
+) -> Result<()> {
+    let mut sc = CoreScenario::generate(seed, n, radix, profile);
+    sc.cfg.fence_movement = fence_movement;
     if verbose {
         println!("{sc:#?}");
     }

@@ -1,10 +1,12 @@
 //! Projections: one collective at a time on a fault-free DVM of N daemons, measured in
-//! virtual time and compared with the α-β tree model
-//! (broadcast `d·α + d·r·M·β`, allgather `2·d·α + (1 + d·r)·D·β` with `D` the gathered total,
-//! barrier = allgather with `D = 0`; `d` tree depth, `r` radix).
+//! virtual time and compared with the α-β model of the movement that carried it.
+//! Tree (`d` depth, `r` radix): broadcast `d·α + d·r·M·β`, gather and release
+//! `2·d·α + (1 + d·r)·D·β` with `D` the gathered total, barrier the same with `D = 0`.
+//! Lateral allgather (recursive doubling, or Bruck for other counts) of `D` bytes per daemon:
+//! `⌈log₂N⌉·α + (N−1)·D·β`; a barrier on it is `⌈log₂N⌉·α`.
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, FenceSignature, Participants, Rank};
+use dvm_grpcomm::{tags, FenceMovementMode, FenceSignature, Movement, Participants, Rank};
 
 use crate::net::NetModel;
 use crate::scenario::{FenceChain, FenceStep, Scenario, XcastPlan};
@@ -42,6 +44,8 @@ pub struct Row {
     pub op: Op,
     pub n: u32,
     pub radix: u32,
+    /// The movement that carried it.
+    pub movement: Movement,
     pub depth: u32,
     /// Last daemon holds the broadcast / last participant's fence completed.
     pub sim_ns: u64,
@@ -58,10 +62,10 @@ impl Row {
         self.sim_ns as f64 / self.model_ns
     }
     pub const CSV_HEADER: &'static str =
-        "op,n,radix,bytes,sim_time_us,model_time_us,ratio,messages,peak_state_bytes,depth,complete_us";
+        "op,n,radix,bytes,sim_time_us,model_time_us,ratio,messages,peak_state_bytes,depth,complete_us,movement";
     pub fn csv(&self) -> String {
         format!(
-            "{},{},{},{},{:.1},{:.1},{:.3},{},{},{},{:.1}",
+            "{},{},{},{},{:.1},{:.1},{:.3},{},{},{},{:.1},{}",
             self.op.name(),
             self.n,
             self.radix,
@@ -72,16 +76,21 @@ impl Row {
             self.messages,
             self.peak_state_bytes,
             self.depth,
-            self.complete_ns as f64 / 1e3
+            self.complete_ns as f64 / 1e3,
+            self.movement.name()
         )
     }
 }
 
-/// The α-β tree model in nanoseconds.
-pub fn model_ns(op: Op, n: u32, radix: u32, depth: u32, net: &NetModel) -> f64 {
+/// The α-β model of `op` on `movement`, in nanoseconds.
+pub fn model_ns(op: Op, movement: Movement, n: u32, radix: u32, depth: u32, net: &NetModel) -> f64 {
     let (d, r) = (depth as f64, radix as f64);
     let a = net.alpha_ns as f64;
     let beta = net.beta_ps_per_byte as f64 / 1e3;
+    if movement == Movement::Allgather {
+        let steps = if n <= 1 { 0.0 } else { f64::from(32 - (n - 1).leading_zeros()) };
+        return steps * a + f64::from(n.saturating_sub(1)) * op.bytes() as f64 * beta;
+    }
     match op {
         Op::Xcast(m) => d * a + d * r * m as f64 * beta,
         Op::Barrier => 2.0 * d * a,
@@ -89,9 +98,20 @@ pub fn model_ns(op: Op, n: u32, radix: u32, depth: u32, net: &NetModel) -> f64 {
     }
 }
 
-/// Simulate `op` once on `n` daemons at `radix`.
+/// Simulate `op` once on `n` daemons at `radix` with the default movements.
 pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
+    project_with(op, n, radix, net, FenceMovementMode::default())
+}
+
+/// Simulate `op` once on `n` daemons at `radix`, fences moved as `mode` chooses.
+pub fn project_with(op: Op, n: u32, radix: u32, net: &NetModel, mode: FenceMovementMode) -> Row {
     let mut sc = Scenario::empty(n, radix, 1, net.clone());
+    sc.cfg.fence_movement = mode;
+    let movement = match op {
+        Op::Xcast(_) => Movement::TreeBroadcast,
+        Op::Barrier => mode.for_fence(false, u64::from(n)),
+        Op::Modex(_) => mode.for_fence(true, u64::from(n)),
+    };
     // Compression would make the payload size depend on its content; the model counts bytes.
     sc.cfg.compress_threshold = usize::MAX;
     let depth = sc.height();
@@ -131,9 +151,10 @@ pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
         op,
         n,
         radix,
+        movement,
         depth,
         sim_ns,
-        model_ns: model_ns(op, n, radix, depth, net),
+        model_ns: model_ns(op, movement, n, radix, depth, net),
         messages,
         peak_state_bytes: peak,
         complete_ns,

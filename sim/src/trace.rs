@@ -61,6 +61,8 @@ pub struct Stats {
     /// Hop-level transmissions (a relayed message counts once per hop).
     pub messages: u64,
     pub bytes: u64,
+    /// Sends over lateral links (each one hop, counted in `messages` as well).
+    pub direct: u64,
     pub events: u64,
     /// Sends refused because the next hop had crashed.
     pub refused: u64,

@@ -156,6 +156,68 @@ fn runs_are_reproducible() {
 #[test]
 #[should_panic(expected = "replay --seed 9 --n 7 --radix 2 --profile crash\n      lost op 4")]
 fn a_failing_seed_is_named_by_its_replay_line() {
-    let f = dvm_sim::Failure { seed: 9, n: 7, radix: 2, profile: Profile::Crash, violations: vec!["lost op 4".into()] };
+    let f = dvm_sim::Failure {
+        seed: 9,
+        n: 7,
+        radix: 2,
+        profile: Profile::Crash,
+        fence_movement: dvm_sim::FenceMovementMode::Tree,
+        violations: vec!["lost op 4".into()],
+    };
     assert_no_failures(&[f], 1, "schedules");
+}
+
+/// The crash campaigns with every fence on the allgather (forced) and with `auto`: 2 x 2,000
+/// schedules with crashes at random points, lateral links costed like tree links.
+#[test]
+fn crashes_with_every_fence_movement() {
+    use dvm_sim::{campaign_with, FenceMovementMode};
+    for mode in [FenceMovementMode::Allgather, FenceMovementMode::Auto] {
+        let mut runs = 0;
+        for (i, &(n, r, seeds)) in [(7, 2, 500), (16, 2, 500), (10, 2, 500), (16, 3, 500)].iter().enumerate() {
+            let first = 100_000 + 10_000 * i as u64;
+            let rep = campaign_with(first..first + seeds * scale(), n, r, Profile::Crash, mode);
+            assert_no_failures(&rep.failures, rep.runs, &format!("schedules at n={n} radix={r} (crash, {mode})"));
+            assert!(rep.crashes >= rep.runs, "every crash schedule crashes a daemon");
+            runs += rep.runs;
+        }
+        eprintln!("{mode}: {runs} crash schedules, 0 violations");
+    }
+}
+
+/// 10,000 back-to-back fences alternating barrier and modex with the allgather forced, at
+/// N 10 (Bruck) and 16 (recursive doubling), radix 2, with jitter reordering across links:
+/// every one completes with identical output everywhere, and only lateral links moved them.
+#[test]
+fn ten_thousand_back_to_back_fences_on_the_allgather() {
+    use dvm_sim::FenceMovementMode;
+    for n in [10u32, 16] {
+        let net = NetModel {
+            alpha_ns: 50_000,
+            beta_ps_per_byte: 1_000,
+            cpu_ns: 1_000,
+            jitter_ns: 100_000,
+            ingress_serialized: true,
+        };
+        let mut sc = Scenario::empty(n, 2, 11, net);
+        sc.cfg.fence_movement = FenceMovementMode::Allgather;
+        sc.think_ns = 20_000;
+        let steps: Vec<FenceStep> = (0..10_000).map(|k| FenceStep { collect: k % 2 == 1, timeout: None }).collect();
+        sc.chains.push(FenceChain {
+            sig: FenceSignature::new(Bytes::from_static(b"job7:*"), Participants::All),
+            members: (0..n).collect(),
+            steps,
+            first_start: (0..n as u64).map(|r| r * 7_000).collect(),
+            contrib_len: None,
+        });
+        sc.bound_ns = 10_000 * 2_000_000;
+        let out = run(&sc);
+        assert!(out.violations.is_empty(), "n {n}: {:#?}", &out.violations[..out.violations.len().min(10)]);
+        let t = out.trace.unwrap();
+        let done = t.fence_calls.iter().filter(|c| matches!(c.done, Some((_, Ok(_))))).count();
+        assert_eq!(done, 10_000 * n as usize, "n {n}: every daemon completed every fence successfully");
+        let steps = u64::from(32 - (n - 1).leading_zeros());
+        assert_eq!(t.stats.direct, 10_000 * u64::from(n) * steps, "n {n}: one lateral message per step");
+        assert_eq!(t.stats.messages, t.stats.direct, "n {n}: nothing moved on the tree");
+    }
 }

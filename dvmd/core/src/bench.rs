@@ -200,7 +200,9 @@ impl Core {
             };
             let sig = b.sig.clone();
             self.bench = None;
-            self.g.forget_fence_signature(&sig);
+            if let Some(old) = self.bench_done_sig.replace(sig) {
+                self.g.forget_fence_signature(&old);
+            }
             self.report_to_hnp(daemon_cmd::Body::BenchDone(done));
             return;
         }

@@ -30,7 +30,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, Config, Effect as G, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, XcastId};
+use dvm_grpcomm::{
+    tags, Config, Effect as G, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Via, XcastId,
+};
 use dvm_proto::control::{BenchKind, BenchReply};
 use dvm_proto::daemon::{daemon_cmd, DaemonCmd, DaemonDied, DaemonLost, Evicted};
 use dvm_proto::grpcomm::GrpcommMsg;
@@ -181,6 +183,10 @@ pub struct Core {
     fence_owners: BTreeMap<FenceId, FenceOwner>,
     xcast_owners: BTreeMap<XcastId, XcastOwner>,
     bench: Option<bench::DaemonBench>,
+    /// The last finished benchmark's fence signature, forgotten when the next one starts (not
+    /// at once: a participant that finished an allgather may still have to hand its results
+    /// to a peer whose blocks were lost with a lateral link).
+    bench_done_sig: Option<FenceSignature>,
     /// Failed daemons already told to exit (each once).
     evicted: BTreeSet<Rank>,
     hnp_pid: Option<u32>,
@@ -227,6 +233,7 @@ impl Core {
             fence_owners: BTreeMap::new(),
             xcast_owners: BTreeMap::new(),
             bench: None,
+            bench_done_sig: None,
             evicted: BTreeSet::new(),
             hnp_pid,
             last_encoded: None,
@@ -559,7 +566,11 @@ impl Core {
         let topo = self.g.topology();
         let neighbour = topo.parent() == Some(peer) || topo.children().contains(&peer);
         if !neighbour {
-            debug!(peer, "lost a non-tree connection: {reason}");
+            // A lateral link (an allgather partner, a direct report): never a tree loss and
+            // never a repair. If the peer really died, its tree neighbours report it; until
+            // then grpcomm sends that peer's blocks along the tree.
+            debug!(peer, "lost a lateral connection: {reason}");
+            self.g.peer_unreachable(peer);
             return;
         }
         if self.terminating {
@@ -677,10 +688,15 @@ impl Core {
             }
             for e in effects {
                 match e {
-                    G::Send { to, msg } if self.answering == Some(to) => {
+                    // A lateral send (allgather blocks) goes straight to its destination over
+                    // that daemon's own link; its loss is never a tree loss (see on_peer_lost).
+                    G::Send { to, msg, via: Via::Direct } => {
                         self.transmit_direct(to, Tag::Grpcomm, Bytes::from(msg.encode_to_vec()));
                     }
-                    G::Send { to, msg } => {
+                    G::Send { to, msg, .. } if self.answering == Some(to) => {
+                        self.transmit_direct(to, Tag::Grpcomm, Bytes::from(msg.encode_to_vec()));
+                    }
+                    G::Send { to, msg, .. } => {
                         let payload = self.encode_grpcomm(msg);
                         let header = self.header(to, Tag::Grpcomm);
                         self.route(header, payload);

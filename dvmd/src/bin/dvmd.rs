@@ -70,6 +70,11 @@ struct Args {
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
+    /// How fences move: `tree` (rollup and release), `allgather` (lateral exchange for every
+    /// fence) or `auto` (barriers on the tree, collecting fences on the allgather). Every
+    /// daemon gets the HNP's choice.
+    #[arg(long, default_value = "tree", value_name = "auto|tree|allgather")]
+    fence_movement: dvm_grpcomm::FenceMovementMode,
 
     // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
     #[arg(long, hide = true)]
@@ -199,6 +204,11 @@ fn validate_common(args: &Args) -> Result<()> {
 /// How long a daemon waits for the DVM secret its HNP writes to its stdin.
 const SECRET_WAIT: Duration = Duration::from_secs(10);
 
+/// The collective configuration from the command line (the same on every daemon).
+fn grpcomm_config(args: &Args) -> dvm_grpcomm::Config {
+    dvm_grpcomm::Config { fence_movement: args.fence_movement, ..dvm_grpcomm::Config::default() }
+}
+
 fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
     let mut cfg = TransportConfig::new(rank, epoch, listen, secret);
     cfg.max_frame = args.max_message;
@@ -307,6 +317,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--pmix-start={}", args.pmix_start),
             format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
             format!("--max-message={}", args.max_message),
+            format!("--fence-movement={}", args.fence_movement),
         ];
         let argv = agent.argv(&node.name, &exe, &dargs)?;
         let secret_hex = if wrong_secret_rank == Some(r) { DvmSecret::generate().to_hex() } else { secret.to_hex() };
@@ -358,7 +369,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         let _ = to_tx.send(Input::StartupTimeout);
     });
 
-    let mut daemon = Daemon::new(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp));
+    let mut daemon =
+        Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
     start_pmix(&mut daemon, session.dir(), &args);
     if size == 1 {
         // A one-daemon DVM is wired up at once.
@@ -505,7 +517,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         .with_context(|| format!("daemon {rank} on host {host}: cannot listen on {bind}"))?;
     let addr = SocketAddr::new(advertised, transport.local_addr().port());
     transport.set_contact(0, hnp);
-    let mut daemon = Daemon::new(rank, host.clone(), topo, transport, epoch, None);
+    let mut daemon = Daemon::with_grpcomm(rank, host.clone(), topo, transport, epoch, None, grpcomm_config(&args));
     // Check in at once; the PMIx server starts with the first job that reaches this daemon.
     daemon.check_in(Contact {
         rank,

@@ -22,7 +22,7 @@ fn settle(g: &mut [Grpcomm]) -> Vec<(Rank, FenceResult)> {
             let fx: Vec<Effect> = g[r].drain().collect();
             for e in fx {
                 match e {
-                    Effect::Send { to, msg } => {
+                    Effect::Send { to, msg, .. } => {
                         moved = true;
                         if (to as usize) < g.len() {
                             g[to as usize].handle(r as Rank, msg);
@@ -92,7 +92,7 @@ fn stash_and_early_errors_are_accounted_and_consumed() {
     // A repair that loses a participant: the root fails the fence and releases the error to
     // its live children; a non-root sends the error up and waits for the root's word.
     let fence_msg = |e: &Effect| match e {
-        Effect::Send { to, msg: GrpcommMsg { body: Some(b @ (Body::Contrib(_) | Body::Release(_))) } } => {
+        Effect::Send { to, msg: GrpcommMsg { body: Some(b @ (Body::Contrib(_) | Body::Release(_))) }, .. } => {
             Some((*to, b.clone()))
         }
         _ => None,

@@ -1,15 +1,17 @@
 //! A tiny in-process network for fence tests: N `Grpcomm` instances, one FIFO queue per
-//! directed link, a seeded xorshift choosing which link delivers next. Every `Send` must name
-//! a tree neighbour of the sender (checked). Crashed daemons lose their queues.
+//! directed link, a seeded xorshift choosing which link delivers next. Every tree `Send` must
+//! name a tree neighbour of the sender (checked), except allgather blocks on a detour and
+//! results handed to a peer after its lateral link was lost, which are relayed hop by hop; a direct `Send` goes straight to its destination over a lateral
+//! link of its own. Crashed daemons lose their queues.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_grpcomm::{
-    Config, Effect, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Participants, Rank, Topology,
+    Config, Effect, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Participants, Rank, Topology, Via,
 };
-use dvm_proto::grpcomm::GrpcommMsg;
+use dvm_proto::grpcomm::{grpcomm_msg::Body, GrpcommMsg};
 
 pub struct XorShift(u64);
 
@@ -34,7 +36,8 @@ pub type Outcome = (FenceId, Result<Bytes, FenceError>);
 
 pub struct Net {
     pub nodes: Vec<Option<Grpcomm>>,
-    links: BTreeMap<(Rank, Rank), VecDeque<GrpcommMsg>>,
+    /// Per directed link: (final destination, message).
+    links: BTreeMap<(Rank, Rank), VecDeque<(Rank, GrpcommMsg)>>,
     pub rng: XorShift,
     /// Completed fences per daemon, in completion order.
     pub done: Vec<Vec<Outcome>>,
@@ -42,6 +45,8 @@ pub struct Net {
     pub timers: Vec<Vec<u64>>,
     pub failed: BTreeSet<Rank>,
     pub delivered: u64,
+    /// Sends that went over lateral links.
+    pub direct_sends: u64,
     /// `drive` crashes each daemon once this many messages were delivered, then repairs the
     /// survivors one by one at random moments (ascending delivery counts).
     pub scheduled_crashes: Vec<(u64, Rank)>,
@@ -64,6 +69,7 @@ impl Net {
             timers: vec![Vec::new(); n as usize],
             failed: BTreeSet::new(),
             delivered: 0,
+            direct_sends: 0,
             scheduled_crashes: Vec::new(),
         }
     }
@@ -82,17 +88,25 @@ impl Net {
         let effects: Vec<Effect> = g.drain().collect();
         for e in effects {
             match e {
-                Effect::Send { to, msg } => {
+                Effect::Send { to, msg, via } => {
+                    if via == Via::Direct {
+                        self.direct_sends += 1;
+                    }
+                    let neighbour = topo.parent() == Some(to) || topo.children().contains(&to);
+                    let detour = matches!(msg.body, Some(Body::Block(_) | Body::Release(_)));
                     assert!(
-                        topo.parent() == Some(to) || topo.children().contains(&to),
+                        via == Via::Direct || neighbour || detour,
                         "daemon {r} sent to {to}, not a tree neighbour (parent {:?}, children {:?})",
                         topo.parent(),
                         topo.children()
                     );
-                    if self.nodes[to as usize].is_some() {
-                        self.links.entry((r, to)).or_default().push_back(msg);
-                    } else {
-                        self.node(r).peer_unreachable(to);
+                    let hop = if via == Via::Direct || neighbour { Some(to) } else { topo.route_to(to).next_hop() };
+                    match hop {
+                        Some(hop) if self.nodes[hop as usize].is_some() => {
+                            self.links.entry((r, hop)).or_default().push_back((to, msg))
+                        }
+                        Some(hop) => self.node(r).peer_unreachable(hop),
+                        None => {}
                     }
                 }
                 Effect::FenceComplete { id, result } => self.done[r as usize].push((id, result)),
@@ -120,12 +134,24 @@ impl Net {
             return false;
         }
         let (from, to) = busy[self.rng.below(busy.len())];
-        let msg = self.links.get_mut(&(from, to)).and_then(VecDeque::pop_front).expect("busy link");
+        let (dst, msg) = self.links.get_mut(&(from, to)).and_then(VecDeque::pop_front).expect("busy link");
         self.delivered += 1;
-        if self.nodes[to as usize].is_some() {
-            self.node(to).handle(from, msg);
-            self.collect(to);
+        if self.nodes[to as usize].is_none() {
+            return true;
         }
+        if dst != to {
+            // A relay hands it on along its own route.
+            let hop = self.node(to).topology().route_to(dst).next_hop();
+            match hop {
+                Some(hop) if self.nodes[hop as usize].is_some() => {
+                    self.links.entry((to, hop)).or_default().push_back((dst, msg))
+                }
+                _ => {}
+            }
+            return true;
+        }
+        self.node(to).handle(from, msg);
+        self.collect(to);
         true
     }
 
@@ -141,6 +167,17 @@ impl Net {
         self.nodes[victim as usize] = None;
         self.failed.insert(victim);
         self.links.retain(|&(a, b), _| a != victim && b != victim);
+    }
+
+    /// The connection between `a` and `b` (both alive) drops: frames queued on it both ways
+    /// are lost and each end hears `peer_unreachable` (no daemon failed, no repair).
+    pub fn lose_link(&mut self, a: Rank, b: Rank) -> usize {
+        let lost = [(a, b), (b, a)].iter().filter_map(|k| self.links.remove(k)).map(|q| q.len()).sum();
+        self.node(a).peer_unreachable(b);
+        self.collect(a);
+        self.node(b).peer_unreachable(a);
+        self.collect(b);
+        lost
     }
 
     pub fn repair(&mut self, r: Rank) {

@@ -245,7 +245,15 @@ fn check_fences(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, hnp_a
         callers.sort_by_key(|c| c.daemon);
         let expect = if job.steps[step] { concat(callers.iter().map(|c| &c.data)) } else { Bytes::new() };
         let complete = callers.iter().map(|c| c.daemon).collect::<Vec<_>>() == job.members;
+        // Without a release (the allgather) each participant finishes on its own: when a member
+        // is lost mid-exchange, survivors that already held every block keep their (checked)
+        // result and the rest fail. Successes agree with each other, failures with each other.
+        let lost_member = job.members.iter().any(|m| failed.contains(m) || !t.running(*m));
+        let collect = job.steps[step];
+        let may_split = lost_member
+            && sc.cfg.fence_movement.for_fence(collect, job.members.len() as u64) == dvm_grpcomm::Movement::Allgather;
         let mut reference: Option<(Rank, &Result<Bytes, FenceError>)> = None;
+        let mut reference_err: Option<(Rank, &Result<Bytes, FenceError>)> = None;
         for c in &callers {
             let Some((_, res)) = &c.done else { continue };
             match res {
@@ -272,9 +280,10 @@ fn check_fences(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, hnp_a
             if !t.running(c.daemon) {
                 continue;
             }
-            match reference {
-                None => reference = Some((c.daemon, res)),
-                Some((r0, res0)) if res0 != res => v.push(format!(
+            let slot = if may_split && res.is_err() { &mut reference_err } else { &mut reference };
+            match slot {
+                None => *slot = Some((c.daemon, res)),
+                Some((r0, res0)) if *res0 != res => v.push(format!(
                     "{name}: daemon {r0} returned {} but daemon {} {}",
                     fmt_res(res0),
                     c.daemon,
@@ -284,7 +293,6 @@ fn check_fences(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, hnp_a
             }
         }
         // A job that lost no member never fails (fences re-converge after relays are lost).
-        let lost_member = job.members.iter().any(|m| failed.contains(m) || !t.running(*m));
         if hnp_alive && !lost_member {
             if let Some(c) = callers.iter().find(|c| matches!(c.done, Some((_, Err(_))))) {
                 v.push(format!(

@@ -554,6 +554,13 @@ impl<'s> CoreEngine<'s> {
         let topo = self.nodes[r as usize].core.topology();
         let mut peers: Vec<Rank> = topo.children().to_vec();
         peers.extend(topo.parent());
+        // Lateral connections carry heartbeats too: a cut one is noticed the same way (the
+        // lifeline to the HNP keeps its own model).
+        let lateral: Vec<Rank> = (0..self.sc.n)
+            .filter(|&p| p != r && p != 0 && !peers.contains(&p))
+            .filter(|&p| self.conns.contains(&norm(r, p)) && self.cut.contains(&norm(r, p)))
+            .collect();
+        peers.extend(lateral);
         for p in peers {
             if !self.running(r) || !self.silent(r, p) {
                 continue;

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod scenario;
 pub mod trace;
 
+use dvm_grpcomm::FenceMovementMode;
 pub use scenario::{CoreProfile, CoreScenario};
 pub use trace::CoreTrace;
 
@@ -90,12 +91,25 @@ impl CoreCampaignReport {
     }
 }
 
-/// Run the generated core schedules `seeds` at `(n, radix, profile)`.
+/// Run the generated core schedules `seeds` at `(n, radix, profile)` with the default movements.
 pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: CoreProfile) -> CoreCampaignReport {
+    campaign_with(seeds, n, radix, profile, FenceMovementMode::default())
+}
+
+/// Run the generated core schedules `seeds` at `(n, radix, profile)`, every daemon configured
+/// with fence movement `mode`.
+pub fn campaign_with(
+    seeds: std::ops::Range<u64>,
+    n: u32,
+    radix: u32,
+    profile: CoreProfile,
+    mode: FenceMovementMode,
+) -> CoreCampaignReport {
     use scenario::FaultKind;
     let mut rep = CoreCampaignReport::default();
     for seed in seeds {
-        let sc = CoreScenario::generate(seed, n, radix, profile);
+        let mut sc = CoreScenario::generate(seed, n, radix, profile);
+        sc.cfg.fence_movement = mode;
         let out = run(&sc);
         rep.runs += 1;
         for f in &sc.faults {
@@ -116,7 +130,14 @@ pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: CorePr
                 t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
         }
         if !out.violations.is_empty() {
-            rep.failures.push(CoreFailure { seed, n, radix, profile, violations: out.violations });
+            rep.failures.push(CoreFailure {
+                seed,
+                n,
+                radix,
+                profile,
+                fence_movement: mode,
+                violations: out.violations,
+            });
         }
     }
     rep
