@@ -1,5 +1,5 @@
 //! The daemon as a PMIx host: every daemon runs libpmix's server in a worker process of its
-//! own ([`worker`], driven through [`link`]), registers each job's namespace from the job map,
+//! own ([`worker`], driven through `link`), registers each job's namespace from the job map,
 //! gives every local rank the environment `setup_fork` returns, and answers the upcalls from
 //! its actor loop — never inside them.
 //!
@@ -24,9 +24,9 @@
 //! ([`CLIENT_GDS`]), which makes libpmix keep far less per client than its shared-memory store.
 //! A job may still choose with `-x PMIX_GDS_MODULE=...`.
 //!
-//! Shape: [`PmixHost`] is a plain struct the shell owns. The shell calls it (a job's launch,
+//! Shape: `PmixHost` is a plain struct the shell owns. The shell calls it (a job's launch,
 //! a proc's exit, a fence's completion, a worker event) and drains what it asks of the daemon
-//! core — fences to start, commands to other daemons — with [`PmixHost::drain`], in order,
+//! core — fences to start, commands to other daemons — with `PmixHost::drain`, in order,
 //! in the shell's one drain loop.
 //!
 //! Traps: a worker's upcall replies are only valid for that worker (events carry its

@@ -1,5 +1,5 @@
 //! The PMIx worker: the child process of a daemon that hosts libpmix's server
-//! (`dvmd --pmix-worker CMD_FD,EVENT_FD`, started by [`super::link::Worker::spawn`]).
+//! (`dvmd --pmix-worker CMD_FD,EVENT_FD`, started by `link::Worker::spawn`).
 //!
 //! Why a process: libpmix 4.2.2 keeps what it holds for every client that ever connected
 //! until `PMIx_server_finalize`, and its server cannot be started twice in one process
