@@ -2,10 +2,11 @@
 # The main job on the embedded default: boot a 4-daemon DVM on this machine (radix 2, so the
 # tree has relays), run an unmodified Open MPI program (16 ranks: hello, then an allreduce
 # check) on it through the daemons' PMIx servers, time the DVM's collectives, and stop it.
-# Exits non-zero if any step fails. Needs Debian's libpmix-dev, libopenmpi-dev, openmpi-bin,
-# libclang-dev (what .ci/run installs).
+# Exits non-zero if any step fails. Installs the Debian packages it needs when missing
+# (scripts/prereqs.sh: as root; otherwise it names them and stops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/prereqs.sh build
 cargo build --release --bins
 bin=$PWD/target/release
 mpi=$(mktemp -d)

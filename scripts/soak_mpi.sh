@@ -7,11 +7,14 @@
 #
 # Boots `dvmd --local 4 --slots 2 --daemonize` (private DVM_TMPDIR), runs N jobs
 # `prun -n 8 <tests/mpi/$PROG>` one after the other, and after every EVERY-th job (and after
-# job 10 and the last job) reads VmRSS of every daemon by pid from /proc/<pid>/status. Prints a
-# table, writes the samples to $OUT/soak.csv (job,rank,pid,vmrss_kib,vmhwm_kib; rank 0 = HNP).
-# Fails (non-zero) if a job fails, or if any daemon's RSS after the last job exceeds its RSS
-# after job 10 by more than LIMIT_KIB (default 1024 = 1 MiB). Stops the DVM with pterm and fails
-# if any of its dvmd pids is still alive 5 s later (those pids, and only those, are then killed).
+# job 10 and the last job) reads VmRSS of every daemon and of its PMIx worker (the child process
+# that hosts libpmix's server) from /proc/<pid>/status. A daemon's cost is the sum of the two.
+# Prints a table, writes the samples to $OUT/soak.csv (job,rank,pid,vmrss_kib,vmhwm_kib,
+# worker_pid,worker_rss_kib,total_kib; rank 0 = HNP). Fails (non-zero) if a job fails, or if any
+# daemon's total at ANY sample after job 10 exceeds its total after job 10 by more than LIMIT_KIB
+# (default 1024 = 1 MiB), or its own RSS does. Stops the DVM with pterm and fails if any of its
+# dvmd pids (daemons and workers) is still alive 5 s later (those pids, and only those, are
+# then killed).
 #
 # Environment: N (or $1, default 1000), NP (8), EVERY (10), PROG (mpinoop), LIMIT_KIB (1024),
 # RADIX (64), OUT (a fresh /tmp/dvm-soak.* dir), SKIP_BUILD=1 to use target/release as is,
@@ -50,12 +53,16 @@ URI_FILE=$OUT/dvm.uri
 PIDS=()
 stop() {
     [ -n "$URI_FILE" ] || return 0
+    local left=() all=("${PIDS[@]}") p i
+    # The PMIx workers running now must end with their daemons too.
+    for p in "${PIDS[@]}"; do
+        mapfile -t -O "${#all[@]}" all < <(pgrep -P "$p" -f -- '--pmix-worker' || true)
+    done
     "$B/pterm" --dvm-uri "file:$URI_FILE" >/dev/null || echo "pterm failed" >&2
     URI_FILE=
-    local left=() p i
     for i in $(seq 50); do
         left=()
-        for p in "${PIDS[@]}"; do
+        for p in "${all[@]}"; do
             # A zombie (state Z) has exited; count only live processes.
             if [ -r "/proc/$p/stat" ] && [ "$(awk '{print $3}' "/proc/$p/stat")" != Z ]; then left+=("$p"); fi
         done
@@ -67,7 +74,7 @@ stop() {
         kill -9 "${left[@]}" 2>/dev/null || true
         return 1
     fi
-    echo "pterm: all ${#PIDS[@]} dvmd pids gone (${PIDS[*]})"
+    echo "pterm: all ${#all[@]} dvmd pids (daemons and PMIx workers) gone (${all[*]})"
 }
 trap 'stop || true' EXIT
 
@@ -76,30 +83,44 @@ trap 'stop || true' EXIT
 # The HNP pid is in its session dir name: dvm://ip:port/<tmp>/dvm-<uid>/dvm-<pid>-<tag>; the
 # other daemons are its children.
 hnp=$(sed -E 's#.*/dvm-([0-9]+)-[0-9a-f]+$#\1#' "$URI_FILE")
-mapfile -t PIDS < <(echo "$hnp"; ps -o pid= --ppid "$hnp" | tr -d ' ')
+mapfile -t PIDS < <(echo "$hnp"; pgrep -P "$hnp" -f -- '--daemon ' )
 if [ "${#PIDS[@]}" -ne 4 ]; then
     echo "boot: expected 4 dvmd processes, found ${#PIDS[@]}: ${PIDS[*]}" >&2
     exit 1
 fi
 echo "DVM up: dvmd pids ${PIDS[*]} (rank 0 = HNP)"
 
-declare -A BASE LAST
-echo "job,rank,pid,vmrss_kib,vmhwm_kib" >"$OUT/soak.csv"
+declare -A BASE LAST BASE_OWN LAST_OWN PEAK PEAK_OWN
+WORKERS=()
+echo "job,rank,pid,vmrss_kib,vmhwm_kib,worker_pid,worker_rss_kib,total_kib" >"$OUT/soak.csv"
 sample() { # sample JOB: append to the CSV, print one table row, remember the values
-    local rank=0 p r h row
+    local rank=0 p r h w wr t row
     row=$(printf '%6s' "$1")
     for p in "${PIDS[@]}"; do
         read -r r h < <(awk '/^VmRSS/{r=$2} /^VmHWM/{h=$2} END{print r, h}' "/proc/$p/status")
-        echo "$1,$rank,$p,$r,$h" >>"$OUT/soak.csv"
-        [ "$1" = "$BASE_JOB" ] && BASE[$rank]=$r
-        LAST[$rank]=$r
-        row+=$(printf ' %9s' "$r")
+        # The daemon's PMIx worker, if one runs now (it is replaced while idle).
+        w=$(pgrep -P "$p" -f -- '--pmix-worker' | head -1 || true)
+        wr=0
+        if [ -n "$w" ]; then
+            wr=$(awk '/^VmRSS/{print $2}' "/proc/$w/status" 2>/dev/null || echo 0)
+            WORKERS+=("$w")
+        fi
+        t=$((r + ${wr:-0}))
+        echo "$1,$rank,$p,$r,$h,${w:-},${wr:-0},$t" >>"$OUT/soak.csv"
+        if [ "$1" = "$BASE_JOB" ]; then BASE[$rank]=$t; BASE_OWN[$rank]=$r; PEAK[$rank]=$t; PEAK_OWN[$rank]=$r; fi
+        if [ "$1" -gt "$BASE_JOB" ]; then
+            [ "$t" -gt "${PEAK[$rank]}" ] && PEAK[$rank]=$t
+            [ "$r" -gt "${PEAK_OWN[$rank]}" ] && PEAK_OWN[$rank]=$r
+        fi
+        LAST[$rank]=$t
+        LAST_OWN[$rank]=$r
+        row+=$(printf ' %7s+%-6s' "$r" "${wr:-0}")
         rank=$((rank + 1))
     done
     echo "$row    $(cut -d' ' -f1 /proc/loadavg)"
 }
 
-printf '%6s' job; for r in 0 1 2 3; do printf ' %9s' "d$r KiB"; done; echo "    load"
+printf '%6s' job; for r in 0 1 2 3; do printf ' %14s' "d$r+worker KiB"; done; echo "    load"
 sample 0
 t0=$(date +%s)
 for j in $(seq "$N"); do
@@ -114,15 +135,21 @@ done
 t1=$(date +%s)
 
 echo
-echo "$N jobs in $((t1 - t0)) s; RSS after job $BASE_JOB vs after job $N (KiB):"
+echo "$N jobs in $((t1 - t0)) s; daemon + PMIx worker RSS after job $BASE_JOB vs after job $N, and the"
+echo "highest sample after job $BASE_JOB (KiB; the daemon's own RSS in brackets):"
 fail=0
 for rank in 0 1 2 3; do
     d=$((LAST[$rank] - BASE[$rank]))
+    peak=$((PEAK[$rank] - BASE[$rank]))
+    peak_own=$((PEAK_OWN[$rank] - BASE_OWN[$rank]))
     verdict=ok
-    if [ "$d" -gt "$LIMIT_KIB" ]; then verdict="FAIL (> $LIMIT_KIB KiB)"; fail=1; fi
-    printf 'daemon %d (pid %s): %8d -> %8d  (%+d KiB, %+.1f B/job)  %s\n' "$rank" "${PIDS[$rank]}" \
-        "${BASE[$rank]}" "${LAST[$rank]}" "$d" "$(awk -v d="$d" -v n="$((N - BASE_JOB))" 'BEGIN{print d * 1024 / n}')" "$verdict"
+    if [ "$peak" -gt "$LIMIT_KIB" ] || [ "$peak_own" -gt "$LIMIT_KIB" ]; then verdict="FAIL (> $LIMIT_KIB KiB)"; fail=1; fi
+    printf 'daemon %d (pid %s): %8d -> %8d  (%+d KiB, %+.1f B/job; peak %+d KiB) [own %d -> %d, peak %+d]  %s\n' \
+        "$rank" "${PIDS[$rank]}" "${BASE[$rank]}" "${LAST[$rank]}" "$d" \
+        "$(awk -v d="$d" -v n="$((N - BASE_JOB))" 'BEGIN{print d * 1024 / n}')" "$peak" \
+        "${BASE_OWN[$rank]}" "${LAST_OWN[$rank]}" "$peak_own" "$verdict"
 done | tee "$OUT/summary.txt"
+echo "PMIx workers seen: $(printf '%s\n' "${WORKERS[@]}" | sort -u | wc -l) (a new one each time a daemon replaced its worker)" | tee -a "$OUT/summary.txt"
 grep -q FAIL "$OUT/summary.txt" && fail=1
 trap - EXIT
 stop || fail=1

@@ -8,6 +8,7 @@
 # (CI) nothing may skip: a skip fails the test itself and fails this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/prereqs.sh test
 cargo build --workspace --all-targets
 
 skips="$(mktemp -d "${TMPDIR:-/tmp}/dvm-test-skips.XXXXXX")"
@@ -16,6 +17,9 @@ export DVM_TEST_SKIP_DIR="$skips"
 
 status=0
 cargo test --workspace --no-fail-fast -- --test-threads="${DVM_TEST_THREADS:-2}" || status=$?
+# Real containers: a 4-node docker swarm boots the DVM and runs MPI and scaletest jobs
+# (contrib/dockerswarm/smoke.sh; it records a skip where docker is not usable).
+contrib/dockerswarm/smoke.sh --bins target/debug || status=$?
 
 records=("$skips"/*.skip)
 [ -e "${records[0]}" ] || records=()

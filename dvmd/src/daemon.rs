@@ -99,13 +99,10 @@ pub struct Daemon {
     odls_rx: Option<mpsc::UnboundedReceiver<crate::odls::OdlsEvent>>,
     input_tx: mpsc::UnboundedSender<Input>,
     input_rx: Option<mpsc::UnboundedReceiver<Input>>,
-    pmix: Option<crate::pmix::PmixHost>,
-    pmix_rx: Option<mpsc::UnboundedReceiver<pmix_shim::PmixEvent>>,
-    pub(crate) pmix_tx: mpsc::UnboundedSender<pmix_shim::PmixEvent>,
-    /// Where the PMIx server will run, once the first job needs it; None after a failed start.
-    pub(crate) pmix_dir: Option<std::path::PathBuf>,
-    /// A PMIx server being started on a helper thread (eager start), claimed by the first job.
-    pub(crate) pmix_pending: Option<std::sync::mpsc::Receiver<Result<pmix_shim::PmixServer, pmix_shim::PmixError>>>,
+    /// PMIx hosting (its worker process, namespaces, upcalls waiting for answers); what it
+    /// asks of the core is drained in [`Daemon::drive`].
+    pub(crate) pmix: crate::pmix::PmixHost,
+    pmix_rx: Option<mpsc::UnboundedReceiver<(u64, crate::pmix::HostEvent)>>,
     session_dir: Option<String>,
 }
 
@@ -141,15 +138,12 @@ impl Daemon {
             hnp,
             exit: None,
             jobs: Default::default(),
-            odls: crate::odls::Odls::new(host, odls_tx, crate::jobs::IOF_WINDOW as usize),
+            odls: crate::odls::Odls::new(host.clone(), odls_tx, crate::jobs::IOF_WINDOW as usize),
             odls_rx: Some(odls_rx),
             input_tx,
             input_rx: Some(input_rx),
-            pmix: None,
+            pmix: crate::pmix::PmixHost::new(me, host, pmix_tx),
             pmix_rx: Some(pmix_rx),
-            pmix_tx,
-            pmix_dir: None,
-            pmix_pending: None,
             session_dir: None,
         }
     }
@@ -170,7 +164,11 @@ impl Daemon {
     /// Step every queued input and carry out every effect, in order, until both are empty.
     /// The one place the core's effects are drained.
     fn drive(&mut self) {
-        while let Some(input) = self.inbox.pop_front() {
+        loop {
+            // What PMIx hosting asked of the core (by an upcall, or by an effect just carried
+            // out) is stepped in the order it was asked.
+            self.inbox.extend(self.pmix.drain());
+            let Some(input) = self.inbox.pop_front() else { return };
             if self.exit.is_some() {
                 // The core said this daemon ends: nothing queued may act any more.
                 self.inbox.clear();
@@ -220,16 +218,15 @@ impl Daemon {
                 Some(inp) = inputs.recv() => self.on_input(inp),
                 Some(inp) = own_inputs.recv() => self.on_input(inp),
                 Some(ev) = odls_rx.recv() => self.on_odls(ev),
-                Some(ev) = pmix_rx.recv() => self.on_pmix(ev),
+                Some((gen, ev)) = pmix_rx.recv() => self.pmix.on_event(gen, ev),
                 _ = tokio::time::sleep(sleep), if deadline.is_some() => self.submit(CoreInput::Tick),
             }
             self.drive();
         };
         // Nothing this daemon started outlives it.
         self.odls.kill_all();
-        if let Some(px) = self.pmix.take() {
-            drop(px);
-        }
+        // The PMIx worker ends with the daemon (its session directory goes next).
+        self.pmix.shutdown();
         exit
     }
 
@@ -329,7 +326,7 @@ impl Daemon {
                     self.maybe_finish_tree_query();
                 }
             }
-            Effect::FenceDone { key, result } => self.pmix_fence_done(key, result),
+            Effect::FenceDone { key, result } => self.pmix.fence_done(key, result),
             Effect::BenchDone(r) => {
                 if let Some(tx) = self.hnp.as_mut().and_then(|h| h.bench.take()) {
                     let _ = tx.send(r);
@@ -366,7 +363,8 @@ impl Daemon {
                     // The name the node itself reports (the label is in the HNP's status).
                     host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
                     pid: std::process::id(),
-                    rss_kib: rss_kib(),
+                    // The daemon and its PMIx worker: what the node pays for this daemon.
+                    rss_kib: rss_kib() + self.pmix.worker_rss_kib(),
                 };
                 self.submit(CoreInput::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
             }
@@ -536,14 +534,15 @@ impl Daemon {
     pub(crate) fn host_of(&self, rank: Rank) -> String {
         self.core.host_of(rank)
     }
-    pub(crate) fn set_pmix(&mut self, host: crate::pmix::PmixHost) {
-        self.pmix = Some(host);
+    /// Where this daemon's PMIx workers keep their files, and when one is replaced. The first
+    /// worker starts when the first job reaches this daemon (an idle daemon stays small and
+    /// boots fast), or at once with [`Daemon::start_pmix_background`].
+    pub fn set_pmix_settings(&mut self, settings: crate::pmix::PmixSettings) {
+        self.pmix.configure(settings);
     }
-    pub(crate) fn pmix_mut(&mut self) -> Option<&mut crate::pmix::PmixHost> {
-        self.pmix.as_mut()
-    }
-    pub(crate) fn pmix_ref(&self) -> Option<&crate::pmix::PmixHost> {
-        self.pmix.as_ref()
+    /// Start the PMIx worker now, in the background (a one-shot DVM knows a job is coming).
+    pub fn start_pmix_background(&mut self) {
+        self.pmix.start_background();
     }
     /// This daemon's session directory (per-daemon scratch for its ranks).
     pub fn set_session_dir(&mut self, dir: &std::path::Path) {
@@ -572,15 +571,27 @@ impl Daemon {
     }
 }
 
+/// Give the heap's free pages back to the system (glibc's `malloc_trim`). Freed memory
+/// otherwise stays resident in the allocator's arenas, scattered between live allocations, and
+/// a long-lived daemon's RSS creeps up with every job although nothing is kept (docs/soak.md).
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only returns free memory to the system; it is safe at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Resident set size of this process in KiB (Linux).
 pub fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    rss_kib_of("/proc/self/status").unwrap_or(0)
+}
+
+/// `VmRSS` in KiB from a `/proc/<pid>/status` file; None when the process is gone.
+pub fn rss_kib_of(status_file: &str) -> Option<u64> {
+    std::fs::read_to_string(status_file).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    })
 }

@@ -371,14 +371,15 @@ impl Daemon {
             daemon_cmd::Body::Iof(chunk) => self.on_iof(origin, chunk),
             daemon_cmd::Body::IofAck(ack) => self.odls().ack_output(ack.jobid, ack.bytes as usize),
             daemon_cmd::Body::Stdin(chunk) => self.local_stdin(chunk),
-            daemon_cmd::Body::DmodexReq(req) => self.serve_dmodex(origin, req),
-            daemon_cmd::Body::DmodexResp(resp) => self.on_dmodex_resp(resp),
+            daemon_cmd::Body::DmodexReq(req) => self.pmix.serve_dmodex(origin, req),
+            daemon_cmd::Body::DmodexResp(resp) => self.pmix.on_dmodex_resp(resp),
             daemon_cmd::Body::JobAbort(a) => {
                 let host = self.host_of(a.daemon);
                 if let Some(job) = self.jobs.hnp.get_mut(&a.jobid) {
                     job.aborts.insert(a.rank, (a.code, host));
                 }
             }
+            daemon_cmd::Body::JobFail(f) => self.fail_job(f.jobid, f.code, f.reason),
             daemon_cmd::Body::JobLog(l) => {
                 let host = self.host_of(l.daemon);
                 if let Some(job) = self.jobs.hnp.get(&l.jobid) {
@@ -457,6 +458,7 @@ impl Daemon {
         lj.ranks = procs.iter().map(|p| p.rank).collect();
         let env = base_env();
         let pmix = self.pmix_job_start(jobid, &map, procs.len() as u32);
+        let session = self.session_dir();
         let loopback = self.on_loopback();
         // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
@@ -491,7 +493,7 @@ impl Daemon {
                 penv.push((k.to_string(), v));
             }
             if pmix {
-                for (k, v) in self.pmix_proc_env(jobid, p.rank, loopback, yield_idle) {
+                for (k, v) in self.pmix.proc_env(jobid, p.rank, session.clone(), loopback, yield_idle) {
                     if !app.env.iter().any(|kv| kv.split_once('=').is_some_and(|(ak, _)| ak == k)) {
                         penv.retain(|(ek, _)| *ek != k);
                         penv.push((k, v));
@@ -510,8 +512,24 @@ impl Daemon {
         }
         if self.jobs.local.get(&jobid).is_some_and(|j| j.live == 0) {
             self.jobs.local.remove(&jobid);
-            self.pmix_job_done(jobid);
+            self.pmix.job_done(jobid);
         }
+    }
+
+    /// Register a job's PMIx namespace on this daemon (what the job map says, with the hosts
+    /// from the contact table); false: the job runs without PMIx.
+    fn pmix_job_start(&mut self, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
+        let placement = match Placement::from_job_map(map) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(jobid, "job map unusable for PMIx: {e}");
+                return false;
+            }
+        };
+        let hosts: Vec<String> = placement.daemons().map(|d| self.host_of(d)).collect();
+        let nspace = crate::pmix::nspace_of(&self.dvm_id(), jobid);
+        let start = crate::pmix::JobStart { jobid, nspace, placement, hosts: &hosts, nprocs: map.nprocs, nlocal };
+        self.pmix.job_start(start)
     }
 
     pub(crate) fn on_job_control_xcast(&mut self, payload: Bytes) {
@@ -522,6 +540,11 @@ impl Daemon {
         if ctl.cleanup {
             self.jobs.local.remove(&ctl.jobid);
             self.odls_mut().forget_job(ctl.jobid);
+            if self.jobs.local.is_empty() && self.jobs.hnp.is_empty() {
+                // Idle: what the job's messages, processes and streams used goes back to the
+                // system, so a DVM serving thousands of jobs stays at its idle size.
+                crate::daemon::trim_heap();
+            }
             return;
         }
         if ctl.kill {
@@ -570,7 +593,7 @@ impl Daemon {
                     ExitKind::Signal(s) => (0, s),
                 };
                 let mut st = ProcStatus { jobid, rank, pid, exit_code, signal, error: String::new(), daemon: self.me };
-                if let Some(why) = self.pmix_proc_exit(jobid, rank) {
+                if let Some(why) = self.pmix.proc_exit(jobid, rank) {
                     if signal == 0 && exit_code == 0 {
                         st.exit_code = 1;
                         st.error = why;
@@ -593,7 +616,7 @@ impl Daemon {
         }
         self.send_job_cmd(0, daemon_cmd::Body::ProcStatus(st));
         if done {
-            self.pmix_job_done(jobid);
+            self.pmix.job_done(jobid);
         }
     }
 }

@@ -3,8 +3,9 @@
 //! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon shell that
 //! carries out the decisions of the sans-IO daemon core (`dvm_core`, re-exported as
 //! [`core`]) over the `rml` transport, jobs (mapping in `jobmap`, launch and exits in `jobs`,
-//! processes and output in `odls`), hosting libpmix's server (`pmix`), the HNP's control API
-//! (tonic), session directories, and the tools `prun`, `pterm` and `dvm-bench`.
+//! processes and output in `odls`), hosting libpmix's server in a worker process per daemon
+//! (`pmix`), the HNP's control API (tonic), session directories, and the tools `prun`, `pterm`
+//! and `dvm-bench`.
 //!
 //! Where to look: an input enters in `daemon::Daemon::run` (one `select!`); every protocol
 //! decision is made in `dvm_core::Core::step`; effects leave in `daemon::Daemon::drive`, the

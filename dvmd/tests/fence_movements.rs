@@ -48,12 +48,12 @@ fn assert_allgather_everywhere(dvm: &Dvm, daemons: u32) {
 }
 
 fn storm_then_kill(name: &str, daemons: u32, radix: u32, victim: u32, fences: &str) {
-    let dvm = Dvm::start_with(
+    let dvm = Dvm::start_with_args(
         name,
         Nodes::Local { daemons, slots: 1 },
         radix,
-        &["--fence-movement", "allgather"],
         &[("DVM_LOG", "warn,dvm_core::bench=info")],
+        &["--fence-movement", "allgather"],
     );
     assert_allgather_everywhere(&dvm, daemons);
     let mut clean = bench(&dvm, &["--check-fences", fences]);

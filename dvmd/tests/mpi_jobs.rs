@@ -76,7 +76,12 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
         assert!(o.status.success(), "job {i}: {}", out(&o).1);
     }
     let left = dvm.leftover_procs();
-    assert!(left.is_empty(), "processes left: {left:?}");
+    assert!(
+        left.is_empty(),
+        "processes left: {:?} (daemons {:?})",
+        Dvm::describe_procs(&left),
+        Dvm::describe_procs(&dvm.pids)
+    );
     dvm.stop();
 }
 

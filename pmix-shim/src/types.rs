@@ -21,7 +21,8 @@ pub enum Rank {
 }
 
 impl Rank {
-    pub(crate) fn from_raw(r: u32) -> Rank {
+    /// From libpmix's raw `pmix_rank_t` (as carried on the daemon's own wires).
+    pub fn from_raw(r: u32) -> Rank {
         if r == sys::PMIX_RANK_WILDCARD {
             Rank::Wildcard
         } else if r >= sys::PMIX_RANK_VALID {
@@ -31,7 +32,8 @@ impl Rank {
         }
     }
 
-    pub(crate) fn to_raw(self) -> u32 {
+    /// To libpmix's raw `pmix_rank_t`.
+    pub fn to_raw(self) -> u32 {
         match self {
             Rank::Id(r) | Rank::Special(r) => r,
             Rank::Wildcard => sys::PMIX_RANK_WILDCARD,

@@ -17,6 +17,9 @@ pub mod daemon {
 pub mod job {
     include!(concat!(env!("OUT_DIR"), "/dvm.job.rs"));
 }
+pub mod pmixworker {
+    include!(concat!(env!("OUT_DIR"), "/dvm.pmixworker.rs"));
+}
 pub mod control {
     include!(concat!(env!("OUT_DIR"), "/dvm.control.rs"));
 }

@@ -59,6 +59,11 @@ struct Args {
     /// daemons stay small), `eager` right after boot on a helper thread (a job is coming).
     #[arg(long, default_value = "lazy", value_parser = ["lazy", "eager"])]
     pmix_start: String,
+    /// A daemon's PMIx server runs in a worker process; once the worker has grown by this many
+    /// KiB (libpmix keeps something of every rank it served) it is replaced the next time no
+    /// job uses it, which keeps a long-lived DVM's memory flat (0: after every job).
+    #[arg(long, default_value_t = dvmd::pmix::DEFAULT_RECYCLE_KIB, value_name = "KIB")]
+    pmix_recycle_kib: u64,
     /// Heartbeats missed before a silent peer is declared lost.
     #[arg(long, default_value_t = 5)]
     heartbeat_misses: u32,
@@ -109,6 +114,18 @@ fn unblock_term_signals() {
 
 fn main() -> ExitCode {
     let _ = term_signals().thread_block();
+    // A daemon's PMIx worker (started by the daemon, never by hand): nothing else of dvmd.
+    let mut argv = std::env::args();
+    if let (Some(_), Some(mode), Some(fds), None) = (argv.next(), argv.next(), argv.next(), argv.next()) {
+        if mode == "--pmix-worker" {
+            dvmd::init_logging();
+            let Some((cmd, ev)) = dvmd::pmix::worker::parse_fds(&fds) else {
+                dvmd::say!("dvmd --pmix-worker: '{fds}' is not CMD_FD,EVENT_FD (this mode is started by a daemon)");
+                return ExitCode::from(2);
+            };
+            return ExitCode::from(dvmd::pmix::worker::run(cmd, ev));
+        }
+    }
     dvmd::init_logging();
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -299,6 +316,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--heartbeat-ms={}", args.heartbeat_ms),
             format!("--heartbeat-misses={}", args.heartbeat_misses),
             format!("--pmix-start={}", args.pmix_start),
+            format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
             format!("--max-message={}", args.max_message),
             format!("--fence-movement={}", args.fence_movement),
         ];
@@ -354,7 +372,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
-    start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
+    start_pmix(&mut daemon, session.dir(), &args);
     if size == 1 {
         // A one-daemon DVM is wired up at once.
         daemon.wire_single();
@@ -437,12 +455,13 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
     }
 }
 
-/// Every daemon hosts a PMIx server in its own session directory: started by the first job
-/// that reaches the daemon, or (eager) now on a helper thread.
-fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, eager: bool) {
+/// Every daemon hosts a PMIx server (in a worker process) in its own session directory:
+/// started by the first job that reaches the daemon, or (eager) now, in the background.
+fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args) {
     daemon.set_session_dir(session);
-    daemon.set_pmix_dir(&session.join("pmix"));
-    if eager {
+    daemon
+        .set_pmix_settings(dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib });
+    if args.pmix_start == "eager" {
         daemon.start_pmix_background();
     }
 }
@@ -509,7 +528,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         slots: args.slots,
         epoch,
     });
-    start_pmix(&mut daemon, session.dir(), args.pmix_start == "eager");
+    start_pmix(&mut daemon, session.dir(), &args);
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;

@@ -65,7 +65,10 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
     }
     if usable.is_empty() {
         let np0 = if spec.apps.iter().any(|a| a.np == 0) { 0 } else { np };
-        let hosts = if spec.hosts.is_empty() {
+        let hosts = if spec.hosts.is_empty() && nodes.is_empty() {
+            // Every daemon with slots was lost (or none had any): say so, not "()".
+            "any node of the DVM: no daemon with slots is left".to_string()
+        } else if spec.hosts.is_empty() {
             format!("any node of the DVM ({})", host_list(nodes.iter()))
         } else {
             format!("hosts {}", spec.hosts.join(","))
@@ -206,6 +209,12 @@ mod tests {
         assert_eq!(e.to_string(), "cannot map the job: daemon 0 (host b) is listed twice among the DVM's nodes");
         let e = map_job(&JobSpec { hosts: vec!["b".into()], ..spec(0) }, &[node(0, "a", 2), node(1, "b", 0)]);
         assert_eq!(e.unwrap_err().to_string(), "cannot map 2 processes: no slots on hosts b");
+        // Every daemon with slots lost: the sentence says so instead of an empty list.
+        let e = map_job(&spec(0), &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot map 2 processes: no slots on any node of the DVM: no daemon with slots is left"
+        );
         let e = map_job(&JobSpec { ppr: 0, ..spec(MapBy::Ppr as i32) }, &nodes).unwrap_err();
         assert_eq!(
             e.to_string(),

@@ -106,11 +106,11 @@ const BOOT_GUARD: Duration = Duration::from_secs(120);
 impl Dvm {
     /// Start a DVM; `env` goes to dvmd (and so to every daemon and proc).
     pub fn start(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)]) -> Dvm {
-        Dvm::start_with(name, nodes, radix, &[], env)
+        Dvm::start_with_args(name, nodes, radix, env, &[])
     }
 
-    /// Like [`Dvm::start`], with extra dvmd options (e.g. `--fence-movement allgather`).
-    pub fn start_with(name: &str, nodes: Nodes, radix: u32, args: &[&str], env: &[(&str, &str)]) -> Dvm {
+    /// As [`Dvm::start`], with more `dvmd` options.
+    pub fn start_with_args(name: &str, nodes: Nodes, radix: u32, env: &[(&str, &str)], args: &[&str]) -> Dvm {
         let root = std::env::temp_dir().join(format!("dvm-t-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
@@ -196,13 +196,71 @@ impl Dvm {
         assert!(out.status.success(), "DVM no longer runs jobs: {}", text(&out).1);
     }
 
-    /// Processes left under the daemons (finished jobs must leave none).
+    /// Processes left under the daemons (finished jobs must leave none; a daemon's PMIx worker
+    /// is the daemon's own). Each process is judged by itself (its parent and executable), so a
+    /// worker being replaced while this looks is never mistaken for a leftover.
     pub fn leftover_procs(&self) -> Vec<u32> {
-        self.pids.iter().flat_map(|&d| descendants(d)).filter(|p| !self.pids.contains(p)).collect()
+        let mut out: Vec<u32> = self
+            .pids
+            .iter()
+            .flat_map(|&d| descendants(d))
+            .filter(|&p| !self.pids.contains(&p) && alive(p) && !self.is_worker(p))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
-    /// pterm; then no daemon and no session directory may remain.
+    /// A PMIx worker of one of the daemons: a child of a daemon running the daemon's own
+    /// executable (`dvmd --pmix-worker`, or just forked to become one).
+    fn is_worker(&self, p: u32) -> bool {
+        let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        let parent = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|f| f.parse().ok());
+        match parent {
+            Some(pp) if self.pids.contains(&pp) => exe(p).is_some() && exe(p) == exe(pp),
+            _ => false,
+        }
+    }
+
+    /// [`Dvm::leftover_procs`] with each one's parent and command line, for a failure message.
+    pub fn describe_procs(pids: &[u32]) -> Vec<String> {
+        pids.iter()
+            .map(|p| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                let exe = std::fs::read_link(format!("/proc/{p}/exe")).map(|e| e.display().to_string());
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).unwrap_or("?").to_string();
+                format!("{p} (parent {ppid}, exe {exe:?}): {cmd}")
+            })
+            .collect()
+    }
+
+    /// The PMIx worker processes the daemons run now: children of a daemon running the
+    /// daemon's own executable (`dvmd --pmix-worker`, or just forked to become one), other
+    /// than the daemons themselves.
+    pub fn pmix_workers(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = (0..self.pids.len()).flat_map(|r| self.workers_of(r)).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn workers_of(&self, rank: usize) -> Vec<u32> {
+        let Some(&d) = self.pids.get(rank) else { return Vec::new() };
+        children_of(d).into_iter().filter(|&c| !self.pids.contains(&c) && self.is_worker(c)).collect()
+    }
+
+    /// The PMIx worker daemon `rank` runs now, if any (one that has started as a worker).
+    pub fn pmix_worker_of(&self, rank: usize) -> Option<u32> {
+        let workers = procs_with("--pmix-worker");
+        self.workers_of(rank).into_iter().find(|p| workers.contains(p))
+    }
+
+    /// pterm; then no daemon, no PMIx worker and no session directory may remain.
     pub fn stop(mut self) {
+        let workers = self.pmix_workers();
         let st = Command::new(PTERM).arg("--dvm-uri").arg(&self.uri).status().unwrap();
         assert!(st.success(), "pterm failed");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -215,6 +273,7 @@ impl Dvm {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(self.pids.iter().all(|&p| !alive(p)), "daemons left running");
+        until(Duration::from_secs(10), "PMIx workers ending with their daemons", || workers.iter().all(|&p| !alive(p)));
         let left = session_dirs(&self.root);
         assert!(left.is_empty(), "session dirs left: {left:?}");
         self.pids.clear();
@@ -223,6 +282,13 @@ impl Dvm {
 
 impl Drop for Dvm {
     fn drop(&mut self) {
+        let workers = self.pmix_workers();
+        for &p in &workers {
+            // SAFETY: plain kill(2) on PMIx workers of this test's daemons.
+            unsafe {
+                libc::kill(p as i32, libc::SIGKILL);
+            }
+        }
         let _ = self.hnp.kill();
         let _ = self.hnp.wait();
         for &p in &self.pids {

@@ -1,0 +1,448 @@
+//! The daemon's side of its PMIx worker (see [`super::worker`]): starting it, calling it,
+//! turning its events into [`HostEvent`]s for the actor, and ending it.
+//!
+//! Calls are synchronous round trips on the command socket, made from the actor like the
+//! libpmix calls they stand for (each is sub-millisecond; `Init` is 15–40 ms and is written at
+//! once but read only when the first job needs the server, so a start overlaps other work).
+//! Completions are written and not answered. A worker that takes longer than
+//! [`WORKER_OP_TIMEOUT`] plus a slack to answer or to take a command breaks the link: the actor
+//! is never held longer than that, even by a stopped worker.
+//! Events are read by a thread and posted, tagged with the worker's generation, into the
+//! actor's channel. A reply handle completes at most once; dropped, it fails its upcall
+//! (`PMIX_ERROR`), so no client is left blocked; a reply for a worker that is gone is a no-op.
+
+use std::io::{BufReader, BufWriter};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dvm_proto::pmixworker::{self as wire, worker_cmd::Body as Cmd, worker_event::Body as Ev, WorkerCmd, WorkerReply};
+use pmix_shim::{JobInfo, ProcId, Rank, ServerConfig, Status};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::frame::{read_frame, write_frame};
+
+/// What the daemon learns from its worker.
+#[derive(Debug)]
+pub(crate) enum HostEvent {
+    ClientConnected {
+        proc: ProcId,
+        reply: WorkerReplyHandle,
+    },
+    ClientFinalized {
+        proc: ProcId,
+        reply: WorkerReplyHandle,
+    },
+    Abort {
+        proc: ProcId,
+        status: Status,
+        message: String,
+        reply: WorkerReplyHandle,
+    },
+    FenceNb(FenceUpcall),
+    DirectModex {
+        proc: ProcId,
+        reply: WorkerReplyHandle,
+    },
+    Log {
+        client: ProcId,
+        text: Option<String>,
+        reply: WorkerReplyHandle,
+    },
+    JobControl {
+        reply: WorkerReplyHandle,
+    },
+    DmodexData {
+        request: u64,
+        status: Status,
+        data: Bytes,
+    },
+    NspaceDeregistered {
+        nspace: String,
+        status: Status,
+    },
+    /// The worker's event stream ended: it exited or was killed.
+    Ended {
+        how: String,
+    },
+}
+
+impl HostEvent {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            HostEvent::ClientConnected { .. } => "client_connected",
+            HostEvent::ClientFinalized { .. } => "client_finalized",
+            HostEvent::Abort { .. } => "abort",
+            HostEvent::FenceNb(_) => "fence_nb",
+            HostEvent::DirectModex { .. } => "direct_modex",
+            HostEvent::Log { .. } => "log",
+            HostEvent::JobControl { .. } => "job_control",
+            HostEvent::DmodexData { .. } => "dmodex_data",
+            HostEvent::NspaceDeregistered { .. } => "nspace_deregistered",
+            HostEvent::Ended { .. } => "worker_ended",
+        }
+    }
+}
+
+/// A `fence_nb` upcall: every local participant contributed.
+#[derive(Debug)]
+pub(crate) struct FenceUpcall {
+    pub procs: Vec<ProcId>,
+    /// `PMIX_COLLECT_DATA`, false when absent (never inferred from the data).
+    pub collect: bool,
+    /// `PMIX_TIMEOUT` in seconds, if given.
+    pub timeout: Option<i32>,
+    /// `pmix.loc.col.st`, if given: non-zero means a local participant died.
+    pub local_status: Option<Status>,
+    pub data: Bytes,
+    pub reply: WorkerReplyHandle,
+}
+
+/// Errors of the link to a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot start the PMIx worker process: {0}")]
+    Spawn(std::io::Error),
+    #[error("the PMIx worker (pid {pid}) stopped answering: {source}")]
+    Link { pid: u32, source: std::io::Error },
+    #[error("the PMIx worker (pid {pid}) is gone")]
+    Gone { pid: u32 },
+    #[error("{0}")]
+    Pmix(String),
+}
+
+/// The command socket of one worker, shared by the actor and the reply handles.
+#[derive(Debug)]
+pub(crate) struct WorkerLink {
+    pid: u32,
+    io: Mutex<Option<(BufReader<UnixStream>, BufWriter<UnixStream>)>>,
+}
+
+impl WorkerLink {
+    /// One command and its answer (the lock held across both: answers come in order).
+    fn call(&self, body: Cmd) -> Result<WorkerReply, WorkerError> {
+        self.exchange(Some(body), true)?.ok_or(WorkerError::Gone { pid: self.pid })
+    }
+
+    /// Write a command without reading anything: a `Complete` (which the worker never
+    /// answers), or `Init`, whose answer [`WorkerLink::finish`] reads later.
+    fn post(&self, body: Cmd) -> Result<(), WorkerError> {
+        self.exchange(Some(body), false).map(drop)
+    }
+
+    /// Read the answer to a command posted earlier.
+    fn finish(&self) -> Result<WorkerReply, WorkerError> {
+        self.exchange(None, true)?.ok_or(WorkerError::Gone { pid: self.pid })
+    }
+
+    /// Write `cmd` (if any), then read one answer (if `answer`). Any failure of the stream
+    /// closes the link for good: a half-written or half-read frame cannot be resynchronized.
+    fn exchange(&self, cmd: Option<Cmd>, answer: bool) -> Result<Option<WorkerReply>, WorkerError> {
+        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((r, w)) = io.as_mut() else { return Err(WorkerError::Gone { pid: self.pid }) };
+        let mut got = cmd.map_or(Ok(()), |body| write_frame(w, &WorkerCmd { body: Some(body) })).map(|()| None);
+        if answer {
+            got = got.and_then(|_| read_frame::<WorkerReply>(r));
+        }
+        match got {
+            Ok(Some(reply)) if !reply.error.is_empty() => Err(WorkerError::Pmix(reply.error)),
+            Ok(Some(reply)) => Ok(Some(reply)),
+            Ok(None) if !answer => Ok(None),
+            Ok(None) => {
+                // The worker closed its end between frames: it exited.
+                *io = None;
+                Err(WorkerError::Gone { pid: self.pid })
+            }
+            Err(source) => {
+                *io = None;
+                Err(WorkerError::Link { pid: self.pid, source })
+            }
+        }
+    }
+
+    fn close(&self) {
+        *self.io.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// An upcall waiting for the daemon's answer, in a worker.
+#[must_use = "an uncompleted reply leaves a client blocked until it is dropped (then it fails)"]
+#[derive(Debug)]
+pub(crate) struct WorkerReplyHandle {
+    id: u64,
+    link: Option<Arc<WorkerLink>>,
+}
+
+impl WorkerReplyHandle {
+    /// Complete with a status.
+    pub fn complete(self, status: Status) {
+        self.complete_with(status, &[]);
+    }
+
+    /// Complete with a status and data (a fence's result, a peer's modex blob).
+    pub fn complete_with(mut self, status: Status, data: &[u8]) {
+        self.send(status, data);
+    }
+
+    fn send(&mut self, status: Status, data: &[u8]) {
+        let Some(link) = self.link.take() else { return };
+        if self.id == 0 {
+            return;
+        }
+        let cmd = Cmd::Complete(wire::Complete { reply: self.id, status, data: Bytes::copy_from_slice(data) });
+        if let Err(e) = link.post(cmd) {
+            debug!(reply = self.id, "PMIx reply not delivered: {e}");
+        }
+    }
+}
+
+impl Drop for WorkerReplyHandle {
+    fn drop(&mut self) {
+        if self.link.is_some() {
+            warn!(reply = self.id, "PMIx reply dropped without completion; completing with PMIX_ERROR");
+            self.send(pmix_shim::ERROR, &[]);
+        }
+    }
+}
+
+/// Channel items: the worker generation an event came from, and the event.
+pub(crate) type EventTx = mpsc::UnboundedSender<(u64, HostEvent)>;
+
+/// A running worker process.
+pub(crate) struct Worker {
+    pub gen: u64,
+    link: Arc<WorkerLink>,
+    child: Child,
+    tmpdir: PathBuf,
+    /// The `Init` reply is still to be read.
+    init_pending: bool,
+    /// The worker's RSS the first time it was idle after a job: what a worker costs once its
+    /// server has served anyone (libpmix's first client costs ~1.5 MiB, once). What it keeps
+    /// of each later client shows as growth beyond this.
+    baseline_kib: Option<u64>,
+}
+
+/// How long a worker may take to finalize once told to end, before it is killed.
+pub(crate) const WORKER_GRACE: Duration = Duration::from_secs(2);
+
+/// Bound on each libpmix call a worker makes (register, setup_fork, deregister: all measured
+/// well under 50 ms here).
+pub(crate) const WORKER_OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the link waits beyond the op timeout before it declares the worker stuck.
+const LINK_SLACK: Duration = Duration::from_secs(5);
+
+impl Worker {
+    /// Start a worker and ask it to start its server with `cfg` (the answer is read by
+    /// [`Worker::ready`]). Its events arrive on `events`, tagged with `gen`.
+    pub fn spawn(cfg: &ServerConfig, gen: u64, events: EventTx) -> Result<Worker, WorkerError> {
+        let (cmd_ours, cmd_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
+        let (ev_ours, ev_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
+        let fds = [cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd()];
+        let mut c = Command::new("/proc/self/exe");
+        c.arg("--pmix-worker").arg(format!("{},{}", fds[0], fds[1]));
+        c.stdin(Stdio::null()).stdout(Stdio::null());
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl, setpgid,
+        // sigprocmask.
+        unsafe {
+            c.pre_exec(move || {
+                for fd in fds {
+                    // The worker's two sockets survive the exec; every other descriptor keeps
+                    // its close-on-exec flag.
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Its own process group: a terminal's Ctrl-C reaches the daemon, which ends
+                // the worker in order, never the worker directly.
+                libc::setpgid(0, 0);
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                Ok(())
+            })
+        };
+        let child = c.spawn().map_err(WorkerError::Spawn)?;
+        drop((cmd_theirs, ev_theirs));
+        let pid = child.id();
+        let reader = cmd_ours.try_clone().map_err(WorkerError::Spawn)?;
+        // A worker stuck inside libpmix (or stopped) must not hold the actor for ever: every
+        // libpmix call it makes is bounded by the op timeout, so an answer later than that, or
+        // a command it does not take in that time, means it is stuck; the link then breaks.
+        let bound = Some(cfg.op_timeout + LINK_SLACK);
+        reader.set_read_timeout(bound).map_err(WorkerError::Spawn)?;
+        cmd_ours.set_write_timeout(bound).map_err(WorkerError::Spawn)?;
+        let link =
+            Arc::new(WorkerLink { pid, io: Mutex::new(Some((BufReader::new(reader), BufWriter::new(cmd_ours)))) });
+        let worker = Worker {
+            gen,
+            link: link.clone(),
+            child,
+            tmpdir: cfg.tmpdir.clone(),
+            init_pending: true,
+            baseline_kib: None,
+        };
+        let events_link = link.clone();
+        std::thread::Builder::new()
+            .name(format!("pmix-worker-{gen}"))
+            .spawn(move || read_events(ev_ours, events_link, gen, events))
+            .map_err(WorkerError::Spawn)?;
+        let init = wire::Init {
+            tmpdir: cfg.tmpdir.display().to_string(),
+            hostname: cfg.hostname.clone().unwrap_or_default(),
+            share_topology: cfg.share_topology,
+            op_timeout_ms: cfg.op_timeout.as_millis() as u64,
+        };
+        link.post(Cmd::Init(init))?;
+        Ok(worker)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.link.pid
+    }
+
+    /// Wait for the server's start (once); the libpmix version it reports.
+    pub fn ready(&mut self) -> Result<Option<String>, WorkerError> {
+        if !self.init_pending {
+            return Ok(None);
+        }
+        self.init_pending = false;
+        let reply = self.link.finish()?;
+        Ok(Some(reply.version))
+    }
+
+    /// Resident set size of the worker (Linux), if it is still running.
+    pub fn rss_kib(&self) -> Option<u64> {
+        crate::daemon::rss_kib_of(&format!("/proc/{}/status", self.pid()))
+    }
+
+    /// Call when no job uses the worker: what it holds beyond its size the first time this was
+    /// called (0 that first time).
+    pub fn idle_growth_kib(&mut self) -> u64 {
+        let rss = self.rss_kib().unwrap_or(0);
+        let base = *self.baseline_kib.get_or_insert(rss);
+        rss.saturating_sub(base)
+    }
+
+    pub fn register_nspace(&self, nspace: &str, n_local: u32, job: &JobInfo) -> Result<(), WorkerError> {
+        let cmd = wire::RegisterNspace {
+            nspace: nspace.into(),
+            n_local,
+            node_map: job.node_map.clone(),
+            proc_map: job.proc_map.iter().map(|r| wire::RankList { ranks: r.clone() }).collect(),
+            job_size: job.job_size,
+            universe_size: job.universe_size,
+            appnum: job.appnum,
+            jobid: job.jobid.clone().unwrap_or_default(),
+        };
+        self.link.call(Cmd::RegisterNspace(cmd)).map(drop)
+    }
+
+    /// `register_client` + `setup_fork` of one local rank: its PMIx environment.
+    pub fn prepare_client(
+        &self,
+        nspace: &str,
+        rank: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Vec<(String, String)>, WorkerError> {
+        let cmd = wire::PrepareClient { nspace: nspace.into(), rank, uid, gid };
+        let reply = self.link.call(Cmd::PrepareClient(cmd))?;
+        Ok(reply.env.into_iter().map(|v| (v.key, v.value)).collect())
+    }
+
+    pub fn deregister_nspace_nb(&self, nspace: &str) -> Result<(), WorkerError> {
+        self.link.call(Cmd::DeregisterNspace(wire::DeregisterNspace { nspace: nspace.into() })).map(drop)
+    }
+
+    /// Ask for a local proc's modex blob; the id its [`HostEvent::DmodexData`] will carry.
+    pub fn dmodex_request(&self, nspace: &str, rank: u32) -> Result<u64, WorkerError> {
+        let reply = self.link.call(Cmd::DmodexRequest(wire::DmodexRequest { nspace: nspace.into(), rank }))?;
+        Ok(reply.request)
+    }
+
+    /// End the worker: close its command stream (it finalizes its server and exits), kill it
+    /// if it has not ended within [`WORKER_GRACE`], reap it and remove its directory. Runs on a
+    /// thread; join the handle to wait for it.
+    pub fn retire(self) -> std::thread::JoinHandle<()> {
+        let Worker { link, mut child, tmpdir, gen, .. } = self;
+        link.close();
+        std::thread::spawn(move || {
+            let pid = child.id();
+            let deadline = Instant::now() + WORKER_GRACE;
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(st)) => break Some(st),
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                    Ok(None) => {
+                        warn!(pid, gen, "PMIx worker did not end within {WORKER_GRACE:?}; killing it");
+                        let _ = child.kill();
+                        break child.wait().ok();
+                    }
+                    Err(e) => {
+                        warn!(pid, gen, "cannot wait for the PMIx worker: {e}");
+                        break None;
+                    }
+                }
+            };
+            debug!(pid, gen, ?status, "PMIx worker ended");
+            let _ = std::fs::remove_dir_all(&tmpdir);
+        })
+    }
+}
+
+fn proc_from(p: Option<wire::Proc>) -> ProcId {
+    let p = p.unwrap_or_default();
+    ProcId::new(p.nspace, Rank::from_raw(p.rank))
+}
+
+/// The event thread of one worker: every frame becomes a [`HostEvent`]; the end of the
+/// stream becomes [`HostEvent::Ended`].
+fn read_events(sock: UnixStream, link: Arc<WorkerLink>, gen: u64, tx: EventTx) {
+    let mut r = BufReader::new(sock);
+    let how = loop {
+        let ev = match read_frame::<wire::WorkerEvent>(&mut r) {
+            Ok(Some(ev)) => ev,
+            Ok(None) => break "its event stream ended".to_string(),
+            Err(e) => break format!("its event stream broke: {e}"),
+        };
+        let reply = WorkerReplyHandle { id: ev.reply, link: (ev.reply != 0).then(|| link.clone()) };
+        let event = match ev.body {
+            Some(Ev::ClientConnected(p)) => HostEvent::ClientConnected { proc: proc_from(Some(p)), reply },
+            Some(Ev::ClientFinalized(p)) => HostEvent::ClientFinalized { proc: proc_from(Some(p)), reply },
+            Some(Ev::Abort(a)) => {
+                HostEvent::Abort { proc: proc_from(a.proc), status: a.status, message: a.message, reply }
+            }
+            Some(Ev::Fence(f)) => HostEvent::FenceNb(FenceUpcall {
+                procs: f.procs.into_iter().map(|p| proc_from(Some(p))).collect(),
+                collect: f.collect,
+                timeout: (f.timeout != 0).then_some(f.timeout),
+                local_status: f.has_local_status.then_some(f.local_status),
+                data: f.data,
+                reply,
+            }),
+            Some(Ev::DirectModex(p)) => HostEvent::DirectModex { proc: proc_from(Some(p)), reply },
+            Some(Ev::Log(l)) => {
+                HostEvent::Log { client: proc_from(l.client), text: l.has_text.then_some(l.text), reply }
+            }
+            Some(Ev::JobControl(_)) => HostEvent::JobControl { reply },
+            Some(Ev::DmodexData(d)) => HostEvent::DmodexData { request: d.request, status: d.status, data: d.data },
+            Some(Ev::NspaceDeregistered(n)) => HostEvent::NspaceDeregistered { nspace: n.nspace, status: n.status },
+            None => {
+                // Unknown to this daemon: fail the upcall rather than leave a client waiting.
+                reply.complete(pmix_shim::ERR_NOT_SUPPORTED);
+                continue;
+            }
+        };
+        if tx.send((gen, event)).is_err() {
+            return;
+        }
+    };
+    let _ = tx.send((gen, HostEvent::Ended { how }));
+}

@@ -1,0 +1,123 @@
+//! Each daemon hosts libpmix's server in a worker process it replaces when idle (libpmix 4.2.2
+//! keeps something of every client it served until the server is finalized): MPI jobs keep
+//! running across replacements, a worker that dies or freezes under a job fails that job
+//! naming the node and never the DVM, and nothing is left behind.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{alive, mpi_bin, signal, text as out, until, wait_output, Dvm, Nodes};
+
+const ENV: [(&str, &str); 1] = [("OMPI_MCA_pml", "ob1")];
+
+fn allreduce_ok(dvm: &Dvm, np: u32) {
+    let o = dvm.prun(&["--map-by", "node", "-n", &np.to_string(), &mpi_bin("allreduce")]);
+    let (so, se) = out(&o);
+    assert!(o.status.success(), "allreduce: {se}\n{}", dvm.log());
+    let want = np * (np - 1) / 2;
+    assert_eq!(so.matches(&format!("ok {want}")).count(), np as usize, "{so}");
+}
+
+fn started(child: &mut std::process::Child) {
+    dvm_tests::wait_for_line(child.stdout.take().unwrap(), "linger started", Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("the MPI job never started: {e}"));
+}
+
+/// `--pmix-recycle-kib 0`: every daemon replaces its worker after every job. Each job must
+/// then run on fresh workers (all new pids), and succeed.
+fn replaced_after_every_job(radix: u32) {
+    let daemons = 4;
+    let dvm = Dvm::start_with_args(
+        &format!("pmixrecycle{radix}"),
+        Nodes::Local { daemons, slots: 2 },
+        radix,
+        &ENV,
+        &["--pmix-recycle-kib", "0"],
+    );
+    let mut seen: BTreeSet<u32> = BTreeSet::new();
+    for job in 0..4 {
+        allreduce_ok(&dvm, 2 * daemons);
+        // The job's namespace is released on every daemon, then its worker is replaced: every
+        // daemon runs a worker no earlier job used.
+        until(Duration::from_secs(30), &format!("every daemon replacing its PMIx worker after job {job}"), || {
+            let now: Vec<u32> = (0..daemons as usize).filter_map(|r| dvm.pmix_worker_of(r)).collect();
+            now.len() == daemons as usize && now.iter().all(|p| !seen.contains(p))
+        });
+        for p in dvm.pmix_workers() {
+            seen.insert(p);
+        }
+    }
+    assert!(seen.len() >= 4 * daemons as usize, "workers seen: {seen:?}");
+    // Every replaced worker is gone (reaped), not merely replaced.
+    let running: BTreeSet<u32> = dvm.pmix_workers().into_iter().collect();
+    until(Duration::from_secs(10), "replaced PMIx workers to end", || {
+        seen.iter().filter(|p| !running.contains(p)).all(|&p| !alive(p))
+    });
+    assert!(dvm.leftover_procs().is_empty(), "left: {:?}", dvm.leftover_procs());
+    dvm.stop();
+}
+
+#[test]
+fn workers_replaced_after_every_job_radix_2() {
+    replaced_after_every_job(2);
+}
+
+#[test]
+fn workers_replaced_after_every_job_radix_64() {
+    replaced_after_every_job(64);
+}
+
+/// A worker killed under a running MPI job: the job fails naming the daemon and node, the
+/// daemon survives, and the next MPI job runs on a new worker.
+fn worker_killed_mid_job(radix: u32) {
+    let dvm = Dvm::start(&format!("pmixkill{radix}"), Nodes::Local { daemons: 4, slots: 2 }, radix, &ENV);
+    let mut job = dvm.spawn_prun(&["--map-by", "node", "-n", "8", &mpi_bin("linger")]);
+    started(&mut job);
+    let victim = dvm.pmix_worker_of(2).expect("daemon 2 runs a PMIx worker during an MPI job");
+    signal(victim, libc::SIGKILL);
+    let o = wait_output(&mut job, Duration::from_secs(60), "an MPI job whose daemon lost its PMIx server");
+    let (_, se) = out(&o);
+    assert!(!o.status.success(), "the job reported success: {se}");
+    assert!(se.contains("the PMIx server of daemon 2 on node"), "the failure does not name daemon 2: {se}");
+    assert!(dvm.pids.iter().all(|&p| alive(p)), "a daemon died with its worker: {}", dvm.log());
+    allreduce_ok(&dvm, 8);
+    assert_ne!(dvm.pmix_worker_of(2), Some(victim));
+    dvm.stop();
+}
+
+#[test]
+fn worker_killed_mid_job_radix_2() {
+    worker_killed_mid_job(2);
+}
+
+#[test]
+fn worker_killed_mid_job_radix_64() {
+    worker_killed_mid_job(64);
+}
+
+/// A worker frozen (SIGSTOP) under a running MPI job, then `pterm`: the DVM still ends, the
+/// frozen worker is killed after its grace, and nothing is left.
+#[test]
+fn frozen_worker_does_not_hold_pterm() {
+    let dvm = Dvm::start("pmixfrozen", Nodes::Local { daemons: 3, slots: 2 }, 2, &ENV);
+    let mut job = dvm.spawn_prun(&["--map-by", "node", "-n", "6", &mpi_bin("linger")]);
+    started(&mut job);
+    let frozen = dvm.pmix_worker_of(1).expect("daemon 1 runs a PMIx worker during an MPI job");
+    signal(frozen, libc::SIGSTOP);
+    let workers = dvm.pmix_workers();
+    let st = std::process::Command::new(common::PTERM)
+        .arg("--dvm-uri")
+        .arg(&dvm.uri)
+        .env("DVM_TMPDIR", &dvm.root)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "pterm: {}", out(&st).1);
+    let o = wait_output(&mut job, Duration::from_secs(90), "an MPI job under pterm with a frozen PMIx worker");
+    assert!(!o.status.success(), "{}", out(&o).1);
+    until(Duration::from_secs(60), "daemons and PMIx workers to end after pterm", || {
+        dvm.pids.iter().chain(&workers).all(|&p| !alive(p))
+    });
+    assert!(common::session_dirs(&dvm.root).is_empty(), "session dirs left: {}", dvm.log());
+}
