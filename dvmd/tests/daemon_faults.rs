@@ -7,35 +7,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{alive, procs_in_root, procs_with, session_dirs, signal, text, until, wait_output, Dvm, Nodes, PTERM};
-
-const BENCH: &str = env!("CARGO_BIN_EXE_dvm-bench");
-
-/// Pid of daemon `rank` of this DVM.
-fn daemon_pid(dvm: &Dvm, rank: u32) -> u32 {
-    if rank == 0 {
-        return dvm.pids[0];
-    }
-    let found: Vec<u32> =
-        procs_with(&format!("--rank={rank}\0")).into_iter().filter(|p| dvm.pids.contains(p)).collect();
-    assert_eq!(found.len(), 1, "daemon {rank}: pids {found:?}");
-    found[0]
-}
-
-fn bench(dvm: &Dvm, args: &[&str]) -> Child {
-    Command::new(BENCH)
-        .arg("--dvm-uri")
-        .arg(&dvm.uri)
-        .args(args)
-        .env("DVM_TMPDIR", &dvm.root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
 
 /// Processes of a job: `sleep <marker>` under this DVM's HNP (its daemons are its children).
 fn job_procs(dvm: &Dvm, marker: &str) -> usize {
@@ -54,23 +29,7 @@ fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
     // The HNP logs when the benchmark reaches it; every daemon applies BENCH before any
     // DAEMON_DIED the kill causes (xcasts are processed in op order).
     let dvm = Dvm::start(name, Nodes::Local { daemons, slots: 1 }, radix, &[("DVM_LOG", "warn,dvm_core::bench=info")]);
-    let mut storm = bench(&dvm, &["--check-fences", "100000000"]);
-    until(Duration::from_secs(60), "the fence storm to start on the HNP", || dvm.log().contains("benchmark 1 started"));
-    let pid = daemon_pid(&dvm, victim);
-    signal(pid, libc::SIGKILL);
-    let out = wait_output(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
-    let (o, e) = text(&out);
-    assert!(!out.status.success(), "{name}: the storm that lost daemon {victim} reported success: {o}");
-    assert!(
-        e.contains(&format!("lost daemon {victim} on host")),
-        "{name}: the error does not name daemon {victim}: {e}"
-    );
-    let mut again = bench(&dvm, &["--check-fences", "300"]);
-    let out = wait_output(&mut again, Duration::from_secs(120), "the storm on the survivors");
-    let (o, e) = text(&out);
-    assert!(out.status.success(), "{name}: survivors failed the next storm: {o}{e}");
-    assert!(o.contains(&format!("on {} daemons", daemons - 1)), "{name}: {o}");
-    dvm.assert_up();
+    dvm.storm_with_kill(name, daemons, victim, 1);
     dvm.stop();
 }
 
@@ -112,7 +71,7 @@ fn frozen_then_resumed(name: &str, radix: u32) {
         let mut job = dvm.spawn_prun(&["--map-by", "node", "-n", &(8 - round).to_string(), "sleep", &marker]);
         until(Duration::from_secs(30), "the job's procs to start", || job_procs(&dvm, &marker) == 8 - round);
         let victim = 1 + round as u32;
-        let pid = daemon_pid(&dvm, victim);
+        let pid = dvm.daemon_pid(victim);
         signal(pid, libc::SIGSTOP);
         let out = wait_output(&mut job, Duration::from_secs(60), "the job on a frozen daemon");
         let (_, e) = text(&out);

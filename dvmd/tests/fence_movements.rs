@@ -9,37 +9,14 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{procs_with, signal, text, until, wait_output, Dvm, Nodes};
-
-const BENCH: &str = env!("CARGO_BIN_EXE_dvm-bench");
-
-fn bench(dvm: &Dvm, args: &[&str]) -> Child {
-    Command::new(BENCH)
-        .arg("--dvm-uri")
-        .arg(&dvm.uri)
-        .args(args)
-        .env("DVM_TMPDIR", &dvm.root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Pid of daemon `rank` (not the HNP) of this DVM.
-fn daemon_pid(dvm: &Dvm, rank: u32) -> u32 {
-    let found: Vec<u32> =
-        procs_with(&format!("--rank={rank}\0")).into_iter().filter(|p| dvm.pids.contains(p)).collect();
-    assert_eq!(found.len(), 1, "daemon {rank}: pids {found:?}");
-    found[0]
-}
+use common::{text, wait_output, Dvm, Nodes};
 
 /// Every daemon was started with the allgather (the arm is really the one under test).
 fn assert_allgather_everywhere(dvm: &Dvm, daemons: u32) {
     for r in 1..daemons {
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", daemon_pid(dvm, r))).unwrap();
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", dvm.daemon_pid(r))).unwrap();
         assert!(
             String::from_utf8_lossy(&cmdline).contains("--fence-movement=allgather\0"),
             "daemon {r} was not started with --fence-movement=allgather"
@@ -56,28 +33,13 @@ fn storm_then_kill(name: &str, daemons: u32, radix: u32, victim: u32, fences: &s
         &["--fence-movement", "allgather"],
     );
     assert_allgather_everywhere(&dvm, daemons);
-    let mut clean = bench(&dvm, &["--check-fences", fences]);
+    let mut clean = dvm.bench(&["--check-fences", fences]);
     let out = wait_output(&mut clean, Duration::from_secs(600), "the clean fence storm");
     let (o, e) = text(&out);
     assert!(out.status.success(), "{name}: the clean storm failed: {o}{e}");
     assert!(o.contains(&format!("{fences} alternating barrier/modex fences on {daemons} daemons")), "{name}: {o}");
 
-    let mut storm = bench(&dvm, &["--check-fences", "100000000"]);
-    until(Duration::from_secs(60), "the fence storm to start on the HNP", || dvm.log().contains("benchmark 2 started"));
-    signal(daemon_pid(&dvm, victim), libc::SIGKILL);
-    let out = wait_output(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
-    let (o, e) = text(&out);
-    assert!(!out.status.success(), "{name}: the storm that lost daemon {victim} reported success: {o}");
-    assert!(
-        e.contains(&format!("lost daemon {victim} on host")),
-        "{name}: the error does not name daemon {victim}: {e}"
-    );
-    let mut again = bench(&dvm, &["--check-fences", "300"]);
-    let out = wait_output(&mut again, Duration::from_secs(120), "the storm on the survivors");
-    let (o, e) = text(&out);
-    assert!(out.status.success(), "{name}: survivors failed the next storm: {o}{e}");
-    assert!(o.contains(&format!("on {} daemons", daemons - 1)), "{name}: {o}");
-    dvm.assert_up();
+    dvm.storm_with_kill(name, daemons, victim, 2);
     dvm.stop();
 }
 

@@ -12,6 +12,7 @@ use dvm_tests::{wait_for_line, FakeCluster, LineReader};
 pub const DVMD: &str = env!("CARGO_BIN_EXE_dvmd");
 pub const PRUN: &str = env!("CARGO_BIN_EXE_prun");
 pub const PTERM: &str = env!("CARGO_BIN_EXE_pterm");
+pub const BENCH: &str = env!("CARGO_BIN_EXE_dvm-bench");
 
 /// Alive and not a zombie.
 pub fn alive(pid: u32) -> bool {
@@ -414,5 +415,55 @@ impl Dvm {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
+    }
+}
+
+impl Dvm {
+    /// Start `dvm-bench args` on this DVM in the background, stdout and stderr piped.
+    pub fn bench(&self, args: &[&str]) -> Child {
+        Command::new(BENCH)
+            .arg("--dvm-uri")
+            .arg(&self.uri)
+            .args(args)
+            .env("DVM_TMPDIR", &self.root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Pid of daemon `rank` of this DVM (0: the HNP).
+    pub fn daemon_pid(&self, rank: u32) -> u32 {
+        if rank == 0 {
+            return self.pids[0];
+        }
+        let found: Vec<u32> =
+            procs_with(&format!("--rank={rank}\0")).into_iter().filter(|p| self.pids.contains(p)).collect();
+        assert_eq!(found.len(), 1, "daemon {rank}: pids {found:?}");
+        found[0]
+    }
+
+    /// A `dvm-bench --check-fences` storm (the HNP's benchmark number `nth`) with daemon
+    /// `victim` killed by SIGKILL once it runs: the storm must fail naming the victim, and the
+    /// `daemons - 1` survivors then pass a clean storm and run jobs. The DVM must have been
+    /// started with `DVM_LOG` including `dvm_core::bench=info` (the start is seen in its log).
+    pub fn storm_with_kill(&self, name: &str, daemons: u32, victim: u32, nth: u32) {
+        let mut storm = self.bench(&["--check-fences", "100000000"]);
+        let started = format!("benchmark {nth} started");
+        until(Duration::from_secs(60), "the fence storm to start on the HNP", || self.log().contains(&started));
+        signal(self.daemon_pid(victim), libc::SIGKILL);
+        let out = wait_output(&mut storm, Duration::from_secs(60), "the fence storm after kill -9");
+        let (o, e) = text(&out);
+        assert!(!out.status.success(), "{name}: the storm that lost daemon {victim} reported success: {o}");
+        assert!(
+            e.contains(&format!("lost daemon {victim} on host")),
+            "{name}: the error does not name daemon {victim}: {e}"
+        );
+        let mut again = self.bench(&["--check-fences", "300"]);
+        let out = wait_output(&mut again, Duration::from_secs(120), "the storm on the survivors");
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "{name}: survivors failed the next storm: {o}{e}");
+        assert!(o.contains(&format!("on {} daemons", daemons - 1)), "{name}: {o}");
+        self.assert_up();
     }
 }
