@@ -17,6 +17,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -370,18 +371,23 @@ impl Worker {
     /// End the worker: close its command stream (it finalizes its server and exits), kill it
     /// if it has not ended within [`WORKER_GRACE`], reap it and remove its directory. Runs on a
     /// thread; join the handle to wait for it.
-    pub fn retire(self) -> std::thread::JoinHandle<()> {
+    /// `hurry` set (now or later): kill it at once instead (the daemon itself is ending: nothing
+    /// the worker holds matters any more, and the daemon must not outlast its HNP's patience).
+    pub fn retire(self, hurry: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
         let Worker { link, mut child, tmpdir, gen, .. } = self;
         link.close();
         std::thread::spawn(move || {
             let pid = child.id();
             let deadline = Instant::now() + WORKER_GRACE;
             let status = loop {
+                let late = Instant::now() >= deadline;
                 match child.try_wait() {
                     Ok(Some(st)) => break Some(st),
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                    Ok(None) if !late && !hurry.load(Ordering::Relaxed) => std::thread::sleep(Duration::from_millis(5)),
                     Ok(None) => {
-                        warn!(pid, gen, "PMIx worker did not end within {WORKER_GRACE:?}; killing it");
+                        if late {
+                            warn!(pid, gen, "PMIx worker did not end within {WORKER_GRACE:?}; killing it");
+                        }
                         let _ = child.kill();
                         break child.wait().ok();
                     }

@@ -75,6 +75,8 @@ pub(crate) struct PmixHost {
     worker: Option<Worker>,
     /// Workers being ended (finalizing, or killed after a grace); joined at shutdown.
     retiring: Vec<std::thread::JoinHandle<()>>,
+    /// Set at shutdown: workers still ending are killed at once.
+    hurry: std::sync::Arc<std::sync::atomic::AtomicBool>,
     jobs: BTreeMap<u32, PmixJob>,
     by_nspace: BTreeMap<String, u32>,
     /// Fences this daemon runs for libpmix, by the key the core returns them with.
@@ -168,6 +170,7 @@ impl PmixHost {
             gen: 0,
             worker: None,
             retiring: Vec::new(),
+            hurry: Default::default(),
             jobs: BTreeMap::new(),
             by_nspace: BTreeMap::new(),
             fences: BTreeMap::new(),
@@ -255,7 +258,7 @@ impl PmixHost {
     fn retire_worker(&mut self) {
         if let Some(w) = self.worker.take() {
             self.retiring.retain(|h| !h.is_finished());
-            self.retiring.push(w.retire());
+            self.retiring.push(w.retire(self.hurry.clone()));
         }
     }
 
@@ -276,9 +279,10 @@ impl PmixHost {
         self.start_background();
     }
 
-    /// The daemon ends: every worker is ended, and waited for (its files are in the session
-    /// directory, removed next).
+    /// The daemon ends: every worker is killed at once and reaped, its directory removed (the
+    /// session directory goes next; the HNP kills a daemon that lingers).
     pub(crate) fn shutdown(&mut self) {
+        self.hurry.store(true, std::sync::atomic::Ordering::Relaxed);
         self.retire_worker();
         for h in self.retiring.drain(..) {
             let _ = h.join();
