@@ -399,6 +399,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             let _ = server.await;
             shutdown(daemon, &pids).await;
             session.remove();
+            session::sweep_stale();
             return Ok(match exit {
                 Exit::BootFailed(msg) | Exit::LostHnp(msg) | Exit::Evicted(msg) => {
                     dvmd::say!("dvmd: {msg}");
@@ -437,18 +438,24 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     })
 }
 
-/// Close every connection, give local daemons a moment to notice, then kill what is left.
+/// Close every connection, give local daemons a moment to notice, then kill what is left and
+/// wait (briefly) until it is gone, so the caller's sweep removes the session directories a
+/// killed daemon could not.
 async fn shutdown(daemon: Daemon, pids: &[u32]) {
     let t = daemon.into_transport();
     t.shutdown().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut killed = false;
     loop {
         let alive: Vec<u32> = pids.iter().copied().filter(|&p| !dvmd::session::process_gone(p)).collect();
         if alive.is_empty() {
             return;
         }
-        if tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if now >= deadline && !killed {
             alive.iter().for_each(|&p| launch::kill(p));
+            killed = true;
+        } else if now >= deadline + Duration::from_secs(2) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

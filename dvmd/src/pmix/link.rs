@@ -249,8 +249,12 @@ impl Worker {
         let mut c = Command::new("/proc/self/exe");
         c.arg("--pmix-worker").arg(format!("{},{}", fds[0], fds[1]));
         c.stdin(Stdio::null()).stdout(Stdio::null());
-        // SAFETY: between fork and exec only async-signal-safe calls: fcntl, setpgid,
-        // sigprocmask.
+        // SAFETY: between fork and exec only an async-signal-safe call (fcntl).
+        //
+        // The worker stays in its daemon's process group, so whatever kills the DVM's group
+        // (a one-shot `prun` tearing its DVM down) kills the worker too, before the session
+        // directories are swept; it holds SIGINT/SIGTERM blocked from dvmd's first
+        // instruction, so a terminal's Ctrl-C reaches the daemon, which ends it in order.
         unsafe {
             c.pre_exec(move || {
                 for fd in fds {
@@ -260,12 +264,6 @@ impl Worker {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                // Its own process group: a terminal's Ctrl-C reaches the daemon, which ends
-                // the worker in order, never the worker directly.
-                libc::setpgid(0, 0);
-                let mut empty: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut empty);
-                libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
                 Ok(())
             })
         };
