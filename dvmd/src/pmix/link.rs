@@ -267,18 +267,38 @@ impl Worker {
                 Ok(())
             })
         };
-        let child = c.spawn().map_err(WorkerError::Spawn)?;
+        let mut child = c.spawn().map_err(WorkerError::Spawn)?;
         drop((cmd_theirs, ev_theirs));
         let pid = child.id();
-        let reader = cmd_ours.try_clone().map_err(WorkerError::Spawn)?;
         // A worker stuck inside libpmix (or stopped) must not hold the actor for ever: every
         // libpmix call it makes is bounded by the op timeout, so an answer later than that, or
         // a command it does not take in that time, means it is stuck; the link then breaks.
         let bound = Some(cfg.op_timeout + LINK_SLACK);
-        reader.set_read_timeout(bound).map_err(WorkerError::Spawn)?;
-        cmd_ours.set_write_timeout(bound).map_err(WorkerError::Spawn)?;
+        let setup = cmd_ours.try_clone().and_then(|reader| {
+            reader.set_read_timeout(bound)?;
+            cmd_ours.set_write_timeout(bound)?;
+            Ok(reader)
+        });
+        let reader = match setup {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing this daemon starts is left running.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(WorkerError::Spawn(e));
+            }
+        };
         let link =
             Arc::new(WorkerLink { pid, io: Mutex::new(Some((BufReader::new(reader), BufWriter::new(cmd_ours)))) });
+        let events_link = link.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("pmix-worker-{gen}"))
+            .spawn(move || read_events(ev_ours, events_link, gen, events));
+        if let Err(e) = thread {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(WorkerError::Spawn(e));
+        }
         let worker = Worker {
             gen,
             link: link.clone(),
@@ -287,18 +307,15 @@ impl Worker {
             init_pending: true,
             baseline_kib: None,
         };
-        let events_link = link.clone();
-        std::thread::Builder::new()
-            .name(format!("pmix-worker-{gen}"))
-            .spawn(move || read_events(ev_ours, events_link, gen, events))
-            .map_err(WorkerError::Spawn)?;
         let init = wire::Init {
             tmpdir: cfg.tmpdir.display().to_string(),
             hostname: cfg.hostname.clone().unwrap_or_default(),
             share_topology: cfg.share_topology,
             op_timeout_ms: cfg.op_timeout.as_millis() as u64,
         };
-        link.post(Cmd::Init(init))?;
+        // A failed write breaks the link: the caller's ready() then reports it, and the caller
+        // retires (ends, and if need be kills) the worker.
+        let _ = link.post(Cmd::Init(init));
         Ok(worker)
     }
 
