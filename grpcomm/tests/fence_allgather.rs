@@ -13,40 +13,14 @@ use dvm_grpcomm::{
     Via,
 };
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock, GrpcommMsg};
-use fence_support::{members, oracle, request, Net, XorShift};
+use fence_support::{check, members, oracle, request, Net, XorShift};
 
 fn net(n: u32, radix: u32, seed: u64, mode: FenceMovementMode) -> Net {
     Net::with_configs(n, radix, seed, |_| Config { fence_movement: mode, ..Config::default() })
 }
 
-/// Every participant completed fences 0..k over `sig` exactly once, in order, with the oracle's
-/// bytes; non-participants completed nothing.
-fn check_all(net: &Net, sig: &FenceSignature, collects: &[bool]) {
-    check(net, sig, collects, true)
-}
-
 /// Like [`check_all`]; fences started without waiting for the previous one may complete in
 /// any order (each participant finishes an allgather on its own) when `in_order` is false.
-fn check(net: &Net, sig: &FenceSignature, collects: &[bool], in_order: bool) {
-    let n = net.size();
-    let who = members(sig, n);
-    for r in 0..n {
-        let mut mine: Vec<_> = net.done[r as usize].iter().filter(|(id, _)| id.sig == *sig).collect();
-        if !in_order {
-            mine.sort_by_key(|(id, _)| id.seq);
-        }
-        if !who.contains(&r) {
-            assert!(mine.is_empty(), "non-participant {r} completed {mine:?}");
-            continue;
-        }
-        assert_eq!(mine.len(), collects.len(), "daemon {r} completed {} of {} fences", mine.len(), collects.len());
-        for (k, (id, result)) in mine.iter().enumerate() {
-            assert_eq!(id.seq, k as u64, "daemon {r}");
-            let want = oracle(sig, n, k as u64, collects[k]);
-            assert_eq!(result.as_ref(), Ok(&want), "daemon {r} fence {k}");
-        }
-    }
-}
 
 fn plans(net: &Net, sigs: &[&FenceSignature], collects: &[bool]) -> Vec<VecDeque<FenceRequest>> {
     (0..net.size())
@@ -78,7 +52,7 @@ fn every_participant_count_and_subset_matches_the_oracle() {
                     let collects = [true, false, true];
                     let p = plans(&net, &[sig], &collects);
                     net.drive(p, true);
-                    check_all(&net, sig, &collects);
+                    check(&net, sig, &collects, true);
                     assert!(net.dropped.is_empty(), "n {n} radix {radix}: {:?}", net.dropped);
                     assert!(net.all_quiescent(), "n {n} radix {radix}: state left behind");
                     let p = members(sig, n).len() as u64;
@@ -96,7 +70,7 @@ fn no_tree_message_moves_a_clean_allgather() {
         let mut net = net(n, radix, 3, FenceMovementMode::Allgather);
         let p = plans(&net, &[&sig], &[true, true, false, true]);
         net.drive(p, true);
-        check_all(&net, &sig, &[true, true, false, true]);
+        check(&net, &sig, &[true, true, false, true], true);
         let total = net.delivered;
         assert_eq!(total, net.direct_sends, "n {n}: every message was a lateral block");
         // Recursive doubling sends log2 N messages per daemon per fence; Bruck ceil(log2 N).
@@ -112,12 +86,12 @@ fn auto_puts_barriers_on_the_tree_and_modex_on_the_allgather() {
     let mut barrier = net(n, 2, 1, FenceMovementMode::Auto);
     let p = plans(&barrier, &[&sig], &[false]);
     barrier.drive(p, true);
-    check_all(&barrier, &sig, &[false]);
+    check(&barrier, &sig, &[false], true);
     assert_eq!(barrier.direct_sends, 0);
     let mut modex = net(n, 2, 1, FenceMovementMode::Auto);
     let p = plans(&modex, &[&sig], &[true]);
     modex.drive(p, true);
-    check_all(&modex, &sig, &[true]);
+    check(&modex, &sig, &[true], true);
     assert_eq!(modex.direct_sends, modex.delivered);
 }
 
@@ -130,7 +104,7 @@ fn thousand_back_to_back_fences_alternating_barrier_and_modex() {
             let mut net = net(n, radix, 7, mode);
             let p = plans(&net, &[&sig], &collects);
             net.drive(p, true);
-            check_all(&net, &sig, &collects);
+            check(&net, &sig, &collects, true);
             assert!(net.all_quiescent());
         }
     }
@@ -261,13 +235,7 @@ fn participant_crash_mid_exchange_never_hangs() {
         for _ in 0..budget {
             net.step();
         }
-        net.crash(victim);
-        let mut unrepaired = net.live();
-        while !unrepaired.is_empty() {
-            let i = net.rng.below(unrepaired.len());
-            net.repair(unrepaired.swap_remove(i));
-            net.step();
-        }
+        net.crash_then_repair(victim);
         net.run();
         for r in net.live() {
             let got = &net.done[r as usize];
@@ -295,7 +263,7 @@ fn back_to_back_fences_survive_a_relay_crash() {
         net.scheduled_crashes = vec![(net.rng.below(30 * n as usize) as u64, victim)];
         let p = plans(&net, &[&sig], &collects);
         net.drive(p, true);
-        check_all(&net, &sig, &collects);
+        check(&net, &sig, &collects, true);
         assert!(net.all_quiescent(), "seed {seed}");
     }
 }
@@ -331,7 +299,7 @@ fn a_lost_lateral_link_detours_along_the_tree() {
             .map(|r| collects[1..].iter().enumerate().map(|(k, &c)| request(&sig, r, k as u64 + 1, c)).collect())
             .collect();
         net.drive(p, true);
-        check_all(&net, &sig, &collects);
+        check(&net, &sig, &collects, true);
         assert!(net.all_quiescent(), "seed {seed}");
     }
     assert!(lost_frames >= 10, "the loss hit blocks in flight ({lost_frames})");

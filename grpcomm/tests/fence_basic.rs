@@ -8,27 +8,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use dvm_grpcomm::{Effect, FenceError, FenceRequest, FenceSignature, Grpcomm, Participants, Rank, Topology};
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceContrib, FenceEntry, FenceRelease, GrpcommMsg};
-use fence_support::{members, oracle, request, Net, XorShift};
-
-/// Every participant completed fences 0..k over `sig` exactly once, in order, with the oracle's
-/// bytes; non-participants completed nothing.
-fn check_all(net: &Net, sig: &FenceSignature, collects: &[bool]) {
-    let n = net.size();
-    let who = members(sig, n);
-    for r in 0..n {
-        let mine: Vec<_> = net.done[r as usize].iter().filter(|(id, _)| id.sig == *sig).collect();
-        if !who.contains(&r) {
-            assert!(mine.is_empty(), "non-participant {r} completed {mine:?}");
-            continue;
-        }
-        assert_eq!(mine.len(), collects.len(), "daemon {r} completed {} of {} fences", mine.len(), collects.len());
-        for (k, (id, result)) in mine.iter().enumerate() {
-            assert_eq!(id.seq, k as u64, "daemon {r}");
-            let want = oracle(sig, n, k as u64, collects[k]);
-            assert_eq!(result.as_ref(), Ok(&want), "daemon {r} fence {k}");
-        }
-    }
-}
+use fence_support::{check, request, Net, XorShift};
 
 fn run_one(n: u32, radix: u32, seed: u64, sig: &FenceSignature, collect: bool) {
     let mut net = Net::new(n, radix, seed);
@@ -42,7 +22,7 @@ fn run_one(n: u32, radix: u32, seed: u64, sig: &FenceSignature, collect: bool) {
         })
         .collect();
     net.drive(plans, true);
-    check_all(&net, sig, &[collect]);
+    check(&net, sig, &[collect], true);
     assert!(net.dropped.is_empty(), "{:?}", net.dropped);
     assert!(net.all_quiescent(), "n {n} radix {radix}: state left behind");
 }
@@ -88,7 +68,7 @@ fn thousand_back_to_back_fences_alternating_barrier_and_modex() {
             .map(|r| collects.iter().enumerate().map(|(k, &c)| request(&sig, r, k as u64, c)).collect())
             .collect();
         net.drive(plans, true);
-        check_all(&net, &sig, &collects);
+        check(&net, &sig, &collects, true);
         assert!(net.all_quiescent());
     }
 }
@@ -113,8 +93,8 @@ fn pipelined_fences_and_concurrent_signatures_stay_apart() {
             })
             .collect();
         net.drive(plans, false);
-        check_all(&net, &a, &collects);
-        check_all(&net, &b, &collects);
+        check(&net, &a, &collects, true);
+        check(&net, &b, &collects, true);
         assert!(net.all_quiescent());
     }
 }

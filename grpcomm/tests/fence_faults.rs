@@ -193,13 +193,7 @@ fn participant_crash_at_any_point_never_hangs() {
         for _ in 0..budget {
             net.step();
         }
-        net.crash(victim);
-        let mut unrepaired = net.live();
-        while !unrepaired.is_empty() {
-            let i = net.rng.below(unrepaired.len());
-            net.repair(unrepaired.swap_remove(i));
-            net.step();
-        }
+        net.crash_then_repair(victim);
         net.run();
         for r in net.live() {
             let got = &net.done[r as usize];

@@ -180,6 +180,18 @@ impl Net {
         lost
     }
 
+    /// Crash `victim`, then repair the survivors one at a time in a random order, letting one
+    /// frame through after each (a repair reaches daemons at different moments).
+    pub fn crash_then_repair(&mut self, victim: Rank) {
+        self.crash(victim);
+        let mut unrepaired = self.live();
+        while !unrepaired.is_empty() {
+            let i = self.rng.below(unrepaired.len());
+            self.repair(unrepaired.swap_remove(i));
+            self.step();
+        }
+    }
+
     pub fn repair(&mut self, r: Rank) {
         let failed = self.failed.clone();
         if let Some(g) = self.nodes[r as usize].as_mut() {
@@ -283,4 +295,27 @@ pub fn oracle(sig: &FenceSignature, n: u32, seq: u64, collect: bool) -> Bytes {
 
 pub fn request(sig: &FenceSignature, r: Rank, seq: u64, collect: bool) -> FenceRequest {
     FenceRequest { sig: sig.clone(), collect, data: data_of(r, seq), timeout: None }
+}
+
+/// Every participant completed fences 0..k over `sig` exactly once with the oracle's bytes
+/// (in sequence order if `in_order`, else in any order); non-participants completed nothing.
+pub fn check(net: &Net, sig: &FenceSignature, collects: &[bool], in_order: bool) {
+    let n = net.size();
+    let who = members(sig, n);
+    for r in 0..n {
+        let mut mine: Vec<_> = net.done[r as usize].iter().filter(|(id, _)| id.sig == *sig).collect();
+        if !in_order {
+            mine.sort_by_key(|(id, _)| id.seq);
+        }
+        if !who.contains(&r) {
+            assert!(mine.is_empty(), "non-participant {r} completed {mine:?}");
+            continue;
+        }
+        assert_eq!(mine.len(), collects.len(), "daemon {r} completed {} of {} fences", mine.len(), collects.len());
+        for (k, (id, result)) in mine.iter().enumerate() {
+            assert_eq!(id.seq, k as u64, "daemon {r}");
+            let want = oracle(sig, n, k as u64, collects[k]);
+            assert_eq!(result.as_ref(), Ok(&want), "daemon {r} fence {k}");
+        }
+    }
 }
