@@ -19,9 +19,6 @@ fn net(n: u32, radix: u32, seed: u64, mode: FenceMovementMode) -> Net {
     Net::with_configs(n, radix, seed, |_| Config { fence_movement: mode, ..Config::default() })
 }
 
-/// Like [`check_all`]; fences started without waiting for the previous one may complete in
-/// any order (each participant finishes an allgather on its own) when `in_order` is false.
-
 fn plans(net: &Net, sigs: &[&FenceSignature], collects: &[bool]) -> Vec<VecDeque<FenceRequest>> {
     (0..net.size())
         .map(|r| {

@@ -298,7 +298,8 @@ pub fn request(sig: &FenceSignature, r: Rank, seq: u64, collect: bool) -> FenceR
 }
 
 /// Every participant completed fences 0..k over `sig` exactly once with the oracle's bytes
-/// (in sequence order if `in_order`, else in any order); non-participants completed nothing.
+/// (in sequence order if `in_order`; pipelined allgather fences may finish out of order, each
+/// participant finishing on its own); non-participants completed nothing.
 pub fn check(net: &Net, sig: &FenceSignature, collects: &[bool], in_order: bool) {
     let n = net.size();
     let who = members(sig, n);
