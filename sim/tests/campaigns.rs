@@ -58,11 +58,10 @@ fn clean_runs_every_size() {
     }
 }
 
-/// 10,000 fences back to back over one participant set, alternating barrier and modex, with
-/// jitter reordering across links: every one completes with identical output everywhere.
-#[test]
-fn ten_thousand_back_to_back_fences() {
-    let n = 16;
+/// 10,000 fences back to back over one participant set of `n` daemons, alternating barrier
+/// and modex, with jitter reordering across links, on `mode`: every one completes with
+/// identical output on every daemon (the engine's checks). Returns the run's trace.
+fn back_to_back_fences(n: u32, radix: u32, seed: u64, mode: dvm_sim::FenceMovementMode) -> dvm_sim::Trace {
     let net = NetModel {
         alpha_ns: 50_000,
         beta_ps_per_byte: 1_000,
@@ -70,7 +69,8 @@ fn ten_thousand_back_to_back_fences() {
         jitter_ns: 100_000,
         ingress_serialized: true,
     };
-    let mut sc = Scenario::empty(n, 3, 7, net);
+    let mut sc = Scenario::empty(n, radix, seed, net);
+    sc.cfg.fence_movement = mode;
     sc.think_ns = 20_000;
     let steps: Vec<FenceStep> = (0..10_000).map(|k| FenceStep { collect: k % 2 == 1, timeout: None }).collect();
     sc.chains.push(FenceChain {
@@ -82,10 +82,17 @@ fn ten_thousand_back_to_back_fences() {
     });
     sc.bound_ns = 10_000 * 2_000_000;
     let out = run(&sc);
-    assert!(out.violations.is_empty(), "violations: {:#?}", &out.violations[..out.violations.len().min(10)]);
+    assert!(out.violations.is_empty(), "n {n}: {:#?}", &out.violations[..out.violations.len().min(10)]);
     let t = out.trace.unwrap();
     let done = t.fence_calls.iter().filter(|c| matches!(c.done, Some((_, Ok(_))))).count();
-    assert_eq!(done, 10_000 * n as usize, "every daemon completed every fence successfully");
+    assert_eq!(done, 10_000 * n as usize, "n {n}: every daemon completed every fence successfully");
+    t
+}
+
+/// On the tree (radix 3).
+#[test]
+fn ten_thousand_back_to_back_fences() {
+    back_to_back_fences(16, 3, 7, dvm_sim::FenceMovementMode::Tree);
 }
 
 /// Scatter of random maps from random origins: every destination receives exactly its slice
@@ -185,37 +192,12 @@ fn crashes_with_every_fence_movement() {
     }
 }
 
-/// 10,000 back-to-back fences alternating barrier and modex with the allgather forced, at
-/// N 10 (Bruck) and 16 (recursive doubling), radix 2, with jitter reordering across links:
-/// every one completes with identical output everywhere, and only lateral links moved them.
+/// With the allgather forced, at N 10 (Bruck) and 16 (recursive doubling), radix 2: only
+/// lateral links moved them, one message per step.
 #[test]
 fn ten_thousand_back_to_back_fences_on_the_allgather() {
-    use dvm_sim::FenceMovementMode;
     for n in [10u32, 16] {
-        let net = NetModel {
-            alpha_ns: 50_000,
-            beta_ps_per_byte: 1_000,
-            cpu_ns: 1_000,
-            jitter_ns: 100_000,
-            ingress_serialized: true,
-        };
-        let mut sc = Scenario::empty(n, 2, 11, net);
-        sc.cfg.fence_movement = FenceMovementMode::Allgather;
-        sc.think_ns = 20_000;
-        let steps: Vec<FenceStep> = (0..10_000).map(|k| FenceStep { collect: k % 2 == 1, timeout: None }).collect();
-        sc.chains.push(FenceChain {
-            sig: FenceSignature::new(Bytes::from_static(b"job7:*"), Participants::All),
-            members: (0..n).collect(),
-            steps,
-            first_start: (0..n as u64).map(|r| r * 7_000).collect(),
-            contrib_len: None,
-        });
-        sc.bound_ns = 10_000 * 2_000_000;
-        let out = run(&sc);
-        assert!(out.violations.is_empty(), "n {n}: {:#?}", &out.violations[..out.violations.len().min(10)]);
-        let t = out.trace.unwrap();
-        let done = t.fence_calls.iter().filter(|c| matches!(c.done, Some((_, Ok(_))))).count();
-        assert_eq!(done, 10_000 * n as usize, "n {n}: every daemon completed every fence successfully");
+        let t = back_to_back_fences(n, 2, 11, dvm_sim::FenceMovementMode::Allgather);
         let steps = u64::from(32 - (n - 1).leading_zeros());
         assert_eq!(t.stats.direct, 10_000 * u64::from(n) * steps, "n {n}: one lateral message per step");
         assert_eq!(t.stats.messages, t.stats.direct, "n {n}: nothing moved on the tree");
