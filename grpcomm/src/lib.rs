@@ -34,7 +34,7 @@ pub mod scatter;
 pub mod xcast;
 
 pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
-pub use movement::{FenceMovementMode, Movement, UnknownMovement};
+pub use movement::{BcastMovementMode, FenceMovementMode, LinkModel, Movement, UnknownBcastMovement, UnknownMovement};
 pub use xcast::XcastId;
 
 /// Application tags carried by xcast and scatter.
@@ -64,6 +64,14 @@ pub struct Config {
     pub process_first: BTreeSet<u32>,
     /// Which movement fences use (every daemon of a DVM must hold the same).
     pub fence_movement: FenceMovementMode,
+    /// Which movement broadcasts started here use (the origin stamps its choice on the op).
+    pub bcast_movement: BcastMovementMode,
+    /// Tags whose broadcasts may take scatter-allgather. Never WIREUP, DAEMON_DIED,
+    /// JOB_CONTROL or TERMINATE: they are small, and a tree change or a kill must not wait on
+    /// a lateral exchange among the very daemons it concerns.
+    pub bulk_tags: BTreeSet<u32>,
+    /// Link costs for the broadcast choice (see [`LinkModel`]).
+    pub link: LinkModel,
     /// A non-root origin re-sends its xcast relay to the root if no Done came after this many
     /// nanoseconds (the root answers duplicates; nothing is delivered twice).
     pub relay_retry_ns: u64,
@@ -75,6 +83,9 @@ impl Default for Config {
             compress_threshold: 16 * 1024,
             process_first: [tags::WIREUP, tags::DAEMON_DIED].into_iter().collect(),
             fence_movement: FenceMovementMode::default(),
+            bcast_movement: BcastMovementMode::default(),
+            bulk_tags: [tags::LAUNCH].into_iter().collect(),
+            link: LinkModel::default(),
             relay_retry_ns: 1_000_000_000,
         }
     }
@@ -181,6 +192,7 @@ impl Grpcomm {
             Some(Body::Contrib(m)) => f.on_contrib(&mut ctx, from, m),
             Some(Body::Release(m)) => f.on_release(&mut ctx, from, m),
             Some(Body::Block(m)) => f.on_block(&mut ctx, from, m),
+            Some(Body::Xblock(m)) => x.on_block(&mut ctx, from, m),
             Some(Body::Scatter(m)) => s.on_scatter(&mut ctx, from, m),
             None => ctx.out.push(Effect::Dropped { from, reason: "empty grpcomm message".into() }),
         }

@@ -24,6 +24,9 @@ pub enum Movement {
     TreeScatter = 4,
     /// Lateral allgather among the participants (recursive doubling or Bruck), no release.
     Allgather = 5,
+    /// Broadcast: one chunk per daemon down the tree (each child gets its subtree's chunks),
+    /// then a lateral allgather of the chunks; ACK rollup as for the tree broadcast.
+    ScatterAllgather = 6,
 }
 
 impl Movement {
@@ -38,6 +41,7 @@ impl Movement {
             3 => Some(Movement::TreeGatherRelease),
             4 => Some(Movement::TreeScatter),
             5 => Some(Movement::Allgather),
+            6 => Some(Movement::ScatterAllgather),
             _ => None,
         }
     }
@@ -49,6 +53,7 @@ impl Movement {
             Movement::TreeGatherRelease => "tree-gather-release",
             Movement::TreeScatter => "tree-scatter",
             Movement::Allgather => "allgather",
+            Movement::ScatterAllgather => "scatter-allgather",
         }
     }
 
@@ -108,6 +113,122 @@ impl fmt::Display for FenceMovementMode {
 #[error("unknown fence movement '{0}' (known: auto, tree, allgather)")]
 pub struct UnknownMovement(pub String);
 
+/// An unknown `bcast_movement` setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown broadcast movement '{0}' (known: auto, tree, bulk)")]
+pub struct UnknownBcastMovement(pub String);
+
+/// The link costs the broadcast choice is computed from: α, the latency of one message, and
+/// β, the time per byte on one daemon's link (egress and ingress are each serialized).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkModel {
+    pub alpha_ns: f64,
+    pub beta_ns_per_byte: f64,
+}
+
+impl Default for LinkModel {
+    /// 50 µs and 1 GB/s: a cluster's Ethernet seen through TCP and a daemon's event loop.
+    fn default() -> Self {
+        LinkModel { alpha_ns: 50_000.0, beta_ns_per_byte: 1.0 }
+    }
+}
+
+impl LinkModel {
+    /// Modelled time of a whole-payload tree broadcast of `bytes` over `live` daemons on a
+    /// tree of `radix` and `depth` levels: at each level a daemon sends the payload to each
+    /// of its children in turn, so the last child of a level starts one fan-out later.
+    ///
+    /// `T_tree = depth · (α + min(radix, live − 1) · M · β)`
+    pub fn tree_whole_ns(&self, bytes: u64, live: u32, radix: u32, depth: u32) -> f64 {
+        let fan = f64::from(radix.min(live.saturating_sub(1)).max(1));
+        f64::from(depth.max(1)) * (self.alpha_ns + fan * bytes as f64 * self.beta_ns_per_byte)
+    }
+
+    /// Modelled time of a scatter-allgather of `bytes` over `live` daemons: the chunks travel
+    /// down the tree (a daemon's egress carries at most the payload once), then an allgather
+    /// of one chunk per daemon (⌈log₂ live⌉ steps, each daemon sends and receives all but its
+    /// own chunk).
+    ///
+    /// `T_bulk = (depth + ⌈log₂ live⌉) · α + 2 · M · β`
+    pub fn scatter_allgather_ns(&self, bytes: u64, live: u32, depth: u32) -> f64 {
+        let steps = f64::from(live.max(1).next_power_of_two().trailing_zeros());
+        (f64::from(depth.max(1)) + steps) * self.alpha_ns + 2.0 * bytes as f64 * self.beta_ns_per_byte
+    }
+}
+
+/// Which movement a broadcast uses (`bcast_movement` in [`crate::Config`], `dvmd
+/// --bcast-movement`). The origin decides and stamps the choice on the op, so the daemons
+/// never have to agree on anything but the wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum BcastMovementMode {
+    /// Bulk-capable tags take scatter-allgather when the [`LinkModel`] says it is cheaper.
+    #[default]
+    Auto,
+    /// Every broadcast on the tree, whole payload to every child.
+    Tree,
+    /// Every bulk-capable broadcast on scatter-allgather, whatever its size.
+    Bulk,
+}
+
+impl BcastMovementMode {
+    pub const ALL: [BcastMovementMode; 3] = [BcastMovementMode::Tree, BcastMovementMode::Bulk, BcastMovementMode::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BcastMovementMode::Auto => "auto",
+            BcastMovementMode::Tree => "tree",
+            BcastMovementMode::Bulk => "bulk",
+        }
+    }
+
+    /// The movement of one broadcast, decided by its origin. `bulk_capable` is false for
+    /// every tag whose delivery order or processing matters to the tree itself (WIREUP,
+    /// DAEMON_DIED, ...): those always take the whole-payload tree. `bytes` is the payload
+    /// as it goes on the wire (after compression), `live` the live daemon count.
+    pub fn for_bcast(
+        self,
+        bulk_capable: bool,
+        bytes: u64,
+        live: u32,
+        radix: u32,
+        depth: u32,
+        link: &LinkModel,
+    ) -> Movement {
+        if !bulk_capable || live < 2 {
+            return Movement::TreeBroadcast;
+        }
+        match self {
+            BcastMovementMode::Tree => Movement::TreeBroadcast,
+            BcastMovementMode::Bulk => Movement::ScatterAllgather,
+            BcastMovementMode::Auto => {
+                if link.scatter_allgather_ns(bytes, live, depth) < link.tree_whole_ns(bytes, live, radix, depth) {
+                    Movement::ScatterAllgather
+                } else {
+                    Movement::TreeBroadcast
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for BcastMovementMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for BcastMovementMode {
+    type Err = UnknownBcastMovement;
+    fn from_str(s: &str) -> Result<Self, UnknownBcastMovement> {
+        match s {
+            "auto" => Ok(BcastMovementMode::Auto),
+            "tree" => Ok(BcastMovementMode::Tree),
+            "bulk" => Ok(BcastMovementMode::Bulk),
+            other => Err(UnknownBcastMovement(other.to_string())),
+        }
+    }
+}
+
 impl FromStr for FenceMovementMode {
     type Err = UnknownMovement;
     fn from_str(s: &str) -> Result<Self, UnknownMovement> {
@@ -135,6 +256,32 @@ mod tests {
                 assert_eq!(m.id(), id);
             }
         }
+    }
+
+    #[test]
+    fn broadcast_choice_keeps_tree_tags_and_small_payloads_on_the_tree() {
+        use BcastMovementMode::*;
+        let link = LinkModel::default();
+        for m in BcastMovementMode::ALL {
+            assert_eq!(m.name().parse::<BcastMovementMode>(), Ok(m));
+            // Ordering-critical tags never leave the tree, whatever the size or the mode.
+            assert_eq!(m.for_bcast(false, 1 << 30, 4096, 64, 2, &link), Movement::TreeBroadcast);
+            // One daemon: nothing to move.
+            assert_eq!(m.for_bcast(true, 1 << 20, 1, 64, 1, &link), Movement::TreeBroadcast);
+        }
+        assert!("Bulk".parse::<BcastMovementMode>().is_err());
+        assert_eq!(Bulk.for_bcast(true, 1, 16, 64, 1, &link), Movement::ScatterAllgather);
+        assert_eq!(Tree.for_bcast(true, 1 << 30, 16, 64, 1, &link), Movement::TreeBroadcast);
+        // A launch map for a regular placement (tens of bytes) stays on the tree; a 1 MiB
+        // payload over 16 daemons on a flat tree goes bulk; at radix 2 over 4 daemons the
+        // whole payload goes to at most two children and the tree keeps up to the crossover.
+        assert_eq!(Auto.for_bcast(true, 42, 16_000, 64, 3, &link), Movement::TreeBroadcast);
+        assert_eq!(Auto.for_bcast(true, 1 << 20, 16, 64, 1, &link), Movement::ScatterAllgather);
+        assert_eq!(Auto.for_bcast(true, 1 << 10, 4, 2, 2, &link), Movement::TreeBroadcast);
+        // The crossover grows with α: on a link where a message costs a second, no payload of
+        // a few KiB is worth the extra allgather steps.
+        let slow = LinkModel { alpha_ns: 1e9, beta_ns_per_byte: 1.0 };
+        assert_eq!(Auto.for_bcast(true, 4096, 16, 64, 1, &slow), Movement::TreeBroadcast);
     }
 
     #[test]

@@ -18,16 +18,24 @@
 //!   when the repair travels as an op, DAEMON_DIED, it may sit behind that very gap) makes us
 //!   ask that daemon to replay from the gap.
 //!
-//! State is O(radix) per op: the op itself plus one ack level per child.
+//! - Two movements (see [`crate::movement::BcastMovementMode`]): the whole payload to every
+//!   child, or, for large payloads of bulk-capable tags, scatter-allgather (`bulk.rs`). The
+//!   origin chooses and stamps the choice on its relay; the op ids, the order of delivery, the
+//!   ACK rollup and retention are the same for both, and every replay is a whole forward.
+//!
+//! State is O(radix) per op: the op itself plus one ack level per child (a scatter-allgather
+//! op in flight also holds its exchange: the member list and the chunks received).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastAck, XcastDone, XcastForward, XcastRelay};
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::{debug, trace};
 
-use crate::{compress, Ctx, Effect};
+use crate::{compress, Ctx, Effect, Movement};
+
+mod bulk;
 
 /// Largest payload a compressed xcast may inflate to.
 const MAX_INFLATED: usize = 1 << 30;
@@ -44,6 +52,8 @@ struct PendingStart {
     tag: u32,
     compressed: bool,
     payload: Bytes,
+    /// Movement id the origin chose.
+    movement: u32,
     /// The op id the root gave it, once its forward reached us.
     op_id: Option<u64>,
     /// When the relay was last sent (re-sent until the root's Done arrives).
@@ -85,6 +95,10 @@ pub(crate) struct XcastState {
     /// Last `held` sent to the parent; None: the parent must hear from us again.
     acked_up: Option<(u64, u64)>,
     ack_id: u64,
+    /// Scatter-allgather ops in flight here.
+    bulk: bulk::BulkState,
+    /// Root: ops sent as scatter-allgather and not yet complete (degraded on a repair).
+    bulk_in_flight: BTreeSet<u64>,
 }
 
 impl XcastState {
@@ -105,6 +119,8 @@ impl XcastState {
             children_known: false,
             acked_up: None,
             ack_id: 0,
+            bulk: bulk::BulkState::default(),
+            bulk_in_flight: BTreeSet::new(),
         }
     }
 
@@ -126,10 +142,24 @@ impl XcastState {
         self.next_local += 1;
         let (payload, compressed) = compress::maybe_compress(payload, ctx.cfg.compress_threshold);
         let id = XcastId { origin: self.me, local };
+        let bulk_capable = ctx.cfg.bulk_tags.contains(&tag) && !ctx.cfg.process_first.contains(&tag);
+        let topo = &ctx.topo;
+        let movement = ctx
+            .cfg
+            .bcast_movement
+            .for_bcast(
+                bulk_capable,
+                payload.len() as u64,
+                topo.live_count(),
+                topo.radix(),
+                topo.height(),
+                &ctx.cfg.link,
+            )
+            .id();
         if ctx.topo.is_root() {
-            self.assign(ctx, self.me, local, tag, compressed, payload);
+            self.assign(ctx, self.me, local, tag, compressed, payload, movement);
         } else {
-            let p = PendingStart { tag, compressed, payload, op_id: None, sent_at: ctx.now };
+            let p = PendingStart { tag, compressed, payload, movement, op_id: None, sent_at: ctx.now };
             self.send_relay(ctx, local, &p);
             self.pending_starts.insert(local, p);
             ctx.out.push(Effect::ArmTimer { at: ctx.now.saturating_add(ctx.cfg.relay_retry_ns) });
@@ -147,16 +177,31 @@ impl XcastState {
             tag: p.tag,
             compressed: p.compressed,
             payload: p.payload.clone(),
+            movement: p.movement,
         };
         ctx.send(root, Body::Relay(relay));
     }
 
-    /// Root: give the next op id and process it.
-    fn assign(&mut self, ctx: &mut Ctx<'_>, origin: Rank, origin_id: u64, tag: u32, compressed: bool, payload: Bytes) {
+    /// Root: give the next op id and process it. A process-first tag always takes the
+    /// whole-payload tree, whatever its origin asked: the daemons apply it before passing it
+    /// on, and a tree change must never wait on an exchange among the daemons it changes.
+    #[allow(clippy::too_many_arguments)]
+    fn assign(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        origin: Rank,
+        origin_id: u64,
+        tag: u32,
+        compressed: bool,
+        payload: Bytes,
+        movement: u32,
+    ) {
         let op_id = self.next_op;
         self.next_op += 1;
-        debug!(op_id, origin, origin_id, tag, "xcast op assigned");
-        let fwd = XcastForward { op_id, origin, origin_id, tag, compressed, payload };
+        let bulk = movement == bulk::BULK && !ctx.cfg.process_first.contains(&tag) && ctx.topo.live_count() > 1;
+        let movement = if bulk { bulk::BULK } else { Movement::TreeBroadcast.id() };
+        debug!(op_id, origin, origin_id, tag, movement = Movement::name_of(movement), "xcast op assigned");
+        let fwd = XcastForward { op_id, origin, origin_id, tag, compressed, payload, movement, ..Default::default() };
         self.receive_op(ctx, fwd);
     }
 
@@ -195,7 +240,7 @@ impl XcastState {
         let mut next = m;
         loop {
             self.relay_next.insert(origin, next.origin_id + 1);
-            self.assign(ctx, next.origin, next.origin_id, next.tag, next.compressed, next.payload);
+            self.assign(ctx, next.origin, next.origin_id, next.tag, next.compressed, next.payload, next.movement);
             match self.relay_gaps.remove(&(origin, next.origin_id + 1)) {
                 Some(r) => next = r,
                 None => break,
@@ -205,6 +250,9 @@ impl XcastState {
 
     pub fn on_forward(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastForward) {
         self.sync_children(ctx);
+        if m.movement == bulk::BULK {
+            return self.on_bulk_forward(ctx, from, m);
+        }
         if m.op_id > self.next_deliver && ctx.topo.parent() != Some(from) && !self.buffered.contains_key(&m.op_id) {
             // An op past a gap from a daemon that already took us as its child in a repair we
             // have not applied: the ops in between died with our old parent. When the repair
@@ -216,16 +264,34 @@ impl XcastState {
         self.receive_op(ctx, m);
     }
 
+    /// An op with its whole payload: from the parent (tree), assigned here (root), or
+    /// reassembled here from a scatter-allgather (movement `BULK`, never passed on whole).
     fn receive_op(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
+        let reassembled = m.movement == bulk::BULK && !ctx.topo.is_root();
+        if !reassembled && m.exchange {
+            // A whole copy of an exchange op: do this daemon's part of the exchange now.
+            self.bulk_serve(ctx, &m);
+        }
         if m.op_id < self.next_deliver || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == m.op_id) {
             // Duplicate (a replay after a repair): pass it to children that lack it.
-            self.forward_to_lacking(ctx, &m);
-            self.update_rollup(ctx);
+            if !reassembled {
+                self.forward_to_lacking(ctx, &m);
+                self.update_rollup(ctx);
+            }
             return;
         }
         if m.op_id > self.next_deliver || self.awaiting_processed.is_some() {
             trace!(op_id = m.op_id, next = self.next_deliver, "xcast op buffered");
-            self.buffered.entry(m.op_id).or_insert(m);
+            match self.buffered.get(&m.op_id) {
+                // A whole forward replaces a reassembled copy: it must still reach the children.
+                Some(b) if b.movement == bulk::BULK && !reassembled => {
+                    self.buffered.insert(m.op_id, m);
+                }
+                Some(_) => {}
+                None => {
+                    self.buffered.insert(m.op_id, m);
+                }
+            }
             return;
         }
         self.process(ctx, m);
@@ -259,9 +325,18 @@ impl XcastState {
             self.deliver(ctx, &m);
             self.awaiting_processed = Some(m);
         } else {
-            self.forward_to_children(ctx, &m);
-            self.deliver(ctx, &m);
-            self.retain(ctx, m);
+            let whole = if m.movement != bulk::BULK {
+                self.forward_to_children(ctx, &m);
+                m
+            } else if ctx.topo.is_root() {
+                self.bulk_root_start(ctx, &m)
+            } else {
+                // Reassembled here: the children had their chunks long ago.
+                XcastForward { movement: Movement::TreeBroadcast.id(), ..m }
+            };
+            self.deliver(ctx, &whole);
+            // Retained whole: every replay is a tree forward.
+            self.retain(ctx, whole);
         }
     }
 
@@ -343,6 +418,7 @@ impl XcastState {
                 self.retained.range(self.completed_below..held).map(|(_, m)| m.clone()).collect();
             self.completed_below = held;
             for m in &done {
+                self.bulk_complete(m.op_id);
                 self.complete(ctx, m);
             }
         }
@@ -493,11 +569,19 @@ impl XcastState {
             // The new parent knows nothing of us yet.
             self.acked_up = None;
         }
+        if ctx.topo.is_root() {
+            self.bulk_degrade(ctx);
+        }
         self.update_rollup(ctx);
     }
 
     pub fn peer_unreachable(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
         self.sync_children(ctx);
+        // A tree neighbour's link is the repair's business (a detour would take that link).
+        let neighbour = ctx.topo.parent() == Some(peer) || ctx.topo.children().contains(&peer);
+        if ctx.topo.is_alive(peer) && !neighbour {
+            self.bulk_detour(ctx, peer);
+        }
         if let Some(c) = self.children.get_mut(&peer) {
             if !c.unreachable {
                 debug!(peer, "xcast child unreachable: left out of the rollup");
@@ -515,6 +599,7 @@ impl XcastState {
             + self.pending_starts.values().map(|p| p.payload.len() + 24).sum::<usize>()
             + self.relay_gaps.values().map(|r| r.payload.len() + 32).sum::<usize>()
             + self.children.len() * std::mem::size_of::<Child>()
+            + self.bulk.state_bytes()
     }
 
     pub fn is_quiescent(&self) -> bool {
@@ -523,5 +608,6 @@ impl XcastState {
             && self.buffered.is_empty()
             && self.awaiting_processed.is_none()
             && self.relay_gaps.is_empty()
+            && self.bulk.is_quiescent()
     }
 }

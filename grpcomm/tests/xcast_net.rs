@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, Config, Effect, Grpcomm, Topology, XcastId};
+use dvm_grpcomm::{tags, BcastMovementMode, Config, Effect, Grpcomm, LinkModel, Topology, Via, XcastId};
 use dvm_proto::grpcomm::grpcomm_msg::Body;
 
 struct Rng(u64);
@@ -49,20 +49,32 @@ struct Net {
     violations: Vec<String>,
     /// Every hop handed to a daemon, in order, when tracing is on.
     trace: Option<Vec<Hop>>,
+    /// Messages sent over lateral links (scatter-allgather blocks).
+    direct_sends: usize,
+    /// Daemons that can use no lateral link (their tree links work, and a send to a tree
+    /// neighbour takes the tree link, as in the daemon).
+    no_lateral: BTreeSet<u32>,
     rng: Rng,
 }
 
 impl Net {
     fn new(n: u32, radix: u32, seed: u64) -> Self {
+        Self::with_movement(n, radix, seed, BcastMovementMode::Tree)
+    }
+
+    /// Every daemon broadcasts with `mode`; USER tags are bulk-capable.
+    fn with_movement(n: u32, radix: u32, seed: u64, mode: BcastMovementMode) -> Self {
+        let cfg = Config {
+            compress_threshold: 64,
+            bcast_movement: mode,
+            // Slow links and quick messages: auto takes the lateral movement for the larger
+            // payloads here (a few hundred bytes once compressed) and the tree for 8 bytes.
+            link: LinkModel { alpha_ns: 1_000.0, beta_ns_per_byte: 10.0 },
+            bulk_tags: [tags::LAUNCH, tags::USER].into_iter().collect(),
+            ..Config::default()
+        };
         Net {
-            nodes: (0..n)
-                .map(|r| {
-                    Grpcomm::new(
-                        Topology::new(r, radix, n).unwrap(),
-                        Config { compress_threshold: 64, ..Config::default() },
-                    )
-                })
-                .collect(),
+            nodes: (0..n).map(|r| Grpcomm::new(Topology::new(r, radix, n).unwrap(), cfg.clone())).collect(),
             dead: BTreeSet::new(),
             links: BTreeMap::new(),
             delivered: vec![Vec::new(); n as usize],
@@ -72,6 +84,8 @@ impl Net {
             held_across_traffic: 0,
             violations: Vec::new(),
             trace: None,
+            direct_sends: 0,
+            no_lateral: BTreeSet::new(),
             rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         }
     }
@@ -85,7 +99,20 @@ impl Net {
         let effects: Vec<Effect> = self.nodes[r as usize].drain().collect();
         for e in effects {
             match e {
-                Effect::Send { to, msg, .. } => {
+                Effect::Send { to, msg, via: Via::Direct } => {
+                    // A lateral link: straight to the peer; lost with it.
+                    self.direct_sends += 1;
+                    let t = self.nodes[r as usize].topology();
+                    let neighbour = t.parent() == Some(to) || t.children().contains(&to);
+                    let cut = !neighbour && (self.no_lateral.contains(&to) || self.no_lateral.contains(&r));
+                    if self.dead.contains(&to) || cut {
+                        self.nodes[r as usize].peer_unreachable(to);
+                        self.pump(r);
+                    } else {
+                        self.links.entry((r, to)).or_default().push_back(msg_with_dst(msg, to));
+                    }
+                }
+                Effect::Send { to, msg, via: Via::Tree } => {
                     if let Some(Body::Forward(f)) = &msg.body {
                         if self.process_first(r, f.tag) && !self.confirmed[r as usize].contains(&f.op_id) {
                             self.violations.push(format!(
@@ -224,10 +251,17 @@ fn check_in_order(net: &Net, expect_ops: u64) {
 
 #[test]
 fn every_daemon_delivers_every_op_once_in_order() {
+    for mode in BcastMovementMode::ALL {
+        every_op_once_in_order(mode);
+    }
+}
+
+fn every_op_once_in_order(mode: BcastMovementMode) {
+    let mut lateral = 0;
     for radix in [2, 3, 64] {
         for n in [1, 2, 7, 16, 65] {
             for seed in 0..6 {
-                let mut net = Net::new(n, radix, seed);
+                let mut net = Net::with_movement(n, radix, seed, mode);
                 let mut started = Vec::new();
                 for i in 0..20u64 {
                     let origin = net.rng.below(n as u64) as u32;
@@ -243,9 +277,47 @@ fn every_daemon_delivers_every_op_once_in_order() {
                 let mut done: Vec<XcastId> = net.completed.iter().flatten().copied().collect();
                 done.sort();
                 started.sort();
-                assert_eq!(done, started, "n={n} radix={radix} seed={seed}: completions");
+                assert_eq!(done, started, "{mode} n={n} radix={radix} seed={seed}: completions");
+                lateral += net.direct_sends;
             }
         }
+    }
+    // Forced bulk moves over lateral links; the tree never does; auto does for the larger
+    // payloads at this link model.
+    match mode {
+        BcastMovementMode::Tree => assert_eq!(lateral, 0),
+        BcastMovementMode::Bulk | BcastMovementMode::Auto => assert!(lateral > 0, "{mode}: no lateral message"),
+    }
+}
+
+/// A 64 KiB payload on scatter-allgather: each child receives only its subtree's chunks, so
+/// no tree link carries the whole payload, and every daemon delivers identical bytes.
+#[test]
+fn scatter_allgather_sends_each_child_its_subtree_share_only() {
+    for (n, radix) in [(16, 64), (16, 2), (13, 3), (64, 4)] {
+        let mut net = Net::with_movement(n, radix, 5, BcastMovementMode::Bulk);
+        net.trace = Some(Vec::new());
+        let big: Bytes = (0..65_536u32).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>().into();
+        // Incompressible enough: deflate leaves most of it.
+        net.nodes[0].xcast(tags::USER, big.clone());
+        net.pump(0);
+        net.run();
+        check_in_order(&net, 1);
+        for d in &net.delivered {
+            assert_eq!(d[0].1, big);
+        }
+        let trace = net.trace.take().unwrap();
+        let widest = trace
+            .iter()
+            .filter_map(|h| match &h.msg.body {
+                Some(Body::Forward(f)) => Some(f.chunks.iter().map(|c| c.data.len()).sum::<usize>() + f.payload.len()),
+                _ => None,
+            })
+            .max()
+            .unwrap();
+        // The root's first child at radix 2 holds half the DVM below it.
+        assert!(widest * 2 <= big.len() + 2 * n as usize, "n={n} radix={radix}: a forward carried {widest} bytes");
+        assert!(net.direct_sends > 0);
     }
 }
 
@@ -392,13 +464,44 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
     }
 }
 
+/// Daemons that can open no lateral link at all still take part: their blocks, and blocks
+/// meant for them, go along the tree once the lateral send fails; nothing repairs the tree.
+#[test]
+fn scatter_allgather_without_lateral_links_detours_along_the_tree() {
+    for (n, radix) in [(16, 64), (16, 2), (13, 3)] {
+        for seed in 0..10 {
+            let mut net = Net::with_movement(n, radix, seed, BcastMovementMode::Bulk);
+            net.no_lateral = [3, n - 1].into_iter().collect();
+            for i in 0..10u64 {
+                let origin = net.rng.below(n as u64) as u32;
+                net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 2 == 0));
+                net.pump(origin);
+                for _ in 0..net.rng.below(8) {
+                    net.step();
+                }
+            }
+            net.run();
+            check_in_order(&net, 10);
+            for node in &net.nodes {
+                assert!(node.topology().failed().is_empty(), "a lateral loss repaired the tree");
+            }
+        }
+    }
+}
+
 #[test]
 fn crash_mid_stream_keeps_survivors_in_order() {
+    for mode in [BcastMovementMode::Tree, BcastMovementMode::Bulk] {
+        crash_mid_stream(mode);
+    }
+}
+
+fn crash_mid_stream(mode: BcastMovementMode) {
     let mut violations = 0;
     for radix in [2, 3] {
         for n in [7, 16, 40] {
             for seed in 0..150 {
-                let mut net = Net::new(n, radix, seed);
+                let mut net = Net::with_movement(n, radix, seed, mode);
                 let victim = 1 + net.rng.below(n as u64 - 1) as u32;
                 let crash_at = net.rng.below(30);
                 // Half the runs lose a second daemon: the victim's parent slot or a child.
@@ -437,7 +540,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                     let ids: Vec<u64> = net.delivered[r as usize].iter().map(|(op, _)| *op).collect();
                     if ids != reference || !net.nodes[r as usize].is_quiescent() {
                         violations += 1;
-                        eprintln!("n={n} radix={radix} seed={seed} victim={victim}: daemon {r} delivered {ids:?}, root {reference:?}, quiescent {}", net.nodes[r as usize].is_quiescent());
+                        eprintln!("{mode} n={n} radix={radix} seed={seed} victim={victim}: daemon {r} delivered {ids:?}, root {reference:?}, quiescent {}", net.nodes[r as usize].is_quiescent());
                     }
                 }
                 assert_eq!(reference, (0..reference.len() as u64).collect::<Vec<_>>());
@@ -446,7 +549,9 @@ fn crash_mid_stream_keeps_survivors_in_order() {
                 for id in started.iter().filter(|id| !net.dead.contains(&id.origin)) {
                     if !done.contains(id) {
                         violations += 1;
-                        eprintln!("n={n} radix={radix} seed={seed} victim={victim}: xcast {id:?} never completed");
+                        eprintln!(
+                            "{mode} n={n} radix={radix} seed={seed} victim={victim}: xcast {id:?} never completed"
+                        );
                     }
                 }
             }

@@ -41,6 +41,7 @@ mod tests {
                 tag: 9,
                 compressed: false,
                 payload: Bytes::from_static(b"hello"),
+                ..Default::default()
             })),
         };
         let buf = msg.encode_to_vec();

@@ -112,6 +112,26 @@ impl Exchange {
         Ok(())
     }
 
+    /// This participant holds every block (from another source): take them, and send every
+    /// step's message not sent yet at once, without waiting for any receive. Complete after.
+    pub fn serve(&mut self, blocks: Vec<Bytes>, out: &mut Vec<Outgoing>) -> Result<(), BlockError> {
+        if blocks.len() != self.members.len() {
+            return Err(
+                ScheduleError::BlockCountMismatch { got: blocks.len(), participants: self.members.len() }.into()
+            );
+        }
+        self.blocks = blocks.into_iter().map(Some).collect();
+        self.held.clear();
+        for k in self.sent..self.sched.steps() {
+            let st = self.sched.step(self.pos, k)?;
+            let blocks = st.send.positions().map(|p| self.blocks[p as usize].clone().unwrap_or_default()).collect();
+            out.push(Outgoing { to: self.members[st.to as usize], step: k, first: st.send.first(), blocks });
+        }
+        self.sent = self.sched.steps();
+        self.step = self.sched.steps();
+        Ok(())
+    }
+
     /// Send to `peer` along the tree from now on; true the first time.
     pub fn detour(&mut self, peer: Rank) -> bool {
         self.detour.insert(peer)

@@ -1,0 +1,367 @@
+//! The scatter-allgather movement of an xcast: for a large payload, the root cuts the (maybe
+//! compressed) payload into one chunk per member — the live daemons when it assigns the op —
+//! and sends each child only the chunks of that child's subtree; each member passes on its
+//! children's chunks at once and then gathers every other chunk over lateral links
+//! (`Via::Direct`), on the allgather schedule of [`crate::allgather`].
+//!
+//! Owns: the member list and chunk layout (from the op alone, so every member derives the
+//! same), the split of a chunk forward by next hop, one [`Exchange`] per op in flight, the
+//! blocks that came before their op's forward, and the degrade to the whole-payload tree.
+//!
+//! The xcast framing still owns the rest: op ids and the order of delivery (an op assembled
+//! early waits in `buffered` for its predecessors), the ACK rollup (a daemon delivers, and so
+//! counts an op as held, only once it holds the whole payload; its children ACK theirs), and
+//! retention (a daemon retains the assembled whole, so every replay after a repair is a
+//! whole-payload tree forward).
+//!
+//! Faults: the root holds the whole payload from the start and delivers at once, so it never
+//! waits on the exchange and DAEMON_DIED (queued behind a stuck bulk op everywhere else) is
+//! always processed at the root. When a repair reaches the root, every bulk op not yet
+//! complete degrades: the root forwards its whole payload to every child whose subtree lacks
+//! it, each daemon that lacks it processes it as a tree op (forward to all children, deliver)
+//! and drops its exchange, and each daemon that holds it passes it to children that lack it.
+//! A lateral link lost to a live partner (`peer_unreachable`) is never a tree loss: that
+//! partner's blocks go again along the tree (`XcastBlock.sender` names the member), and so do
+//! later ones; finished exchanges are kept for the last [`KEEP_FINISHED`] ops to do the same.
+//!
+//! Traps:
+//! - The member list is the root's view at assignment, carried as the failed ranks
+//!   (`excluded`), never each daemon's own view: a daemon that already applied a later repair
+//!   would otherwise derive other positions.
+//! - A chunk forward never replays: a duplicate is dropped; whatever a changed child lacks
+//!   reaches it as a whole forward.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastBlock, XcastChunk, XcastForward};
+use dvm_rml::topology::{Rank, Route};
+use tracing::debug;
+
+use super::{XcastState, MAX_INFLATED};
+use crate::allgather::exchange::{Exchange, Outgoing, Received};
+use crate::{Ctx, Effect, Movement};
+
+pub(super) const BULK: u32 = Movement::ScatterAllgather as u32;
+
+/// Finished exchanges kept per daemon (to re-send blocks along the tree to a partner whose
+/// lateral link was lost just before this daemon finished).
+pub(super) const KEEP_FINISHED: usize = 4;
+
+/// Ops ahead of this daemon's forwards whose blocks may wait here.
+const MAX_EARLY_OPS: usize = 64;
+
+/// One op in flight on this daemon.
+#[derive(Debug)]
+pub(super) struct BulkOp {
+    /// The op without chunks (movement, total length, members).
+    meta: XcastForward,
+    ex: Exchange,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct BulkState {
+    ops: BTreeMap<u64, BulkOp>,
+    early: BTreeMap<u64, Vec<XcastBlock>>,
+    finished: VecDeque<(u64, Exchange)>,
+}
+
+impl BulkState {
+    pub fn state_bytes(&self) -> usize {
+        let ex = |e: &Exchange| e.state_bytes();
+        self.ops.values().map(|o| ex(&o.ex) + 64).sum::<usize>()
+            + self.finished.iter().map(|(_, e)| ex(e)).sum::<usize>()
+            + self.early.values().flatten().map(|b| b.blocks.iter().map(Bytes::len).sum::<usize>() + 32).sum::<usize>()
+    }
+
+    /// Nothing in flight (finished exchanges are history, kept only to answer detours).
+    pub fn is_quiescent(&self) -> bool {
+        self.ops.is_empty() && self.early.is_empty()
+    }
+}
+
+/// The members of a bulk op: every rank below the DVM size that the root had not lost.
+fn members(size: u32, excluded: &[u32]) -> Vec<Rank> {
+    (0..size).filter(|r| excluded.binary_search(r).is_err()).collect()
+}
+
+/// Byte range of the chunk at `pos` of `count` members for a payload of `total` bytes: equal
+/// chunks of ⌈total / count⌉, the last ones shorter or empty.
+fn chunk_range(total: u64, count: usize, pos: usize) -> (usize, usize) {
+    let total = total as usize;
+    let c = total.div_ceil(count.max(1));
+    let start = (pos * c).min(total);
+    (start, (start + c).min(total))
+}
+
+impl XcastState {
+    /// Root: send op `m` (whole payload) down as chunks and serve its exchange from the whole
+    /// payload. Returns the op as it is retained and replayed: whole, marked as an exchange op.
+    pub(super) fn bulk_root_start(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) -> XcastForward {
+        let mut excluded: Vec<u32> = ctx.topo.failed().iter().copied().collect();
+        excluded.sort_unstable();
+        let list = members(ctx.topo.size(), &excluded);
+        let whole = XcastForward {
+            movement: Movement::TreeBroadcast.id(),
+            total_len: m.payload.len() as u64,
+            excluded,
+            exchange: true,
+            chunks: Vec::new(),
+            ..m.clone()
+        };
+        let chunks = list
+            .iter()
+            .enumerate()
+            .map(|(p, &owner)| {
+                let (a, b) = chunk_range(whole.total_len, list.len(), p);
+                XcastChunk { owner, data: m.payload.slice(a..b) }
+            })
+            .collect();
+        debug!(op_id = m.op_id, bytes = m.payload.len(), members = list.len(), "xcast op on scatter-allgather");
+        self.bulk_in_flight.insert(m.op_id);
+        let meta = XcastForward { payload: Bytes::new(), movement: BULK, ..whole.clone() };
+        self.bulk_pass_chunks(ctx, &meta, chunks);
+        self.bulk_serve(ctx, &whole);
+        whole
+    }
+
+    /// A chunk forward from the parent.
+    pub(super) fn on_bulk_forward(&mut self, ctx: &mut Ctx<'_>, from: Rank, mut m: XcastForward) {
+        let op = m.op_id;
+        // Held whole already (a replay came first): this daemon served the exchange from it
+        // and passed the whole payload to every child.
+        let known = op < self.next_deliver
+            || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == op)
+            || self.buffered.contains_key(&op)
+            || self.bulk.ops.contains_key(&op)
+            || self.bulk.finished.iter().any(|(o, _)| *o == op);
+        if known {
+            debug!(op_id = op, from, "scatter-allgather chunks for an op held here dropped");
+            return;
+        }
+        if ctx.topo.is_root() || m.total_len > MAX_INFLATED as u64 || !m.excluded.is_sorted() {
+            let reason = format!("xcast op {op}: malformed scatter-allgather forward from daemon {from}");
+            return ctx.out.push(Effect::Dropped { from, reason });
+        }
+        let (me, list) = (ctx.topo.me(), members(ctx.topo.size(), &m.excluded));
+        let chunks = std::mem::take(&mut m.chunks);
+        let own = self.bulk_pass_chunks(ctx, &m, chunks);
+        let want = list.binary_search(&me).map(|p| chunk_range(m.total_len, list.len(), p));
+        let own = match (own, want) {
+            (Some(d), Ok((a, b))) if d.len() == b - a => d,
+            _ => {
+                let reason = format!("xcast op {op}: scatter-allgather forward without this daemon's chunk");
+                return ctx.out.push(Effect::Dropped { from, reason });
+            }
+        };
+        let ex = match Exchange::new(list, me, own) {
+            Ok(ex) => ex,
+            Err(e) => return ctx.out.push(Effect::Dropped { from, reason: format!("xcast op {op}: {e}") }),
+        };
+        self.bulk.ops.insert(op, BulkOp { meta: m, ex });
+        for b in self.bulk.early.remove(&op).unwrap_or_default() {
+            self.bulk_receive(ctx, b);
+        }
+        self.bulk_drive(ctx, op);
+    }
+
+    /// Pass every chunk but this daemon's own toward its owner (to the child whose subtree
+    /// holds it); returns this daemon's chunk.
+    fn bulk_pass_chunks(&mut self, ctx: &mut Ctx<'_>, meta: &XcastForward, chunks: Vec<XcastChunk>) -> Option<Bytes> {
+        let mut own = None;
+        let mut by_child: BTreeMap<Rank, Vec<XcastChunk>> = BTreeMap::new();
+        for c in chunks {
+            match ctx.topo.route_to(c.owner) {
+                Route::Local => own = Some(c.data),
+                Route::Down(child) => by_child.entry(child).or_default().push(c),
+                // Not below us in our view (a repair in flight): the degrade delivers it.
+                Route::Up(_) | Route::Unreachable => {
+                    debug!(op_id = meta.op_id, owner = c.owner, "scatter-allgather chunk with no route down dropped")
+                }
+            }
+        }
+        for (child, chunks) in by_child {
+            if self.children.get(&child).is_some_and(|s| !s.unreachable) {
+                ctx.send(child, Body::Forward(XcastForward { chunks, ..meta.clone() }));
+            }
+        }
+        own
+    }
+
+    /// This daemon holds the whole payload of exchange op `m`: send every block its partners
+    /// still expect from it, at once, whatever it received so far. A daemon that got the
+    /// whole payload by a replay instead of its chunks must still do its part, or partners
+    /// that got chunks would wait for it forever. Once per op.
+    pub(super) fn bulk_serve(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
+        let (me, op) = (ctx.topo.me(), m.op_id);
+        if !m.exchange || m.payload.len() as u64 != m.total_len || self.bulk.finished.iter().any(|(o, _)| *o == op) {
+            return;
+        }
+        let list = members(ctx.topo.size(), &m.excluded);
+        let Ok(pos) = list.binary_search(&me) else { return };
+        let blocks: Vec<Bytes> = (0..list.len())
+            .map(|p| {
+                let (a, b) = chunk_range(m.total_len, list.len(), p);
+                m.payload.slice(a..b)
+            })
+            .collect();
+        let ex = match self.bulk.ops.remove(&op) {
+            Some(b) => Ok(b.ex),
+            None => Exchange::new(list, me, blocks[pos].clone()),
+        };
+        self.bulk.early.remove(&op);
+        let mut ex = match ex {
+            Ok(ex) => ex,
+            Err(e) => return ctx.out.push(Effect::Dropped { from: m.origin, reason: format!("xcast op {op}: {e}") }),
+        };
+        let mut out = Vec::new();
+        if let Err(e) = ex.serve(blocks, &mut out) {
+            ctx.out.push(Effect::Dropped { from: m.origin, reason: format!("xcast op {op}: {e}") });
+        }
+        Self::bulk_send(ctx, op, &ex, out);
+        self.bulk_finished(op, ex);
+    }
+
+    /// A block message (direct, or along the tree on a detour).
+    pub fn on_block(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastBlock) {
+        self.sync_children(ctx);
+        let op = m.op_id;
+        if self.bulk.ops.contains_key(&op) {
+            self.bulk_receive(ctx, m);
+            return self.bulk_drive(ctx, op);
+        }
+        let late = op < self.next_deliver
+            || self.buffered.contains_key(&op)
+            || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == op)
+            || self.bulk.finished.iter().any(|(o, _)| *o == op);
+        if late {
+            return debug!(op_id = op, sender = m.sender, "scatter-allgather block for an op held here");
+        }
+        // Its forward has not come yet: hold it (at most one per sender and step).
+        if !self.bulk.early.contains_key(&op) && self.bulk.early.len() >= MAX_EARLY_OPS {
+            let reason = format!("xcast op {op}: blocks for more than {MAX_EARLY_OPS} ops ahead of their forwards");
+            return ctx.out.push(Effect::Dropped { from, reason });
+        }
+        let early = self.bulk.early.entry(op).or_default();
+        if !early.iter().any(|b| b.sender == m.sender && b.step == m.step) && early.len() < 2 * 32 {
+            early.push(m);
+        }
+    }
+
+    fn bulk_receive(&mut self, ctx: &mut Ctx<'_>, m: XcastBlock) {
+        let Some(b) = self.bulk.ops.get_mut(&m.op_id) else { return };
+        match b.ex.receive(m.sender, m.step, m.first, m.blocks) {
+            Ok(Received::Accepted) => {}
+            Ok(Received::Duplicate) => debug!(op_id = m.op_id, sender = m.sender, "duplicate scatter-allgather block"),
+            Err(e) => {
+                let reason = format!("xcast op {}: {e}", m.op_id);
+                ctx.out.push(Effect::Dropped { from: m.sender, reason });
+            }
+        }
+    }
+
+    fn bulk_send(ctx: &mut Ctx<'_>, op: u64, ex: &Exchange, out: Vec<Outgoing>) {
+        let me = ctx.topo.me();
+        for o in out {
+            let detour = ex.detoured(o.to);
+            let m = XcastBlock { op_id: op, step: o.step, first: o.first, blocks: o.blocks, sender: me };
+            if detour {
+                ctx.send(o.to, Body::Xblock(m));
+            } else {
+                ctx.send_direct(o.to, Body::Xblock(m));
+            }
+        }
+    }
+
+    /// Send what op `op`'s exchange can send now; once it holds every chunk, hand the whole
+    /// payload to the framing (delivered in op-id order).
+    fn bulk_drive(&mut self, ctx: &mut Ctx<'_>, op: u64) {
+        let Some(b) = self.bulk.ops.get_mut(&op) else { return };
+        let mut out = Vec::new();
+        let advanced = b.ex.advance(&mut out);
+        Self::bulk_send(ctx, op, &b.ex, out);
+        if let Err(e) = advanced {
+            return ctx.out.push(Effect::Dropped { from: ctx.topo.me(), reason: format!("xcast op {op}: {e}") });
+        }
+        if !b.ex.is_complete() {
+            return;
+        }
+        let Some(BulkOp { meta, ex }) = self.bulk.ops.remove(&op) else { return };
+        let whole = ex.output();
+        self.bulk_finished(op, ex);
+        match whole {
+            Ok(payload) if payload.len() as u64 == meta.total_len => {
+                debug!(op_id = op, bytes = payload.len(), "scatter-allgather op reassembled");
+                self.receive_op(ctx, XcastForward { payload, exchange: true, ..meta });
+            }
+            Ok(p) => {
+                let reason =
+                    format!("xcast op {op}: chunks reassemble to {} bytes, the op says {}", p.len(), meta.total_len);
+                ctx.out.push(Effect::Dropped { from: meta.origin, reason });
+            }
+            Err(e) => ctx.out.push(Effect::Dropped { from: meta.origin, reason: format!("xcast op {op}: {e}") }),
+        }
+    }
+
+    fn bulk_finished(&mut self, op: u64, ex: Exchange) {
+        if self.bulk.finished.len() == KEEP_FINISHED {
+            self.bulk.finished.pop_front();
+        }
+        self.bulk.finished.push_back((op, ex));
+    }
+
+    /// Root: a repair came; every bulk op not yet complete degrades to the whole-payload
+    /// tree, sent to each child whose subtree lacks it.
+    pub(super) fn bulk_degrade(&mut self, ctx: &mut Ctx<'_>) {
+        let ops: Vec<u64> = std::mem::take(&mut self.bulk_in_flight).into_iter().collect();
+        for op in ops {
+            if op < self.completed_below {
+                continue;
+            }
+            if let Some(m) = self.retained.get(&op).cloned() {
+                debug!(op_id = op, "repair during a scatter-allgather op: degraded to the whole-payload tree");
+                self.forward_to_lacking(ctx, &m);
+            }
+        }
+    }
+
+    /// Root: op `op` is complete.
+    pub(super) fn bulk_complete(&mut self, op: u64) {
+        self.bulk_in_flight.remove(&op);
+    }
+
+    /// The lateral link to `peer` was lost: its blocks, sent and to come, take the tree.
+    pub(super) fn bulk_detour(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
+        let running = self.bulk.ops.iter_mut().map(|(op, b)| (*op, &mut b.ex));
+        let finished = self.bulk.finished.iter_mut().map(|(op, ex)| (*op, ex));
+        for (op, ex) in running.chain(finished) {
+            if ex.detour(peer) {
+                debug!(op_id = op, peer, "lateral link lost: scatter-allgather blocks take the tree");
+                let out = ex.sent_to(peer);
+                Self::bulk_send(ctx, op, ex, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_payload_once_in_member_order() {
+        for total in [0u64, 1, 2, 7, 64, 1000, 4097] {
+            for count in 1..=40usize {
+                let mut next = 0usize;
+                for p in 0..count {
+                    let (a, b) = chunk_range(total, count, p);
+                    assert_eq!(a, next, "total {total} count {count} pos {p}");
+                    assert!(b >= a);
+                    next = b;
+                }
+                assert_eq!(next as u64, total);
+            }
+        }
+        assert_eq!(members(6, &[1, 4]), vec![0, 2, 3, 5]);
+    }
+}
