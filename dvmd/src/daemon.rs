@@ -494,8 +494,23 @@ impl Daemon {
                     let _ = tx.send(Err("a benchmark is already running".into()));
                     return;
                 }
+                let fence_movement = match req.fence_movement.as_str() {
+                    "" => None,
+                    m => match m.parse() {
+                        Ok(m) => Some(m),
+                        Err(e) => return drop(tx.send(Err(format!("benchmark: {e}")))),
+                    },
+                };
+                let bcast_movement = match req.bcast_movement.as_str() {
+                    "" => None,
+                    m => match m.parse() {
+                        Ok(m) => Some(m),
+                        Err(e) => return drop(tx.send(Err(format!("benchmark: {e}")))),
+                    },
+                };
                 hnp.bench = Some(tx);
-                self.submit(CoreInput::Bench { kind: req.kind(), count: req.count, bytes: req.bytes });
+                let (kind, count, bytes) = (req.kind(), req.count, req.bytes);
+                self.submit(CoreInput::Bench { kind, count, bytes, fence_movement, bcast_movement });
             }
         }
     }

@@ -46,7 +46,7 @@ use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
 use crate::allgather::exchange::Exchange;
-use crate::{Ctx, Effect, Movement};
+use crate::{Ctx, Effect, FenceMovementMode, Movement};
 use tracker::{child_slots, lost, FenceTracker, OwnSlot, Run, SubtreeContrib};
 
 /// Results kept per signature after retirement, to answer contributions re-sent after a repair
@@ -349,7 +349,7 @@ impl FenceState {
         Self::default()
     }
 
-    pub fn start(&mut self, ctx: &mut Ctx<'_>, req: FenceRequest) -> FenceId {
+    pub fn start(&mut self, ctx: &mut Ctx<'_>, req: FenceRequest, mode: FenceMovementMode) -> FenceId {
         let sig = FenceSignature::new(req.sig.key, req.sig.participants);
         let me = ctx.topo.me();
         let current = self.sigs.get(&sig).map_or(0, |r| r.started);
@@ -381,7 +381,7 @@ impl FenceState {
             return id;
         }
         let count = tracker::participant_count(ctx.topo, &sig.participants);
-        let movement = ctx.cfg.fence_movement.for_fence(req.collect, count);
+        let movement = mode.for_fence(req.collect, count);
         let t = rec
             .trackers
             .entry(seq)

@@ -172,6 +172,10 @@ impl Grpcomm {
         &self.topo
     }
 
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     fn split(&mut self) -> (Ctx<'_>, &mut xcast::XcastState, &mut fence::FenceState, &mut scatter::ScatterState) {
         (
             Ctx { topo: &self.topo, cfg: &self.cfg, out: &mut self.out, now: self.now },
@@ -200,8 +204,15 @@ impl Grpcomm {
 
     /// Start an xcast of `payload` to every live daemon.
     pub fn xcast(&mut self, tag: u32, payload: Bytes) -> XcastId {
+        let mode = self.cfg.bcast_movement;
+        self.xcast_with(tag, payload, mode)
+    }
+
+    /// [`Grpcomm::xcast`] with this op's movement chosen by `mode` instead of the configured
+    /// one (A/B benchmarks; the choice travels with the op, so only the origin decides).
+    pub fn xcast_with(&mut self, tag: u32, payload: Bytes, mode: BcastMovementMode) -> XcastId {
         let (mut ctx, x, _, _) = self.split();
-        x.start(&mut ctx, tag, payload)
+        x.start(&mut ctx, tag, payload, mode)
     }
 
     /// The driver applied a process-first op (see [`Effect::Deliver`]).
@@ -212,9 +223,18 @@ impl Grpcomm {
 
     /// Start (or join) a fence. `now` is the current time; the timeout, if any, is relative.
     pub fn fence(&mut self, req: FenceRequest, now: u64) -> FenceId {
+        let mode = self.cfg.fence_movement;
+        self.fence_with(req, now, mode)
+    }
+
+    /// [`Grpcomm::fence`] with the movement chosen by `mode` instead of the configured one.
+    /// Every participant must pass the same `mode` for the same fence (a benchmark carries it
+    /// in the message that starts it everywhere); a participant that does not fails the
+    /// fence by name, never hangs it.
+    pub fn fence_with(&mut self, req: FenceRequest, now: u64, mode: FenceMovementMode) -> FenceId {
         self.now = self.now.max(now);
         let (mut ctx, _, f, _) = self.split();
-        f.start(&mut ctx, req)
+        f.start(&mut ctx, req, mode)
     }
 
     /// Forget a fence signature whose owner (a job) is gone: its sequence counter and the

@@ -33,7 +33,7 @@ use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastAck, XcastDone, XcastForward, X
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::{debug, trace};
 
-use crate::{compress, Ctx, Effect, Movement};
+use crate::{compress, BcastMovementMode, Ctx, Effect, Movement};
 
 mod bulk;
 
@@ -136,7 +136,7 @@ impl XcastState {
         }
     }
 
-    pub fn start(&mut self, ctx: &mut Ctx<'_>, tag: u32, payload: Bytes) -> XcastId {
+    pub fn start(&mut self, ctx: &mut Ctx<'_>, tag: u32, payload: Bytes, mode: BcastMovementMode) -> XcastId {
         self.sync_children(ctx);
         let local = self.next_local;
         self.next_local += 1;
@@ -144,9 +144,7 @@ impl XcastState {
         let id = XcastId { origin: self.me, local };
         let bulk_capable = ctx.cfg.bulk_tags.contains(&tag) && !ctx.cfg.process_first.contains(&tag);
         let topo = &ctx.topo;
-        let movement = ctx
-            .cfg
-            .bcast_movement
+        let movement = mode
             .for_bcast(
                 bulk_capable,
                 payload.len() as u64,

@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
+use dvm_grpcomm::{
+    BcastMovementMode, FenceError, FenceId, FenceMovementMode, FenceRequest, FenceSignature, Participants,
+};
 use dvm_proto::control::{BenchKind, BenchReply};
 use dvm_proto::daemon::{daemon_cmd, BenchDone, BenchStart, Ping};
 use dvm_proto::Message;
@@ -41,6 +43,8 @@ pub struct DaemonBench {
     participants: Vec<Rank>,
     /// Each daemon's contribution pattern, built once per benchmark.
     base: BTreeMap<Rank, Bytes>,
+    /// The movement its fences run on (None: the DVM's).
+    fence_movement: Option<FenceMovementMode>,
 }
 
 /// The HNP's side of a benchmark.
@@ -58,6 +62,8 @@ pub struct HnpBench {
     issued: u64,
     /// The daemon a ping benchmark talks to.
     ping_peer: Option<Rank>,
+    /// The movement an xcast benchmark's ops take (None: the DVM's).
+    bcast_movement: Option<BcastMovementMode>,
 }
 
 /// Incompressible bytes (xorshift) with the fence index stamped in front, so an xcast
@@ -74,6 +80,17 @@ pub fn bench_data(rank: Rank, i: u64, bytes: u64) -> Bytes {
         .collect();
     let n = v.len().min(8);
     v[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+    Bytes::from(v)
+}
+
+/// Payload of op `i` of xcast benchmark `bench`: [`bench_data`] with the benchmark id after
+/// the index, so every daemon can check what it holds, byte for byte, and name the benchmark
+/// when it reports a difference.
+pub fn bench_xcast_payload(bench: u64, i: u64, bytes: u64) -> Bytes {
+    let mut v = bench_data(0, i, bytes).to_vec();
+    if v.len() >= 16 {
+        v[8..16].copy_from_slice(&bench.to_le_bytes());
+    }
     Bytes::from(v)
 }
 
@@ -104,7 +121,14 @@ impl DaemonBench {
 
 impl Core {
     /// HNP: a benchmark was asked for.
-    pub(crate) fn start_bench(&mut self, kind: BenchKind, count: u64, bytes: u64) {
+    pub(crate) fn start_bench(
+        &mut self,
+        kind: BenchKind,
+        count: u64,
+        bytes: u64,
+        fence_movement: Option<FenceMovementMode>,
+        bcast_movement: Option<BcastMovementMode>,
+    ) {
         let Some(hnp) = self.hnp.as_mut() else { return };
         if hnp.bench.is_some() {
             self.out.push(Effect::BenchDone(Err("a benchmark is already running".into())));
@@ -134,12 +158,14 @@ impl Core {
             first_error: String::new(),
             issued: 0,
             ping_peer: None,
+            bcast_movement,
         });
         match kind {
             BenchKind::Xcast => self.next_bench_xcast(),
             BenchKind::Ping => self.next_bench_ping(),
             _ => {
-                let start = BenchStart { bench: id, kind: kind as u32, count, bytes };
+                let fence_movement = fence_movement.map(|m| m.name().to_string()).unwrap_or_default();
+                let start = BenchStart { bench: id, kind: kind as u32, count, bytes, fence_movement };
                 let xid = self.g.xcast(dtags::BENCH, Bytes::from(start.encode_to_vec()));
                 self.xcast_owners.insert(xid, XcastOwner::Shell);
             }
@@ -182,6 +208,9 @@ impl Core {
             sig,
             participants,
             base: BTreeMap::new(),
+            // A name this daemon does not know runs the DVM's movement; the fences then fail
+            // with a movement mismatch that names both, never hang.
+            fence_movement: b.fence_movement.parse().ok(),
         });
         self.next_bench_fence();
     }
@@ -212,10 +241,11 @@ impl Core {
         let data = if collect { b.data(me, i) } else { Bytes::new() };
         let req = FenceRequest { sig: b.sig.clone(), collect, data, timeout: Some(BENCH_FENCE_TIMEOUT_NS) };
         let owner = FenceOwner::Bench(b.id);
+        let mode = b.fence_movement;
         if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
             hb.started_at = Some(now);
         }
-        self.start_fence(owner, req);
+        self.start_fence(owner, req, mode);
     }
 
     pub(crate) fn on_bench_fence_done(&mut self, bench: u64, id: FenceId, result: Result<Bytes, FenceError>) {
@@ -320,11 +350,35 @@ impl Core {
             return;
         }
         b.issued += 1;
-        let payload = bench_data(0, b.issued, b.bytes);
+        let payload = bench_xcast_payload(b.id, b.issued, b.bytes);
         b.started_at = Some(now);
         let bench = b.id;
-        let id = self.g.xcast(dtags::BENCH_XCAST, payload);
+        let mode = b.bcast_movement.unwrap_or(self.g.config().bcast_movement);
+        let id = self.g.xcast_with(dtags::BENCH_XCAST, payload, mode);
         self.xcast_owners.insert(id, XcastOwner::BenchXcast(bench));
+    }
+
+    /// Every daemon: an xcast benchmark op arrived; check it byte for byte and report a
+    /// difference to the HNP (straight, before this daemon's ACK can complete the op).
+    pub(crate) fn on_bench_xcast(&mut self, payload: Bytes) {
+        if payload.len() < 16 {
+            return;
+        }
+        let i = u64::from_le_bytes(payload[..8].try_into().unwrap_or_default());
+        let bench = u64::from_le_bytes(payload[8..16].try_into().unwrap_or_default());
+        if payload == bench_xcast_payload(bench, i, payload.len() as u64) {
+            return;
+        }
+        let me = self.me;
+        let first_error = format!("daemon {me}: xcast {i} of benchmark {bench} ({} bytes) differs", payload.len());
+        error!("{first_error}");
+        self.report_to_hnp(daemon_cmd::Body::BenchDone(BenchDone {
+            bench,
+            rank: me,
+            completed: 0,
+            errors: 1,
+            first_error,
+        }));
     }
 
     pub(crate) fn on_pong(&mut self) {

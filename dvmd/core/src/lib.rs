@@ -31,7 +31,8 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use dvm_grpcomm::{
-    tags, Config, Effect as G, FenceError, FenceId, FenceRequest, FenceSignature, Grpcomm, Via, XcastId,
+    tags, BcastMovementMode, Config, Effect as G, FenceError, FenceId, FenceMovementMode, FenceRequest, FenceSignature,
+    Grpcomm, Via, XcastId,
 };
 use dvm_proto::control::{BenchKind, BenchReply};
 use dvm_proto::daemon::{daemon_cmd, DaemonCmd, DaemonDied, DaemonLost, Evicted};
@@ -111,7 +112,15 @@ pub enum Input {
     /// HNP: terminate the DVM.
     Terminate,
     /// HNP: run a collective benchmark.
-    Bench { kind: BenchKind, count: u64, bytes: u64 },
+    Bench {
+        kind: BenchKind,
+        count: u64,
+        bytes: u64,
+        /// Run the fences on this movement instead of the DVM's.
+        fence_movement: Option<FenceMovementMode>,
+        /// Run the xcasts on this movement instead of the DVM's.
+        bcast_movement: Option<BcastMovementMode>,
+    },
 }
 
 /// An effect of the core, carried out by the shell in the order produced.
@@ -329,13 +338,15 @@ impl Core {
             Input::Scatter { tag, slices } => {
                 self.g.scatter(tag, slices);
             }
-            Input::Fence { owner, req } => self.start_fence(owner, req),
+            Input::Fence { owner, req } => self.start_fence(owner, req, None),
             Input::ForgetFence(sig) => {
                 self.g.forget_fence_signature(&sig);
             }
             Input::Cmd { dst, body } => self.send_cmd(dst, body),
             Input::Terminate => self.terminate(),
-            Input::Bench { kind, count, bytes } => self.start_bench(kind, count, bytes),
+            Input::Bench { kind, count, bytes, fence_movement, bcast_movement } => {
+                self.start_bench(kind, count, bytes, fence_movement, bcast_movement)
+            }
         }
         self.pump();
         self.answering = None;
@@ -648,10 +659,11 @@ impl Core {
 
     // ------------------------------------------------------------------ operations
 
-    fn start_fence(&mut self, owner: FenceOwner, req: FenceRequest) {
+    fn start_fence(&mut self, owner: FenceOwner, req: FenceRequest, mode: Option<FenceMovementMode>) {
         let now = self.now;
         let collect = req.collect;
-        let id = self.g.fence(req, now);
+        let mode = mode.unwrap_or(self.g.config().fence_movement);
+        let id = self.g.fence_with(req, now, mode);
         debug!(?owner, collect, seq = id.seq, "fence started");
         self.fence_owners.insert(id, owner);
     }
@@ -731,7 +743,7 @@ impl Core {
                 self.out.push(Effect::Deliver { tag, payload });
             }
             dtags::BENCH => self.on_bench_start(payload),
-            dtags::BENCH_XCAST => {}
+            dtags::BENCH_XCAST => self.on_bench_xcast(payload),
             _ => self.out.push(Effect::Deliver { tag, payload }),
         }
     }

@@ -32,6 +32,17 @@ struct Args {
     /// Run N alternating barrier/modex fences and check every result (no timing table).
     #[arg(long, value_name = "N")]
     check_fences: Option<u64>,
+    /// With --check-fences or --check-xcast: the movement to force (fences: auto|tree|allgather,
+    /// xcasts: auto|tree|bulk; default: the DVM's).
+    #[arg(long, value_name = "M")]
+    movement: Option<String>,
+    /// Run N xcasts of --xcast-bytes' first size and check them on every daemon (no timing).
+    #[arg(long, value_name = "N")]
+    check_xcast: Option<u64>,
+    /// A/B the movements instead: each size runs tree and lateral movement alternately in
+    /// ABBA order on this DVM, REPS times, and the table gives paired ratios (lateral/tree).
+    #[arg(long, value_name = "REPS")]
+    compare_movements: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -55,8 +66,17 @@ fn hist(r: &BenchReply) -> Histogram<u64> {
 }
 
 async fn bench(c: &mut Client, kind: BenchKind, count: u64, bytes: u64) -> Result<BenchReply> {
+    bench_on(c, kind, count, bytes, "").await
+}
+
+/// A benchmark with its movement forced (`""`: the DVM's).
+async fn bench_on(c: &mut Client, kind: BenchKind, count: u64, bytes: u64, movement: &str) -> Result<BenchReply> {
+    let (fence_movement, bcast_movement) = match kind {
+        BenchKind::Xcast => (String::new(), movement.to_string()),
+        _ => (movement.to_string(), String::new()),
+    };
     let r = c
-        .bench(BenchRequest { kind: kind as i32, count, bytes })
+        .bench(BenchRequest { kind: kind as i32, count, bytes, fence_movement, bcast_movement })
         .await
         .with_context(|| format!("{} benchmark ({bytes} bytes)", kind.as_str_name()))?;
     if r.errors > 0 {
@@ -71,14 +91,30 @@ async fn run(args: Args) -> Result<()> {
     }
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut c = Client::connect(uri).await?;
+    let forced = args.movement.clone().unwrap_or_default();
     if let Some(n) = args.check_fences {
-        let r = bench(&mut c, BenchKind::Alternate, n, 64).await?;
+        let r = bench_on(&mut c, BenchKind::Alternate, n, 64, &forced).await?;
         println!(
-            "{} alternating barrier/modex fences on {} daemons: all results identical and correct",
+            "{} alternating barrier/modex fences on {} daemons ({} movement): all results identical and correct",
             r.latencies_ns.len(),
-            r.daemons
+            r.daemons,
+            if forced.is_empty() { "the DVM's" } else { &forced }
         );
         return Ok(());
+    }
+    if let Some(n) = args.check_xcast {
+        let b = args.xcast_bytes.first().copied().unwrap_or(64);
+        let r = bench_on(&mut c, BenchKind::Xcast, n, b, &forced).await?;
+        println!(
+            "{} xcasts of {b} bytes on {} daemons ({} movement): every daemon held identical, correct bytes",
+            r.latencies_ns.len(),
+            r.daemons,
+            if forced.is_empty() { "the DVM's" } else { &forced }
+        );
+        return Ok(());
+    }
+    if let Some(reps) = args.compare_movements {
+        return compare_movements(&mut c, &args, reps.max(1)).await;
     }
     // α from small round trips, β from 1 MiB round trips, both HNP <-> daemon 1.
     let ping = bench(&mut c, BenchKind::Ping, args.count.max(50), 0).await?;
@@ -165,6 +201,96 @@ async fn run(args: Args) -> Result<()> {
                 row.model_us,
                 row.p50_us / row.model_us
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// One line of the A/B table: p50 per run of each arm, and the paired ratio per ABBA group.
+struct Pair {
+    op: &'static str,
+    bytes: u64,
+    tree: &'static str,
+    lateral: &'static str,
+    tree_us: Vec<f64>,
+    lateral_us: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn p50_us(r: &BenchReply) -> f64 {
+    hist(r).value_at_quantile(0.5) as f64 / 1e3
+}
+
+/// `--compare-movements`: for the barrier, each modex size and each xcast size, run the tree
+/// movement (A) and the lateral one (B) as A B B A, `reps` times, on the same DVM; print each
+/// arm's median p50 and the median (min–max) of the paired ratios B/A.
+async fn compare_movements(c: &mut Client, args: &Args, reps: u32) -> Result<()> {
+    let mut cases: Vec<(&'static str, BenchKind, u64, &'static str, &'static str)> =
+        vec![("barrier", BenchKind::Barrier, 0, "tree", "allgather")];
+    cases.extend(args.modex_bytes.iter().map(|&b| ("modex", BenchKind::Modex, b, "tree", "allgather")));
+    cases.extend(args.xcast_bytes.iter().map(|&b| ("xcast", BenchKind::Xcast, b, "tree", "bulk")));
+    let mut pairs = Vec::new();
+    let mut daemons = 0;
+    for (op, kind, bytes, tree, lateral) in cases {
+        let count = if kind == BenchKind::Xcast { args.count.min(100) } else { args.count };
+        let mut p = Pair { op, bytes, tree, lateral, tree_us: Vec::new(), lateral_us: Vec::new(), ratios: Vec::new() };
+        for _ in 0..reps {
+            let mut t = 0.0;
+            let mut l = 0.0;
+            for arm in [tree, lateral, lateral, tree] {
+                let r = bench_on(c, kind, count, bytes, arm).await?;
+                daemons = r.daemons;
+                let us = p50_us(&r);
+                if arm == tree {
+                    p.tree_us.push(us);
+                    t += us;
+                } else {
+                    p.lateral_us.push(us);
+                    l += us;
+                }
+            }
+            p.ratios.push(l / t);
+        }
+        pairs.push(p);
+    }
+    println!("# {daemons} daemons; {reps} ABBA groups per row; ratio = lateral / tree, paired per group");
+    println!(
+        "{:<8} {:>9} {:>10} {:>12} {:>10} {:>12} {:>8} {:>15}",
+        "op", "bytes", "tree", "tree_p50_us", "lateral", "lat_p50_us", "ratio", "ratio_min_max"
+    );
+    for p in &pairs {
+        let (lo, hi) = p.ratios.iter().fold((f64::MAX, f64::MIN), |(a, b), &r| (a.min(r), b.max(r)));
+        println!(
+            "{:<8} {:>9} {:>10} {:>12.1} {:>10} {:>12.1} {:>8.2} {:>15}",
+            p.op,
+            p.bytes,
+            p.tree,
+            median(&p.tree_us),
+            p.lateral,
+            median(&p.lateral_us),
+            median(&p.ratios),
+            format!("{lo:.2}-{hi:.2}")
+        );
+    }
+    if let Some(path) = &args.csv {
+        let mut f = std::fs::File::create(path).with_context(|| format!("--csv {path}"))?;
+        writeln!(f, "op,bytes,daemons,group,tree,tree_p50_us,lateral,lateral_p50_us,ratio")?;
+        for p in &pairs {
+            for (g, r) in p.ratios.iter().enumerate() {
+                let t = (p.tree_us[2 * g] + p.tree_us[2 * g + 1]) / 2.0;
+                let l = (p.lateral_us[2 * g] + p.lateral_us[2 * g + 1]) / 2.0;
+                writeln!(f, "{},{},{daemons},{g},{},{t:.1},{},{l:.1},{r:.3}", p.op, p.bytes, p.tree, p.lateral)?;
+            }
         }
     }
     Ok(())

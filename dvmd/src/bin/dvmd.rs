@@ -76,6 +76,18 @@ struct Args {
     /// baseline its unit tests and the simulator's default campaigns pin.)
     #[arg(long, default_value = "auto", value_name = "auto|tree|allgather")]
     fence_movement: dvm_grpcomm::FenceMovementMode,
+    /// How broadcasts of bulk-capable messages (job launch) move: `tree` (the whole payload
+    /// to every child), `bulk` (scatter-allgather: chunks down the tree, then a lateral
+    /// allgather) or `auto` (bulk when the link model below says it is cheaper). Tree changes,
+    /// kills and shutdown always take the tree.
+    #[arg(long, default_value = "auto", value_name = "auto|tree|bulk")]
+    bcast_movement: dvm_grpcomm::BcastMovementMode,
+    /// Link latency α for the broadcast choice, in microseconds (`dvm-bench` measures it).
+    #[arg(long, default_value_t = 50.0, value_name = "US")]
+    link_latency_us: f64,
+    /// Per-daemon link bandwidth for the broadcast choice, in MB/s (1 MB/s = 10^6 bytes/s).
+    #[arg(long, default_value_t = 1000.0, value_name = "MBPS")]
+    link_bandwidth_mbps: f64,
 
     // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
     #[arg(long, hide = true)]
@@ -199,6 +211,12 @@ fn validate_common(args: &Args) -> Result<()> {
     if args.max_message < 1024 {
         bail!("--max-message {}: must be at least 1024 bytes", args.max_message);
     }
+    if !(args.link_latency_us.is_finite() && args.link_latency_us >= 0.0) {
+        bail!("--link-latency-us {}: must be a non-negative number of microseconds", args.link_latency_us);
+    }
+    if !(args.link_bandwidth_mbps.is_finite() && args.link_bandwidth_mbps > 0.0) {
+        bail!("--link-bandwidth-mbps {}: must be a positive number of MB/s", args.link_bandwidth_mbps);
+    }
     Ok(())
 }
 
@@ -207,7 +225,18 @@ const SECRET_WAIT: Duration = Duration::from_secs(10);
 
 /// The collective configuration from the command line (the same on every daemon).
 fn grpcomm_config(args: &Args) -> dvm_grpcomm::Config {
-    dvm_grpcomm::Config { fence_movement: args.fence_movement, ..dvm_grpcomm::Config::default() }
+    let mut cfg = dvm_grpcomm::Config {
+        fence_movement: args.fence_movement,
+        bcast_movement: args.bcast_movement,
+        link: dvm_grpcomm::LinkModel {
+            alpha_ns: args.link_latency_us * 1e3,
+            beta_ns_per_byte: 1e3 / args.link_bandwidth_mbps,
+        },
+        ..dvm_grpcomm::Config::default()
+    };
+    // dvm-bench's broadcast may take either movement (its A/B runs force one).
+    cfg.bulk_tags.insert(dvm_core::dtags::BENCH_XCAST);
+    cfg
 }
 
 fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
@@ -319,6 +348,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
             format!("--max-message={}", args.max_message),
             format!("--fence-movement={}", args.fence_movement),
+            format!("--bcast-movement={}", args.bcast_movement),
+            format!("--link-latency-us={}", args.link_latency_us),
+            format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),
         ];
         let argv = agent.argv(&node.name, &exe, &dargs)?;
         let secret_hex = if wrong_secret_rank == Some(r) { DvmSecret::generate().to_hex() } else { secret.to_hex() };
