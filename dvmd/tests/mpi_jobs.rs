@@ -37,7 +37,8 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
     };
     let env = [
         // The core logs each fence's collect flag and sequence number when it starts.
-        ("DVM_LOG", "warn,dvmd::pmix=debug,dvm_core=debug"),
+        // grpcomm logs the movement each fence starts on.
+        ("DVM_LOG", "warn,dvmd::pmix=debug,dvm_core=debug,dvm_grpcomm::fence=debug"),
         // The same MCA settings for the ranks as any launcher compared with.
         ("OMPI_MCA_pml", "ob1"),
         // All-local fences go through fence_nb too, so the path is exercised.
@@ -56,6 +57,12 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
     for (collect, seq) in [(true, 0), (false, 1), (false, 2)] {
         assert!(log.contains(&format!("collect={collect} seq={seq}")), "fence collect={collect} seq={seq} not seen");
     }
+    // The DVM's default (auto): the collecting MPI_Init fence on the lateral allgather, the
+    // barriers on the tree.
+    let started =
+        |m: &str| log.lines().any(|l| l.contains("fence started") && l.contains(&format!("movement=\"{m}\"")));
+    assert!(started("allgather"), "the MPI_Init modex did not run on the allgather");
+    assert!(started("tree-barrier"), "the barriers did not run on the tree");
 
     // Without a collecting modex: peers' data comes by direct modex from their daemons.
     check_programs(&dvm, &["-x", "OMPI_MCA_pmix_base_collect_data=0"]);

@@ -92,6 +92,10 @@ pub struct Engine<'s> {
     /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
     pending_fence: BTreeMap<(Rank, usize), usize>,
     hop_limit: u32,
+    /// The first payload recorded per op id: an equal one delivered elsewhere is recorded as a
+    /// clone of it (a scatter-allgather op is reassembled by each daemon into its own buffer;
+    /// 4096 copies of 4 MiB would not fit).
+    first_payload: BTreeMap<u64, Bytes>,
     pub trace: Trace,
 }
 
@@ -100,9 +104,24 @@ pub fn describe(msg: &GrpcommMsg) -> String {
     use dvm_proto::grpcomm::grpcomm_msg::Body;
     match &msg.body {
         Some(Body::Relay(m)) => format!("Relay{{origin {} id {} tag {}}}", m.origin, m.origin_id, m.tag),
-        Some(Body::Forward(m)) => {
-            format!("Forward{{op {} origin {} id {} tag {}}}", m.op_id, m.origin, m.origin_id, m.tag)
-        }
+        Some(Body::Forward(m)) => format!(
+            "Forward{{op {} origin {} id {} tag {} mv {} chunks {:?} {} bytes}}",
+            m.op_id,
+            m.origin,
+            m.origin_id,
+            m.tag,
+            m.movement,
+            m.chunks.iter().map(|c| c.owner).collect::<Vec<_>>(),
+            m.payload.len()
+        ),
+        Some(Body::Xblock(m)) => format!(
+            "XBlock{{op {} step {} first {} from {} {} blocks}}",
+            m.op_id,
+            m.step,
+            m.first,
+            m.sender,
+            m.blocks.len()
+        ),
         Some(Body::Ack(m)) => format!("Ack{{held {} ack_id {} request {}}}", m.held, m.ack_id, m.is_request),
         Some(Body::Done(m)) => format!("Done{{id {} op {}}}", m.origin_id, m.op_id),
         Some(Body::Contrib(m)) => format!(
@@ -165,6 +184,7 @@ impl<'s> Engine<'s> {
             sig_chain,
             pending_fence: BTreeMap::new(),
             hop_limit: 4 * (sc.height() + 2) + 8,
+            first_payload: BTreeMap::new(),
             trace,
         };
         for (ci, c) in sc.chains.iter().enumerate() {
@@ -393,6 +413,14 @@ impl<'s> Engine<'s> {
             }
             Effect::Deliver { op_id, origin, tag, payload } => {
                 self.q.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));
+                let payload = match self.first_payload.get(&op_id) {
+                    Some(p) if *p == payload => p.clone(),
+                    Some(_) => payload,
+                    None => {
+                        self.first_payload.insert(op_id, payload.clone());
+                        payload
+                    }
+                };
                 self.trace.deliveries[daemon as usize].push(Delivery { op_id, origin, tag, payload, at: self.q.now() });
                 if self.sc.cfg.process_first.contains(&tag) {
                     self.nodes[daemon as usize].g.xcast_processed(op_id);

@@ -34,7 +34,53 @@ use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 
-pub use dvm_grpcomm::FenceMovementMode;
+pub use dvm_grpcomm::{BcastMovementMode, FenceMovementMode};
+
+/// The movements every daemon of a run is configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Movements {
+    pub fence: FenceMovementMode,
+    pub bcast: BcastMovementMode,
+}
+
+impl Movements {
+    pub fn new(fence: FenceMovementMode, bcast: BcastMovementMode) -> Self {
+        Movements { fence, bcast }
+    }
+
+    /// Configure `cfg` with these movements. The simulator's own broadcast tags (USER and
+    /// up, as its schedules use them) become bulk-capable, like LAUNCH.
+    pub fn apply(self, cfg: &mut dvm_grpcomm::Config) {
+        cfg.fence_movement = self.fence;
+        cfg.bcast_movement = self.bcast;
+        cfg.bulk_tags.extend(dvm_grpcomm::tags::USER..dvm_grpcomm::tags::USER + 64);
+    }
+
+    /// The replay flags that select these movements (empty for the defaults of `replay`).
+    pub fn flags(self) -> String {
+        let mut f = String::new();
+        if self.fence != FenceMovementMode::Tree {
+            f += &format!(" --fence-movement {}", self.fence);
+        }
+        if self.bcast != BcastMovementMode::Tree {
+            f += &format!(" --bcast-movement {}", self.bcast);
+        }
+        f
+    }
+}
+
+impl From<FenceMovementMode> for Movements {
+    /// Fences as `fence` says, broadcasts on the tree.
+    fn from(fence: FenceMovementMode) -> Self {
+        Movements { fence, bcast: BcastMovementMode::Tree }
+    }
+}
+
+impl std::fmt::Display for Movements {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fence {}, bcast {}", self.fence, self.bcast)
+    }
+}
 pub use net::NetModel;
 pub use scenario::{Profile, Scenario};
 pub use trace::Trace;
@@ -117,8 +163,8 @@ pub struct Failure<P = Profile> {
     pub n: u32,
     pub radix: u32,
     pub profile: P,
-    /// The fence movement every daemon of the run was configured with.
-    pub fence_movement: FenceMovementMode,
+    /// The movements every daemon of the run was configured with.
+    pub movements: Movements,
     pub violations: Vec<String>,
 }
 
@@ -126,10 +172,7 @@ impl<P: ReplayProfile> Failure<P> {
     /// The one-line command that reruns this schedule.
     pub fn replay(&self) -> String {
         let cmd = self.profile.replay_command(self.seed, self.n, self.radix);
-        match self.fence_movement {
-            FenceMovementMode::Tree => cmd,
-            m => format!("{cmd} --fence-movement {m}"),
-        }
+        format!("{cmd}{}", self.movements.flags())
     }
 }
 
@@ -149,18 +192,19 @@ pub fn campaign(seeds: std::ops::Range<u64>, n: u32, radix: u32, profile: Profil
 }
 
 /// Run the generated schedules `seeds` at `(n, radix, profile)`, every daemon configured with
-/// fence movement `mode`.
+/// the movements `mode` (a fence movement alone keeps broadcasts on the tree).
 pub fn campaign_with(
     seeds: std::ops::Range<u64>,
     n: u32,
     radix: u32,
     profile: Profile,
-    mode: FenceMovementMode,
+    mode: impl Into<Movements>,
 ) -> CampaignReport {
+    let mode = mode.into();
     let mut rep = CampaignReport::default();
     for seed in seeds {
         let mut sc = Scenario::generate(seed, n, radix, profile);
-        sc.cfg.fence_movement = mode;
+        mode.apply(&mut sc.cfg);
         let out = run(&sc);
         rep.runs += 1;
         if let Some(t) = &out.trace {
@@ -169,7 +213,7 @@ pub fn campaign_with(
             rep.fences += t.fence_calls.len() as u64;
         }
         if !out.violations.is_empty() {
-            rep.failures.push(Failure { seed, n, radix, profile, fence_movement: mode, violations: out.violations });
+            rep.failures.push(Failure { seed, n, radix, profile, movements: mode, violations: out.violations });
         }
     }
     rep

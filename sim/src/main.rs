@@ -6,7 +6,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
 use dvm_sim::project::{project_with, Op, Row};
-use dvm_sim::{campaign_with, run, Failure, FenceMovementMode, NetModel, Profile, ReplayProfile, Scenario};
+use dvm_sim::{
+    campaign_with, run, BcastMovementMode, Failure, FenceMovementMode, Movements, NetModel, Profile, ReplayProfile,
+    Scenario,
+};
 
 #[derive(Parser)]
 #[command(name = "dvm-sim", about = "Deterministic simulator of the DVM's collectives")]
@@ -48,6 +51,9 @@ enum Cmd {
         /// Fence movement of every daemon: tree, allgather or auto.
         #[arg(long, default_value = "tree")]
         fence_movement: FenceMovementMode,
+        /// Broadcast movement of every daemon: tree, bulk or auto.
+        #[arg(long, default_value = "tree")]
+        bcast_movement: BcastMovementMode,
     },
     /// Run seeds `first..first+count` and print one replay line per failing seed.
     Campaign {
@@ -70,6 +76,9 @@ enum Cmd {
         /// Fence movement of every daemon: tree, allgather or auto.
         #[arg(long, default_value = "tree")]
         fence_movement: FenceMovementMode,
+        /// Broadcast movement of every daemon: tree, bulk or auto.
+        #[arg(long, default_value = "tree")]
+        bcast_movement: BcastMovementMode,
     },
     /// Print the projection table as CSV (or markdown).
     Project {
@@ -98,21 +107,45 @@ enum Cmd {
         /// Print a markdown table instead of CSV.
         #[arg(long)]
         markdown: bool,
-        /// Fence movements to project side by side (broadcasts always take the tree).
+        /// Fence movements to project side by side.
         #[arg(long, value_delimiter = ',', default_value = "tree,allgather")]
         fence_movement: Vec<FenceMovementMode>,
+        /// Broadcast movements to project side by side.
+        #[arg(long, value_delimiter = ',', default_value = "tree,bulk")]
+        bcast_movement: Vec<BcastMovementMode>,
     },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Replay { engine: EngineKind::Core, seed, n, radix, profile, verbose, log, fence_movement } => {
+        Cmd::Replay {
+            engine: EngineKind::Core,
+            seed,
+            n,
+            radix,
+            profile,
+            verbose,
+            log,
+            fence_movement,
+            bcast_movement,
+        } => {
             let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
-            replay_core(seed, n, radix, profile, verbose, log, fence_movement)?;
+            replay_core(seed, n, radix, profile, verbose, log, Movements::new(fence_movement, bcast_movement))?;
         }
-        Cmd::Campaign { engine: EngineKind::Core, first, count, n, radix, profile, verbose, fence_movement } => {
+        Cmd::Campaign {
+            engine: EngineKind::Core,
+            first,
+            count,
+            n,
+            radix,
+            profile,
+            verbose,
+            fence_movement,
+            bcast_movement,
+        } => {
             let profile: CoreProfile = profile.as_deref().unwrap_or("faults").parse().map_err(anyhow::Error::msg)?;
-            let rep = daemons::campaign_with(first..first + count, n, radix, profile, fence_movement);
+            let mode = Movements::new(fence_movement, bcast_movement);
+            let rep = daemons::campaign_with(first..first + count, n, radix, profile, mode);
             let summary = format!(
                 "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} evictions, {} frames from dead daemons dropped: {} failing",
                 rep.runs,
@@ -130,10 +163,20 @@ fn main() -> Result<()> {
             );
             campaign_verdict(&rep.failures, &summary, verbose)?;
         }
-        Cmd::Replay { engine: EngineKind::Grpcomm, seed, n, radix, profile, verbose, log, fence_movement } => {
+        Cmd::Replay {
+            engine: EngineKind::Grpcomm,
+            seed,
+            n,
+            radix,
+            profile,
+            verbose,
+            log,
+            fence_movement,
+            bcast_movement,
+        } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
             let mut sc = Scenario::generate(seed, n, radix, profile);
-            sc.cfg.fence_movement = fence_movement;
+            Movements::new(fence_movement, bcast_movement).apply(&mut sc.cfg);
             if verbose {
                 println!("{sc:#?}");
             }
@@ -161,9 +204,20 @@ fn main() -> Result<()> {
             }
             replay_verdict(&out.violations)?;
         }
-        Cmd::Campaign { engine: EngineKind::Grpcomm, first, count, n, radix, profile, verbose, fence_movement } => {
+        Cmd::Campaign {
+            engine: EngineKind::Grpcomm,
+            first,
+            count,
+            n,
+            radix,
+            profile,
+            verbose,
+            fence_movement,
+            bcast_movement,
+        } => {
             let profile: Profile = profile.as_deref().unwrap_or("crash").parse().map_err(anyhow::Error::msg)?;
-            let rep = campaign_with(first..first + count, n, radix, profile, fence_movement);
+            let mode = Movements::new(fence_movement, bcast_movement);
+            let rep = campaign_with(first..first + count, n, radix, profile, mode);
             let summary = format!(
                 "{} runs, {} crashes, {} xcasts, {} fence calls: {} failing",
                 rep.runs,
@@ -185,6 +239,7 @@ fn main() -> Result<()> {
             no_ingress,
             markdown,
             fence_movement,
+            bcast_movement,
         } => {
             if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
                 bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
@@ -211,10 +266,14 @@ fn main() -> Result<()> {
             for &n in &n {
                 for &r in &radix {
                     for &op in &ops {
-                        // A broadcast has one movement; a fence is projected once per mode.
-                        let modes: &[FenceMovementMode] =
-                            if matches!(op, Op::Xcast(_)) { &[FenceMovementMode::Tree] } else { &fence_movement };
-                        for &mode in modes {
+                        // A broadcast is projected once per broadcast mode, a fence once per
+                        // fence mode.
+                        let modes: Vec<Movements> = if matches!(op, Op::Xcast(_)) {
+                            bcast_movement.iter().map(|&b| Movements::new(FenceMovementMode::Tree, b)).collect()
+                        } else {
+                            fence_movement.iter().map(|&f| Movements::from(f)).collect()
+                        };
+                        for mode in modes {
                             let row = project_with(op, n, r, &net, mode);
                             if markdown {
                                 println!(
@@ -264,10 +323,10 @@ fn replay_core(
     profile: CoreProfile,
     verbose: bool,
     log: bool,
-    fence_movement: FenceMovementMode,
+    mode: Movements,
 ) -> Result<()> {
     let mut sc = CoreScenario::generate(seed, n, radix, profile);
-    sc.cfg.fence_movement = fence_movement;
+    mode.apply(&mut sc.cfg);
     if verbose {
         println!("{sc:#?}");
     }

@@ -4,12 +4,16 @@
 //! `2·d·α + (1 + d·r)·D·β` with `D` the gathered total, barrier the same with `D = 0`.
 //! Lateral allgather (recursive doubling, or Bruck for other counts) of `D` bytes per daemon:
 //! `⌈log₂N⌉·α + (N−1)·D·β`; a barrier on it is `⌈log₂N⌉·α`.
+//! Scatter-allgather broadcast of `M` bytes: chunks down the tree (`d·α + M·β` at the root's
+//! egress), then the allgather of one `M/(N−1)` chunk per daemon other than the root:
+//! `(d + ⌈log₂N⌉)·α + 2·M·β`.
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, FenceMovementMode, FenceSignature, Movement, Participants, Rank};
+use dvm_grpcomm::{tags, FenceMovementMode, FenceSignature, LinkModel, Movement, Participants, Rank};
 
 use crate::net::NetModel;
 use crate::scenario::{FenceChain, FenceStep, Scenario, XcastPlan};
+use crate::Movements;
 
 /// A collective to project.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +91,12 @@ pub fn model_ns(op: Op, movement: Movement, n: u32, radix: u32, depth: u32, net:
     let (d, r) = (depth as f64, radix as f64);
     let a = net.alpha_ns as f64;
     let beta = net.beta_ps_per_byte as f64 / 1e3;
+    let steps = if n <= 1 { 0.0 } else { f64::from(32 - (n - 1).leading_zeros()) };
     if movement == Movement::Allgather {
-        let steps = if n <= 1 { 0.0 } else { f64::from(32 - (n - 1).leading_zeros()) };
         return steps * a + f64::from(n.saturating_sub(1)) * op.bytes() as f64 * beta;
+    }
+    if movement == Movement::ScatterAllgather {
+        return (d + steps) * a + 2.0 * op.bytes() as f64 * beta;
     }
     match op {
         Op::Xcast(m) => d * a + d * r * m as f64 * beta,
@@ -103,14 +110,22 @@ pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
     project_with(op, n, radix, net, FenceMovementMode::default())
 }
 
-/// Simulate `op` once on `n` daemons at `radix`, fences moved as `mode` chooses.
-pub fn project_with(op: Op, n: u32, radix: u32, net: &NetModel, mode: FenceMovementMode) -> Row {
+/// The broadcast choice's link model, from the simulated network's own α and β.
+pub fn link_model(net: &NetModel) -> LinkModel {
+    LinkModel { alpha_ns: net.alpha_ns as f64, beta_ns_per_byte: net.beta_ps_per_byte as f64 / 1e3 }
+}
+
+/// Simulate `op` once on `n` daemons at `radix`, moved as `mode` chooses (a fence movement
+/// alone keeps broadcasts on the tree).
+pub fn project_with(op: Op, n: u32, radix: u32, net: &NetModel, mode: impl Into<Movements>) -> Row {
+    let mode = mode.into();
     let mut sc = Scenario::empty(n, radix, 1, net.clone());
-    sc.cfg.fence_movement = mode;
+    mode.apply(&mut sc.cfg);
+    sc.cfg.link = link_model(net);
     let movement = match op {
-        Op::Xcast(_) => Movement::TreeBroadcast,
-        Op::Barrier => mode.for_fence(false, u64::from(n)),
-        Op::Modex(_) => mode.for_fence(true, u64::from(n)),
+        Op::Xcast(m) => mode.bcast.for_bcast(true, m as u64, n, radix, sc.height(), &sc.cfg.link),
+        Op::Barrier => mode.fence.for_fence(false, u64::from(n)),
+        Op::Modex(_) => mode.fence.for_fence(true, u64::from(n)),
     };
     // Compression would make the payload size depend on its content; the model counts bytes.
     sc.cfg.compress_threshold = usize::MAX;

@@ -174,12 +174,19 @@ fn a_failing_seed_is_named_by_its_replay_line() {
     assert_no_failures(&[f], 1, "schedules");
 }
 
-/// The crash campaigns with every fence on the allgather (forced) and with `auto`: 2 x 2,000
-/// schedules with crashes at random points, lateral links costed like tree links.
+/// The crash campaigns with each lateral movement forced (fences on the allgather, broadcasts
+/// on scatter-allgather, both) and with `auto` for both: 4 x 2,000 schedules with crashes at
+/// random points, lateral links costed like tree links.
 #[test]
-fn crashes_with_every_fence_movement() {
-    use dvm_sim::{campaign_with, FenceMovementMode};
-    for mode in [FenceMovementMode::Allgather, FenceMovementMode::Auto] {
+fn crashes_with_every_movement() {
+    use dvm_sim::{campaign_with, BcastMovementMode as B, FenceMovementMode as F, Movements};
+    // Each forced lateral movement, and auto for both (the tree for both is the default slice).
+    for mode in [
+        Movements::new(F::Allgather, B::Tree),
+        Movements::new(F::Tree, B::Bulk),
+        Movements::new(F::Auto, B::Auto),
+        Movements::new(F::Allgather, B::Bulk),
+    ] {
         let mut runs = 0;
         for (i, &(n, r, seeds)) in [(7, 2, 500), (16, 2, 500), (10, 2, 500), (16, 3, 500)].iter().enumerate() {
             let first = 100_000 + 10_000 * i as u64;

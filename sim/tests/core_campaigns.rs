@@ -109,13 +109,15 @@ fn faults_have_consequences() {
     assert!(lost > 10, "faults declared {lost} daemons dead over 20 schedules");
 }
 
-/// The faults slice with every fence on the allgather (forced) and with `auto`: kills,
-/// freezes, lateral and tree link cuts (some lossy) while jobs fence back to back.
+/// The faults slice with the lateral movements forced (fences on the allgather, launch maps
+/// and user broadcasts on scatter-allgather) and with `auto` for both: kills, freezes,
+/// lateral and tree link cuts (some lossy) while jobs fence back to back.
 #[test]
-fn faults_with_every_fence_movement() {
+fn faults_with_every_movement() {
     use dvm_sim::daemons::campaign_with;
-    use dvm_sim::FenceMovementMode;
-    for mode in [FenceMovementMode::Allgather, FenceMovementMode::Auto] {
+    use dvm_sim::{BcastMovementMode as B, FenceMovementMode as F, Movements};
+    // Forced lateral movements (launch maps on scatter-allgather too) and auto for both.
+    for mode in [Movements::new(F::Allgather, B::Bulk), Movements::new(F::Auto, B::Auto)] {
         for &(n, radix, seeds) in &[(7, 2, 150), (16, 2, 150), (16, 3, 100)] {
             let rep = campaign_with(0..seeds * scale(), n, radix, CoreProfile::Faults, mode);
             assert_no_failures(&rep.failures, rep.runs, &format!("core schedules at n={n} radix={radix} ({mode})"));

@@ -220,6 +220,17 @@ fn validate_common(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `mode`, or with `other` the movement a test hook forces instead (see
+/// `DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK`).
+fn other_movement(mode: dvm_grpcomm::FenceMovementMode, other: bool) -> dvm_grpcomm::FenceMovementMode {
+    use dvm_grpcomm::FenceMovementMode::{Allgather, Tree};
+    match (other, mode) {
+        (false, m) => m,
+        (true, Allgather) => Tree,
+        (true, _) => Allgather,
+    }
+}
+
 /// How long a daemon waits for the DVM secret its HNP writes to its stdin.
 const SECRET_WAIT: Duration = Duration::from_secs(10);
 
@@ -329,6 +340,10 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the dvmd executable")?.display().to_string();
     let wrong_secret_rank: Option<Rank> =
         std::env::var("DVMD_FAULT_WRONG_SECRET_RANK").ok().and_then(|v| v.parse().ok());
+    // Test hook: this daemon runs the other fence movement (a forced mismatch must fail
+    // fences by name on every participant, never hang them).
+    let other_movement_rank: Option<Rank> =
+        std::env::var("DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK").ok().and_then(|v| v.parse().ok());
     let mut pids = Vec::new();
     for (r, node) in nodes.iter().enumerate().skip(1) {
         let r = r as Rank;
@@ -347,7 +362,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             format!("--pmix-start={}", args.pmix_start),
             format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
             format!("--max-message={}", args.max_message),
-            format!("--fence-movement={}", args.fence_movement),
+            format!("--fence-movement={}", other_movement(args.fence_movement, other_movement_rank == Some(r))),
             format!("--bcast-movement={}", args.bcast_movement),
             format!("--link-latency-us={}", args.link_latency_us),
             format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),

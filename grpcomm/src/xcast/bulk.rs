@@ -1,6 +1,6 @@
 //! The scatter-allgather movement of an xcast: for a large payload, the root cuts the (maybe
-//! compressed) payload into one chunk per member — the live daemons when it assigns the op —
-//! and sends each child only the chunks of that child's subtree; each member passes on its
+//! compressed) payload into one chunk per member — the live daemons other than itself when it
+//! assigns the op — and sends each child only the chunks of that child's subtree; each member passes on its
 //! children's chunks at once and then gathers every other chunk over lateral links
 //! (`Via::Direct`), on the allgather schedule of [`crate::allgather`].
 //!
@@ -14,8 +14,8 @@
 //! retention (a daemon retains the assembled whole, so every replay after a repair is a
 //! whole-payload tree forward).
 //!
-//! Faults: the root holds the whole payload from the start and delivers at once, so it never
-//! waits on the exchange and DAEMON_DIED (queued behind a stuck bulk op everywhere else) is
+//! Faults: the root holds the whole payload from the start, delivers at once and is no member
+//! of the exchange, so it never waits on it and DAEMON_DIED (queued behind a stuck bulk op everywhere else) is
 //! always processed at the root. When a repair reaches the root, every bulk op not yet
 //! complete degrades: the root forwards its whole payload to every child whose subtree lacks
 //! it, each daemon that lacks it processes it as a tree op (forward to all children, deliver)
@@ -80,7 +80,8 @@ impl BulkState {
     }
 }
 
-/// The members of a bulk op: every rank below the DVM size that the root had not lost.
+/// The members of a bulk op: every rank below the DVM size that the root did not exclude (the
+/// ranks it had lost, and itself).
 fn members(size: u32, excluded: &[u32]) -> Vec<Rank> {
     (0..size).filter(|r| excluded.binary_search(r).is_err()).collect()
 }
@@ -98,8 +99,11 @@ impl XcastState {
     /// Root: send op `m` (whole payload) down as chunks and serve its exchange from the whole
     /// payload. Returns the op as it is retained and replayed: whole, marked as an exchange op.
     pub(super) fn bulk_root_start(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) -> XcastForward {
-        let mut excluded: Vec<u32> = ctx.topo.failed().iter().copied().collect();
+        // The root takes no part: it holds the payload already, and its link carries the
+        // scatter (serving the exchange too would double its egress, on everyone's path).
+        let mut excluded: Vec<u32> = ctx.topo.failed().iter().copied().chain([ctx.topo.me()]).collect();
         excluded.sort_unstable();
+        excluded.dedup();
         let list = members(ctx.topo.size(), &excluded);
         let whole = XcastForward {
             movement: Movement::TreeBroadcast.id(),

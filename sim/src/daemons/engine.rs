@@ -280,7 +280,13 @@ impl<'s> CoreEngine<'s> {
             Kind::Bench { idx } => {
                 if self.running(0) {
                     let b = &self.sc.benches[idx];
-                    let input = Input::Bench { kind: BenchKind::Alternate, count: b.count, bytes: b.bytes };
+                    let input = Input::Bench {
+                        kind: BenchKind::Alternate,
+                        count: b.count,
+                        bytes: b.bytes,
+                        fence_movement: None,
+                        bcast_movement: None,
+                    };
                     self.trace.bench_starts.push(self.q.now());
                     self.q.note(|| format!("d0 BENCH {idx}"));
                     self.drive(0, input);

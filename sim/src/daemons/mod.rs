@@ -103,13 +103,14 @@ pub fn campaign_with(
     n: u32,
     radix: u32,
     profile: CoreProfile,
-    mode: FenceMovementMode,
+    mode: impl Into<crate::Movements>,
 ) -> CoreCampaignReport {
     use scenario::FaultKind;
+    let mode = mode.into();
     let mut rep = CoreCampaignReport::default();
     for seed in seeds {
         let mut sc = CoreScenario::generate(seed, n, radix, profile);
-        sc.cfg.fence_movement = mode;
+        mode.apply(&mut sc.cfg);
         let out = run(&sc);
         rep.runs += 1;
         for f in &sc.faults {
@@ -130,14 +131,7 @@ pub fn campaign_with(
                 t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
         }
         if !out.violations.is_empty() {
-            rep.failures.push(CoreFailure {
-                seed,
-                n,
-                radix,
-                profile,
-                fence_movement: mode,
-                violations: out.violations,
-            });
+            rep.failures.push(CoreFailure { seed, n, radix, profile, movements: mode, violations: out.violations });
         }
     }
     rep

@@ -1,0 +1,93 @@
+//! Broadcast movements and movement agreement with real daemons on loopback: a 4 MiB
+//! broadcast on scatter-allgather held byte for byte by every daemon at radix 2 and 64, a
+//! daemon killed by SIGKILL during a stream of bulk broadcasts (the ops in flight degrade to
+//! the whole-payload tree and every survivor still checks every op), and a daemon forced onto
+//! another fence movement failing the fences by name on every participant.
+//!
+//! Waits are bounded guards against hangs (a passed bound fails the test with a message); no
+//! assertion depends on how long something took.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{signal, text, until, wait_output, Dvm, Nodes};
+
+const LOG: (&str, &str) = ("DVM_LOG", "warn,dvm_core::bench=info,dvm_grpcomm::xcast=debug");
+
+fn bulk_dvm(name: &str, daemons: u32, radix: u32) -> Dvm {
+    Dvm::start_with_args(name, Nodes::Local { daemons, slots: 1 }, radix, &[LOG], &["--bcast-movement", "bulk"])
+}
+
+fn check_xcast(dvm: &Dvm, count: &str, bytes: &str, daemons: u32) {
+    let mut b = dvm.bench(&["--check-xcast", count, "--xcast-bytes", bytes]);
+    let out = wait_output(&mut b, Duration::from_secs(300), "the checked broadcasts");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "broadcasts failed: {o}{e}");
+    let want = format!("{count} xcasts of {bytes} bytes on {daemons} daemons");
+    assert!(o.contains(&want) && o.contains("identical, correct bytes"), "{o}");
+}
+
+fn four_mib_everywhere(name: &str, radix: u32) {
+    let dvm = bulk_dvm(name, 16, radix);
+    check_xcast(&dvm, "5", "4194304", 16);
+    // The arm under test really moved laterally.
+    let log = dvm.log();
+    assert!(log.contains("xcast op on scatter-allgather"), "no op took scatter-allgather:\n{log}");
+    dvm.stop();
+}
+
+#[test]
+fn bulk_broadcast_4mib_radix_2() {
+    four_mib_everywhere("bulk4m2", 2);
+}
+
+#[test]
+fn bulk_broadcast_4mib_radix_64() {
+    four_mib_everywhere("bulk4m64", 64);
+}
+
+/// Kill -9 of a relay (radix 2) during back-to-back 256 KiB bulk broadcasts: the stream
+/// completes, every survivor checked every op, and the survivors broadcast on.
+#[test]
+fn bulk_broadcast_survives_a_killed_daemon() {
+    let (daemons, victim) = (16, 3);
+    let dvm = bulk_dvm("bulkkill", daemons, 2);
+    let mut stream = dvm.bench(&["--check-xcast", "400", "--xcast-bytes", "262144"]);
+    until(Duration::from_secs(60), "the broadcast stream to start", || {
+        dvm.log().matches("xcast op on scatter-allgather").count() >= 20
+    });
+    signal(dvm.daemon_pid(victim), libc::SIGKILL);
+    let out = wait_output(&mut stream, Duration::from_secs(300), "the broadcast stream after kill -9");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "the stream that lost daemon {victim} failed: {o}{e}");
+    until(Duration::from_secs(60), "the loss to be reported", || dvm.log().contains(&format!("daemon {victim}")));
+    check_xcast(&dvm, "20", "262144", daemons - 1);
+    dvm.assert_up();
+    dvm.stop();
+}
+
+/// One daemon runs the other fence movement: every participant fails the fence with an error
+/// naming both movements, nobody hangs, and the DVM stays up.
+#[test]
+fn forced_fence_movement_mismatch_is_named_on_every_participant() {
+    for (radix, mode) in [(2, "allgather"), (64, "tree")] {
+        let daemons = 8;
+        let dvm = Dvm::start_with_args(
+            &format!("mismatch{radix}"),
+            Nodes::Local { daemons, slots: 1 },
+            radix,
+            &[("DVM_LOG", "warn"), ("DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK", "5")],
+            &["--fence-movement", mode],
+        );
+        let mut b = dvm.bench(&["--check-fences", "10"]);
+        let out = wait_output(&mut b, Duration::from_secs(120), "fences with a movement mismatch");
+        let (o, e) = text(&out);
+        assert!(!out.status.success(), "radix {radix}: fences with a mismatch succeeded: {o}");
+        // Each daemon fails its first fence and reports it: one wrong result per daemon.
+        assert!(e.contains(&format!("{daemons} wrong results")), "radix {radix}: not every participant failed: {e}");
+        assert!(e.contains("movement"), "radix {radix}: the error does not name the movements: {e}");
+        dvm.assert_up();
+        dvm.stop();
+    }
+}
