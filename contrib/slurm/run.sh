@@ -218,7 +218,7 @@ test_salloc() {
   [ "$(grep -oE '^allreduce rank [0-9]+' <<<"$out" | sort -u | wc -l)" -eq "$np" ] && [ "$ok" -eq "$np" ] \
     || ds_die "salloc -N $NODES prun -n $np allreduce: $ok of $np ranks printed 'ok $want': $(head -5 <<<"$out")"
   local hosts
-  hosts=$(sl_ctl "salloc -N $NODES prun --timeout 60 -n $np --map-by node hostname 2>&1" | sort | uniq -c | awk '{print $2 "x" $1}' | tr '\n' ' ')
+  hosts=$(sl_ctl "salloc -N $NODES prun --timeout 60 -n $np --map-by node hostname 2>/dev/null" | sort | uniq -c | awk '{print $2 "x" $1}' | tr '\n' ' ')
   local expect=""
   for i in $(seq 1 "$NODES"); do expect+="node${i}x$CPUS "; done
   [ "$(tr ' ' '\n' <<<"$hosts" | sort | tr '\n' ' ')" = "$(tr ' ' '\n' <<<"$expect" | sort | tr '\n' ' ')" ] \
@@ -234,7 +234,7 @@ test_sbatch_two_jobs() {
 #SBATCH -N $NODES -o /tmp/two-%j.out
 set -e
 dvmd --daemonize --report-uri /tmp/dvm-\$SLURM_JOB_ID.uri
-prun --timeout 120 -n $np --map-by node /opt/dvm/mpi/allreduce | sort -V
+prun --timeout 60 -n $np --map-by node /opt/dvm/mpi/allreduce | sort -V
 prun --timeout 60 -n $NODES --map-by node sh -c 'echo \"job \$DVM_JOBID on \$(hostname)\"' | sort
 pterm
 echo 'batch script done'" --wait) || true

@@ -265,7 +265,6 @@ pub fn srun_argv(nodes: &[HostEntry], program: &str, args: &[String]) -> Vec<Str
         format!("--nodelist={list}"),
         "--kill-on-bad-exit=1".into(),
         "--overlap".into(),
-        "--cpu-bind=none".into(),
         "--mpi=none".into(),
         "--job-name=dvmd".into(),
     ]
