@@ -261,8 +261,10 @@ impl Daemon {
                 let Some(hnp) = self.hnp.as_ref() else { return };
                 let Some((what, out)) = hnp.launch_step.clone() else { return };
                 if hnp.ready.is_some() {
-                    self.exit =
-                        Some(Exit::BootFailed(format!("{what} {how} before the DVM was ready; it printed: {}", out.text())));
+                    self.exit = Some(Exit::BootFailed(format!(
+                        "{what} {how} before the DVM was ready; it printed: {}",
+                        out.text()
+                    )));
                     return;
                 }
                 if !self.core.is_terminating() {

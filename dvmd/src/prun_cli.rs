@@ -92,7 +92,10 @@ pub struct PrunCommand {
 /// A DVM booted for one job and torn down after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OneShot {
-    Local { daemons: u32, slots: Option<u32> },
+    Local {
+        daemons: u32,
+        slots: Option<u32>,
+    },
     Hostfile(PathBuf),
     Hosts(String),
     /// Inside a Slurm job: the allocation's nodes, read by dvmd from the environment.

@@ -150,8 +150,7 @@ pub fn parse_counts(list: &str, var: &str) -> Result<Vec<u32>, SlurmError> {
             }
             None => (item, 1),
         };
-        let count =
-            positive(count).ok_or_else(|| bad(format!("'{item}': '{count}' is not a positive integer")))?;
+        let count = positive(count).ok_or_else(|| bad(format!("'{item}': '{count}' is not a positive integer")))?;
         if out.len() + times as usize > MAX_HOSTS {
             return Err(bad(format!("it counts more than {MAX_HOSTS} nodes")));
         }
@@ -192,7 +191,8 @@ pub struct Allocation {
 /// plain `salloc -N 4` on 4-CPU nodes gives 16 slots, `salloc -n 8` gives 8.
 pub fn allocation(env: impl Fn(&str) -> Option<String>) -> Result<Option<Allocation>, SlurmError> {
     let Some(job_id) = env("SLURM_JOB_ID").or_else(|| env("SLURM_JOBID")) else { return Ok(None) };
-    let missing = |var: &str, what: &str| SlurmError::Missing { var: var.into(), job: job_id.clone(), what: what.into() };
+    let missing =
+        |var: &str, what: &str| SlurmError::Missing { var: var.into(), job: job_id.clone(), what: what.into() };
     let (nodes_var, nodes) = first_set(&env, &["SLURM_JOB_NODELIST", "SLURM_NODELIST"])
         .ok_or_else(|| missing("SLURM_JOB_NODELIST", "it names the allocated nodes"))?;
     let names = parse_hostlist(&nodes, nodes_var)?;
@@ -323,8 +323,24 @@ mod tests {
     #[test]
     fn hostlist_refuses_malformed_lists_in_one_sentence() {
         for bad in [
-            "", "a,,b", "a,", ",a", "n[1-3", "n1-3]", "n[[1]]", "n[]", "n[a-b]", "n[3-1]", "n[1-]", "n[-2]", "n[1,,2]",
-            "n[1-2],n2", "a b", "n[1-9999999]", "a[1-1024][1-1024][1-2]", "n/1",
+            "",
+            "a,,b",
+            "a,",
+            ",a",
+            "n[1-3",
+            "n1-3]",
+            "n[[1]]",
+            "n[]",
+            "n[a-b]",
+            "n[3-1]",
+            "n[1-]",
+            "n[-2]",
+            "n[1,,2]",
+            "n[1-2],n2",
+            "a b",
+            "n[1-9999999]",
+            "a[1-1024][1-1024][1-2]",
+            "n/1",
         ] {
             let e = hl(bad).expect_err(bad).to_string();
             assert!(e.starts_with(&format!("SLURM_JOB_NODELIST='{bad}' is not a Slurm hostlist: ")), "{e}");
@@ -344,7 +360,10 @@ mod tests {
         assert_eq!(c("1(x2),3(x2)").unwrap(), vec![1, 1, 3, 3]);
         for bad in ["", "0", "2(x0)", "2(3)", "2(x3", "x", "2,,1", "-1", "2(x3),", "1.5", "(x2)"] {
             let e = c(bad).expect_err(bad).to_string();
-            assert!(e.starts_with(&format!("SLURM_TASKS_PER_NODE='{bad}' is not a Slurm per-node count list: ")), "{e}");
+            assert!(
+                e.starts_with(&format!("SLURM_TASKS_PER_NODE='{bad}' is not a Slurm per-node count list: ")),
+                "{e}"
+            );
         }
     }
 
@@ -366,9 +385,8 @@ mod tests {
     #[test]
     fn allocation_from_the_environment() {
         assert_eq!(allocation(env_of(&[("SLURM_JOB_NODELIST", "a")])).unwrap(), None);
-        let nodes = |v: &[(&str, u32)]| {
-            v.iter().map(|(n, s)| HostEntry { name: n.to_string(), slots: *s }).collect::<Vec<_>>()
-        };
+        let nodes =
+            |v: &[(&str, u32)]| v.iter().map(|(n, s)| HostEntry { name: n.to_string(), slots: *s }).collect::<Vec<_>>();
         let base = [("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n[1-3]"), ("SLURM_JOB_CPUS_PER_NODE", "4(x2),2")];
         let a = allocation(env_of(&[&base[..], &[("SLURM_TASKS_PER_NODE", "1(x3)")]].concat())).unwrap().unwrap();
         assert_eq!(a.job_id, "7");
@@ -376,8 +394,12 @@ mod tests {
         // Tasks asked for: their layout wins.
         let t = [&base[..], &[("SLURM_TASKS_PER_NODE", "2,1(x2)"), ("SLURM_NTASKS", "4")]].concat();
         assert_eq!(allocation(env_of(&t)).unwrap().unwrap().nodes, nodes(&[("n1", 2), ("n2", 1), ("n3", 1)]));
-        let e = allocation(env_of(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n[1-3]"), ("SLURM_JOB_CPUS_PER_NODE", "4(x2)")]))
-            .unwrap_err();
+        let e = allocation(env_of(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NODELIST", "n[1-3]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "4(x2)"),
+        ]))
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "SLURM_JOB_CPUS_PER_NODE='4(x2)' has 2 node(s) but SLURM_JOB_NODELIST='n[1-3]' has 3"

@@ -231,7 +231,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     validate_common(&args)?;
     // Nodes: rank 0 is this machine; then one daemon per host (or N-1 more local ones), from
     // --local, --hostfile, --host, or else the Slurm allocation this runs in.
-    let me = || nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+    let me =
+        || nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
     let mut slurm_job = None;
     let nodes: Vec<HostEntry> = match (&args.local, &args.hostfile, &args.host) {
         (Some(0), _, _) => bail!("--local 0: a DVM needs at least one daemon"),
@@ -561,11 +562,10 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     } else {
         bind
     };
-    let host = args
-        .host_label
-        .clone()
-        .or(slurm_name)
-        .unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default());
+    let host =
+        args.host_label.clone().or(slurm_name).unwrap_or_else(|| {
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
+        });
     let epoch = dvmd::daemon::new_epoch();
     let mut session = Session::create(&format!("dvmd-r{rank}"))?;
     let (transport, events) = Transport::bind(transport_config(&args, rank, epoch, SocketAddr::new(bind, 0), secret))
