@@ -239,27 +239,23 @@ impl Daemon {
             Input::JobClientGone(j) => self.on_client_gone(j),
             Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
             Input::TerminateNow => self.terminate_now(),
-            Input::ChildExited(crate::launch::Started::Daemon(rank), how) => {
+            Input::ChildExited(started, how) => {
+                use crate::launch::Started;
                 let Some(hnp) = self.hnp.as_ref() else { return };
-                let (host, out) = hnp
-                    .launched_hosts
-                    .get(&rank)
-                    .cloned()
-                    .unwrap_or_else(|| (self.core.host_of(rank), Default::default()));
-                if hnp.ready.is_some() {
-                    self.exit = Some(Exit::BootFailed(format!(
-                        "daemon {rank} on host {host} {how} before the DVM was ready; it printed: {}",
-                        out.text()
-                    )));
-                    return;
-                }
-                if !self.core.is_terminating() {
-                    warn!(rank, %host, "daemon process {how}");
-                }
-            }
-            Input::ChildExited(crate::launch::Started::Step, how) => {
-                let Some(hnp) = self.hnp.as_ref() else { return };
-                let Some((what, out)) = hnp.launch_step.clone() else { return };
+                let (what, out) = match started {
+                    Started::Daemon(rank) => {
+                        let (host, out) = hnp
+                            .launched_hosts
+                            .get(&rank)
+                            .cloned()
+                            .unwrap_or_else(|| (self.core.host_of(rank), Default::default()));
+                        (format!("daemon {rank} on host {host}"), out)
+                    }
+                    Started::Step => {
+                        let Some(step) = hnp.launch_step.clone() else { return };
+                        step
+                    }
+                };
                 if hnp.ready.is_some() {
                     self.exit = Some(Exit::BootFailed(format!(
                         "{what} {how} before the DVM was ready; it printed: {}",
@@ -267,12 +263,17 @@ impl Daemon {
                     )));
                     return;
                 }
-                if !self.core.is_terminating() {
+                if self.core.is_terminating() {
+                    return;
+                }
+                if started == Started::Step {
                     // The step that holds every other daemon is gone (scancel, the allocation
                     // ended, or a daemon failed and the step was killed): the DVM ends with it.
                     warn!("{what} {how}; it printed: {}; terminating the DVM", out.text());
                     let (tx, _rx) = oneshot::channel();
                     self.on_control(ControlCmd::Terminate(tx));
+                } else {
+                    warn!("{what}: its process {how}");
                 }
             }
             Input::StartupTimeout => {
