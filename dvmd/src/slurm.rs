@@ -154,7 +154,7 @@ pub fn parse_counts(list: &str, var: &str) -> Result<Vec<u32>, SlurmError> {
         if out.len() + times as usize > MAX_HOSTS {
             return Err(bad(format!("it counts more than {MAX_HOSTS} nodes")));
         }
-        out.extend(std::iter::repeat(count).take(times as usize));
+        out.extend(std::iter::repeat_n(count, times as usize));
     }
     Ok(out)
 }
@@ -339,7 +339,7 @@ mod tests {
             "n[1-2],n2",
             "a b",
             "n[1-9999999]",
-            "a[1-1024][1-1024][1-2]",
+            "a[1-2048][1-1024]",
             "n/1",
         ] {
             let e = hl(bad).expect_err(bad).to_string();
