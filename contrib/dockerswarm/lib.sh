@@ -125,7 +125,7 @@ ds_build_images() {
   # and a sweep with release binaries do not evict each other's cached image.
   local flavour
   flavour=$(basename "$bins" | tr -c 'a-z0-9\n' '-')
-  DS_APP_REPO="dvm-swarm-$flavour"
+  DS_APP_REPO="${DS_APP_PREFIX:-dvm-swarm}-$flavour"
   DS_IMAGE="$DS_APP_REPO:$tag"
   if docker image inspect "$DS_IMAGE" >/dev/null 2>&1; then
     ds_say "image $DS_IMAGE is up to date (cached)"

@@ -28,8 +28,8 @@ pub use dvm_core::Exit;
 /// Inputs of the actor besides transport events.
 #[derive(Debug)]
 pub enum Input {
-    /// A daemon process started by the HNP ended (rank, how).
-    ChildExited(Rank, String),
+    /// A process started by the HNP to run daemons ended (which, how).
+    ChildExited(crate::launch::Started, String),
     /// The boot deadline passed.
     StartupTimeout,
     /// HNP: a job's --timeout expired.
@@ -52,6 +52,8 @@ const TERMINATE_GRACE: Duration = Duration::from_millis(crate::jobs::KILL_GRACE.
 pub struct Hnp {
     pub ready: Option<oneshot::Sender<()>>,
     pub launched_hosts: BTreeMap<Rank, (String, crate::launch::OutputTail)>,
+    /// The one process that started every other daemon (an `srun` step), named for messages.
+    pub launch_step: Option<(String, crate::launch::OutputTail)>,
     pub started: Instant,
     pub session_dir: String,
     own: Contact,
@@ -68,6 +70,7 @@ impl Hnp {
         Hnp {
             ready: None,
             launched_hosts: BTreeMap::new(),
+            launch_step: None,
             started: Instant::now(),
             session_dir,
             own,
@@ -236,22 +239,41 @@ impl Daemon {
             Input::JobClientGone(j) => self.on_client_gone(j),
             Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
             Input::TerminateNow => self.terminate_now(),
-            Input::ChildExited(rank, how) => {
+            Input::ChildExited(started, how) => {
+                use crate::launch::Started;
                 let Some(hnp) = self.hnp.as_ref() else { return };
-                let (host, out) = hnp
-                    .launched_hosts
-                    .get(&rank)
-                    .cloned()
-                    .unwrap_or_else(|| (self.core.host_of(rank), Default::default()));
+                let (what, out) = match started {
+                    Started::Daemon(rank) => {
+                        let (host, out) = hnp
+                            .launched_hosts
+                            .get(&rank)
+                            .cloned()
+                            .unwrap_or_else(|| (self.core.host_of(rank), Default::default()));
+                        (format!("daemon {rank} on host {host}"), out)
+                    }
+                    Started::Step => {
+                        let Some(step) = hnp.launch_step.clone() else { return };
+                        step
+                    }
+                };
                 if hnp.ready.is_some() {
                     self.exit = Some(Exit::BootFailed(format!(
-                        "daemon {rank} on host {host} {how} before the DVM was ready; it printed: {}",
+                        "{what} {how} before the DVM was ready; it printed: {}",
                         out.text()
                     )));
                     return;
                 }
-                if !self.core.is_terminating() {
-                    warn!(rank, %host, "daemon process {how}");
+                if self.core.is_terminating() {
+                    return;
+                }
+                if started == Started::Step {
+                    // The step that holds every other daemon is gone (scancel, the allocation
+                    // ended, or a daemon failed and the step was killed): the DVM ends with it.
+                    warn!("{what} {how}; it printed: {}; terminating the DVM", out.text());
+                    let (tx, _rx) = oneshot::channel();
+                    self.on_control(ControlCmd::Terminate(tx));
+                } else {
+                    warn!("{what}: its process {how}");
                 }
             }
             Input::StartupTimeout => {

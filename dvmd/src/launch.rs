@@ -22,12 +22,17 @@ pub enum Agent {
     Local,
     /// Command prefix; `{host}` is replaced by the host name (appended if absent).
     Prefix(String),
+    /// Inside a Slurm allocation: one `srun` step starts every daemon but the HNP.
+    Srun,
 }
 
 impl Agent {
     /// The argv that runs `program args...` on `host`.
     pub fn argv(&self, host: &str, program: &str, args: &[String]) -> Result<Vec<String>> {
         let mut argv = Vec::new();
+        if matches!(self, Agent::Srun) {
+            return Err(anyhow!("daemons under Slurm start in one srun step, not one by one (host {host})"));
+        }
         if let Agent::Prefix(template) = self {
             let words: Vec<&str> = template.split_whitespace().collect();
             if words.is_empty() {
@@ -78,22 +83,40 @@ impl OutputTail {
     }
 }
 
-/// A started daemon process.
+/// What a process the HNP started runs: one daemon (through `--launch-agent`), or the one
+/// `srun` step that runs every daemon but the HNP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    Daemon(Rank),
+    Step,
+}
+
+impl std::fmt::Display for Started {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Started::Daemon(r) => write!(f, "daemon {r}"),
+            Started::Step => write!(f, "srun"),
+        }
+    }
+}
+
+/// A started daemon process (or launch step).
 #[derive(Debug)]
 pub struct Launched {
-    pub rank: Rank,
     pub host: String,
     pub pid: Option<u32>,
     pub output: OutputTail,
 }
 
-/// Spawn one daemon; its exit is reported on `exits` as (rank, description).
+/// Spawn one daemon (or the step that starts them all; `host` labels its output); its exit is
+/// reported on `exits` as (what, description). The secret goes to its stdin, which `srun`
+/// forwards to every task.
 pub async fn spawn_daemon(
-    rank: Rank,
+    started: Started,
     host: &str,
     argv: Vec<String>,
     secret_hex: String,
-    exits: mpsc::UnboundedSender<(Rank, String)>,
+    exits: mpsc::UnboundedSender<(Started, String)>,
 ) -> Result<Launched> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(false);
@@ -109,7 +132,7 @@ pub async fn spawn_daemon(
         });
     }
     let mut child: Child =
-        cmd.spawn().with_context(|| format!("cannot start daemon {rank} on host {host}: '{}'", argv.join(" ")))?;
+        cmd.spawn().with_context(|| format!("cannot start {started} on host {host}: '{}'", argv.join(" ")))?;
     let pid = child.id();
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(format!("{secret_hex}\n").as_bytes()).await;
@@ -117,10 +140,10 @@ pub async fn spawn_daemon(
     }
     let output = OutputTail::default();
     if let Some(out) = child.stdout.take() {
-        tail_into(out, output.clone(), rank, host.to_string());
+        tail_into(out, output.clone(), started, host.to_string());
     }
     if let Some(err) = child.stderr.take() {
-        tail_into(err, output.clone(), rank, host.to_string());
+        tail_into(err, output.clone(), started, host.to_string());
     }
     tokio::spawn(async move {
         let how = match child.wait().await {
@@ -131,17 +154,25 @@ pub async fn spawn_daemon(
             },
             Err(e) => format!("could not be waited for: {e}"),
         };
-        let _ = exits.send((rank, how));
+        let _ = exits.send((started, how));
     });
-    Ok(Launched { rank, host: host.to_string(), pid, output })
+    Ok(Launched { host: host.to_string(), pid, output })
 }
 
-fn tail_into(stream: impl tokio::io::AsyncRead + Unpin + Send + 'static, tail: OutputTail, rank: Rank, host: String) {
+fn tail_into(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    tail: OutputTail,
+    started: Started,
+    host: String,
+) {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             // Daemons log through tracing to stderr; pass it on, tagged.
-            crate::say!("[dvmd {rank}@{host}] {line}");
+            match started {
+                Started::Daemon(rank) => crate::say!("[dvmd {rank}@{host}] {line}"),
+                Started::Step => crate::say!("[{host}] {line}"),
+            }
             tail.push(line);
         }
     });

@@ -31,6 +31,7 @@ pub mod odls;
 pub mod pmix;
 pub mod prun_cli;
 pub mod session;
+pub mod slurm;
 
 /// Print one line to stderr, never panicking: a daemon's stderr is a pipe to its HNP, which
 /// may be gone (`eprintln!` panics on a closed pipe, and a panicking daemon can hang on exit).

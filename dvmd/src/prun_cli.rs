@@ -92,22 +92,30 @@ pub struct PrunCommand {
 /// A DVM booted for one job and torn down after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OneShot {
-    Local { daemons: u32, slots: Option<u32> },
+    Local {
+        daemons: u32,
+        slots: Option<u32>,
+    },
     Hostfile(PathBuf),
     Hosts(String),
+    /// Inside a Slurm job: the allocation's nodes, read by dvmd from the environment.
+    Slurm,
 }
 
 impl PrunCommand {
     /// The one-shot DVM to boot if no persistent DVM is running: `--local`, else `--hostfile`,
-    /// else `--host`.
-    pub fn one_shot_candidate(&self) -> Option<OneShot> {
+    /// else `--host`, else the Slurm allocation when prun runs in one.
+    pub fn one_shot_candidate(&self, in_slurm_job: bool) -> Option<OneShot> {
         if let Some(o) = &self.one_shot {
             return Some(o.clone());
         }
         if let Some(f) = &self.hostfile {
             return Some(OneShot::Hostfile(f.clone()));
         }
-        self.host_list.as_ref().map(|h| OneShot::Hosts(h.clone()))
+        match &self.host_list {
+            Some(h) => Some(OneShot::Hosts(h.clone())),
+            None => in_slurm_job.then_some(OneShot::Slurm),
+        }
     }
 }
 
@@ -673,7 +681,7 @@ mod tests {
     #[test]
     fn defaults() {
         assert_eq!(run("a").unwrap(), expect(|_| {}));
-        assert_eq!(run("a").unwrap().one_shot_candidate(), None);
+        assert_eq!(run("a").unwrap().one_shot_candidate(false), None);
     }
 
     #[test]
@@ -952,7 +960,7 @@ mod tests {
             let c = parse(&words(line), &dir.0, &env).unwrap();
             assert_eq!(c.spec.hosts, vec!["n1".to_string(), "n2".to_string()], "prun {line}");
             assert_eq!(c.hostfile.as_deref(), Some(path.as_path()));
-            assert_eq!(c.one_shot_candidate(), Some(OneShot::Hostfile(path.clone())));
+            assert_eq!(c.one_shot_candidate(false), Some(OneShot::Hostfile(path.clone())));
             assert_eq!(c.host_list, None);
         }
         let abs = format!("--hostfile {} a", path.display());
@@ -973,11 +981,14 @@ mod tests {
     }
 
     #[test]
-    fn one_shot_candidate_prefers_local_then_hostfile_then_hosts() {
+    fn one_shot_candidate_prefers_local_then_hostfile_then_hosts_then_slurm() {
         let c = run("--host a:2,b a").unwrap();
-        assert_eq!(c.one_shot_candidate(), Some(OneShot::Hosts("a:2,b".into())));
+        assert_eq!(c.one_shot_candidate(true), Some(OneShot::Hosts("a:2,b".into())));
         let c = run("--local 2 a").unwrap();
-        assert_eq!(c.one_shot_candidate(), Some(OneShot::Local { daemons: 2, slots: None }));
+        assert_eq!(c.one_shot_candidate(true), Some(OneShot::Local { daemons: 2, slots: None }));
+        let c = run("a").unwrap();
+        assert_eq!(c.one_shot_candidate(true), Some(OneShot::Slurm));
+        assert_eq!(c.one_shot_candidate(false), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use dvmd::daemon::{Daemon, Exit, Hnp, Input};
 use dvmd::hostfile::{self, HostEntry};
 use dvmd::launch::{self, Agent};
 use dvmd::session::{self, DvmUri, Session};
+use dvmd::slurm;
 use tokio::sync::{mpsc, oneshot};
 
 #[derive(Parser, Debug)]
@@ -104,6 +105,10 @@ struct Args {
     host_label: Option<String>,
     #[arg(long, hide = true)]
     daemonized_child: bool,
+    /// Started by the HNP's `srun` step: the rank is 1 + `SLURM_NODEID`, the slots this
+    /// list's entry for that node (`4(x3),2`), the host Slurm's name for the node.
+    #[arg(long, hide = true, value_name = "COUNTS")]
+    slurm_step_slots: Option<String>,
     /// A one-shot DVM that belongs to the `prun` that started it: no `uri` file in the session
     /// directory, so no other `prun`, `pterm` or `dvm-bench` discovers it.
     #[arg(long, hide = true)]
@@ -264,33 +269,41 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     let signals = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
     unblock_term_signals();
     validate_common(&args)?;
-    // Nodes: rank 0 is this machine; then one daemon per host (or N-1 more local ones).
-    let (nodes, local): (Vec<HostEntry>, bool) = match (&args.local, &args.hostfile, &args.host) {
+    // Nodes: rank 0 is this machine; then one daemon per host (or N-1 more local ones), from
+    // --local, --hostfile, --host, or else the Slurm allocation this runs in.
+    let me =
+        || nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+    let mut slurm_job = None;
+    let nodes: Vec<HostEntry> = match (&args.local, &args.hostfile, &args.host) {
         (Some(0), _, _) => bail!("--local 0: a DVM needs at least one daemon"),
-        (Some(n), _, _) => {
-            let me = nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .unwrap_or_else(|_| "localhost".into());
-            // Every local daemon gets its own name, so messages say which one.
-            ((0..*n).map(|r| HostEntry { name: format!("{me}-{r}"), slots: args.slots }).collect(), true)
-        }
-        (None, Some(f), _) => (hostfile::read(f)?, false),
-        (None, None, Some(h)) => (hostfile::parse_host_list(h)?, false),
-        (None, None, None) => bail!("say where to run: --local N, --hostfile FILE or --host a,b,c"),
+        // Every local daemon gets its own name, so messages say which one.
+        (Some(n), _, _) => (0..*n).map(|r| HostEntry { name: format!("{}-{r}", me()), slots: args.slots }).collect(),
+        (None, Some(f), _) => [vec![HostEntry { name: me(), slots: 0 }], hostfile::read(f)?].concat(),
+        (None, None, Some(h)) => [vec![HostEntry { name: me(), slots: 0 }], hostfile::parse_host_list(h)?].concat(),
+        (None, None, None) => match slurm::allocation(|v| std::env::var(v).ok())? {
+            Some(alloc) => {
+                let (own, rest) = slurm::split_for_hnp(&alloc, &slurm::own_node_name());
+                tracing::info!(job = %alloc.job_id, nodes = alloc.nodes.len(), hnp = %own.name, "Slurm allocation");
+                slurm_job = Some(alloc.job_id);
+                [vec![own], rest].concat()
+            }
+            None => bail!("say where to run: --local N, --hostfile FILE or --host a,b,c (or run inside a Slurm job)"),
+        },
     };
-    let mut nodes = nodes;
-    if !local {
-        let me =
-            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
-        nodes.insert(0, HostEntry { name: me, slots: 0 });
-    }
+    let local = args.local.is_some();
     let size = nodes.len() as u32;
     let topo = Topology::new(0, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
-    let agent = if local { Agent::Local } else { Agent::Prefix(args.launch_agent.clone()) };
+    let agent = match (local, &slurm_job) {
+        (true, _) => Agent::Local,
+        (false, Some(_)) => Agent::Srun,
+        (false, None) => Agent::Prefix(args.launch_agent.clone()),
+    };
 
     let hnp_ip: IpAddr = match (args.bind_address, local) {
         (Some(ip), _) => ip,
         (None, true) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        // A one-node Slurm allocation: the HNP is the whole DVM.
+        (None, false) if size == 1 => IpAddr::V4(Ipv4Addr::LOCALHOST),
         (None, false) => {
             let first = &nodes[1].name;
             let resolved = std::net::ToSocketAddrs::to_socket_addrs(&(first.as_str(), 1))
@@ -344,32 +357,66 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     // fences by name on every participant, never hang them).
     let other_movement_rank: Option<Rank> =
         std::env::var("DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK").ok().and_then(|v| v.parse().ok());
+    let common = vec![
+        "--daemon".to_string(),
+        format!("--size={size}"),
+        format!("--radix={}", args.radix),
+        format!("--hnp={hnp_addr}"),
+        format!("--heartbeat-ms={}", args.heartbeat_ms),
+        format!("--heartbeat-misses={}", args.heartbeat_misses),
+        format!("--pmix-start={}", args.pmix_start),
+        format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
+        format!("--max-message={}", args.max_message),
+        format!("--bcast-movement={}", args.bcast_movement),
+        format!("--link-latency-us={}", args.link_latency_us),
+        format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),
+    ];
     let mut pids = Vec::new();
-    for (r, node) in nodes.iter().enumerate().skip(1) {
+    if matches!(agent, Agent::Srun) && size > 1 {
+        // One step for every daemon but the HNP; each takes its rank from SLURM_NODEID.
+        let rest = &nodes[1..];
+        let slots: Vec<u32> = rest.iter().map(|h| h.slots).collect();
+        let dargs = [
+            common.clone(),
+            vec![
+                format!("--slurm-step-slots={}", slurm::format_counts(&slots)),
+                format!("--fence-movement={}", args.fence_movement),
+            ],
+        ]
+        .concat();
+        let argv = slurm::srun_argv(rest, &exe, &dargs);
+        let what = format!("srun (the step starting daemons 1-{} on {} node(s))", size - 1, rest.len());
+        match launch::spawn_daemon(launch::Started::Step, "srun", argv, secret.to_hex(), exit_tx.clone()).await {
+            Ok(l) => {
+                pids.extend(l.pid);
+                for (r, node) in rest.iter().enumerate() {
+                    hnp.launched_hosts.insert(r as Rank + 1, (node.name.clone(), l.output.clone()));
+                }
+                hnp.launch_step = Some((what, l.output));
+            }
+            Err(e) => {
+                session.remove();
+                return Err(e);
+            }
+        }
+    }
+    for (r, node) in nodes.iter().enumerate().skip(1).filter(|_| !matches!(agent, Agent::Srun)) {
         let r = r as Rank;
         let bind = if local { IpAddr::V4(launch::local_addr(r)) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) };
-        let dargs = vec![
-            "--daemon".to_string(),
-            format!("--rank={r}"),
-            format!("--size={size}"),
-            format!("--radix={}", args.radix),
-            format!("--hnp={hnp_addr}"),
-            format!("--bind={bind}"),
-            format!("--host-label={}", node.name),
-            format!("--slots={}", node.slots),
-            format!("--heartbeat-ms={}", args.heartbeat_ms),
-            format!("--heartbeat-misses={}", args.heartbeat_misses),
-            format!("--pmix-start={}", args.pmix_start),
-            format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
-            format!("--max-message={}", args.max_message),
-            format!("--fence-movement={}", other_movement(args.fence_movement, other_movement_rank == Some(r))),
-            format!("--bcast-movement={}", args.bcast_movement),
-            format!("--link-latency-us={}", args.link_latency_us),
-            format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),
-        ];
+        let dargs = [
+            common.clone(),
+            vec![
+                format!("--rank={r}"),
+                format!("--bind={bind}"),
+                format!("--host-label={}", node.name),
+                format!("--slots={}", node.slots),
+                format!("--fence-movement={}", other_movement(args.fence_movement, other_movement_rank == Some(r))),
+            ],
+        ]
+        .concat();
         let argv = agent.argv(&node.name, &exe, &dargs)?;
         let secret_hex = if wrong_secret_rank == Some(r) { DvmSecret::generate().to_hex() } else { secret.to_hex() };
-        match launch::spawn_daemon(r, &node.name, argv, secret_hex, exit_tx.clone()).await {
+        match launch::spawn_daemon(launch::Started::Daemon(r), &node.name, argv, secret_hex, exit_tx.clone()).await {
             Ok(l) => {
                 pids.extend(l.pid);
                 hnp.launched_hosts.insert(r, (l.host, l.output));
@@ -531,7 +578,15 @@ fn redirect_stderr(path: &std::path::Path) {
 }
 
 async fn run_daemon(args: Args) -> Result<ExitCode> {
-    let (Some(rank), Some(size), Some(hnp)) = (args.rank, args.size, args.hnp) else {
+    let (rank, slots, slurm_name) = match (&args.slurm_step_slots, args.rank) {
+        (Some(list), _) => {
+            let (rank, slots) = slurm::step_rank_and_slots(list).map_err(|e| anyhow!("dvmd --daemon: {e}"))?;
+            (rank, slots, Some(slurm::own_node_name()))
+        }
+        (None, Some(rank)) => (rank, args.slots, None),
+        (None, None) => bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)"),
+    };
+    let (Some(size), Some(hnp)) = (args.size, args.hnp) else {
         bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)");
     };
     let secret = match std::env::var("DVM_SECRET") {
@@ -561,10 +616,10 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     } else {
         bind
     };
-    let host = args
-        .host_label
-        .clone()
-        .unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default());
+    let host =
+        args.host_label.clone().or(slurm_name).unwrap_or_else(|| {
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
+        });
     let epoch = dvmd::daemon::new_epoch();
     let mut session = Session::create(&format!("dvmd-r{rank}"))?;
     let (transport, events) = Transport::bind(transport_config(&args, rank, epoch, SocketAddr::new(bind, 0), secret))
@@ -579,7 +634,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         host: host.clone(),
         addr: addr.to_string(),
         pid: std::process::id(),
-        slots: args.slots,
+        slots,
         epoch,
     });
     start_pmix(&mut daemon, session.dir(), &args);

@@ -162,7 +162,7 @@ fn choose_dvm(cmd: &PrunCommand) -> Result<Target> {
     }
     match session::discover() {
         Discovery::One(uri) => Ok(Target::Attach(uri)),
-        Discovery::None { root } => match cmd.one_shot_candidate() {
+        Discovery::None { root } => match cmd.one_shot_candidate(dvmd::slurm::in_job()) {
             Some(one) => Ok(Target::OneShot(one)),
             None => bail!(
                 "no running DVM found under {} (start one with `dvmd --local N --daemonize`, pass --dvm-uri, \
@@ -329,6 +329,8 @@ impl Transient {
             OneShot::Hosts(h) => {
                 cmd.arg("--host").arg(h);
             }
+            // dvmd reads the allocation from the environment it inherits.
+            OneShot::Slurm => {}
         }
         // A job is coming at once: PMIx servers start during the boot, not with the job.
         cmd.arg("--pmix-start").arg("eager").arg("--private");

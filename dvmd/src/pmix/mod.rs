@@ -357,8 +357,11 @@ impl PmixHost {
         // setup_fork offers every store libpmix has (the client picks the first): offer one.
         env.retain(|(k, _)| k != "PMIX_GDS_MODULE");
         env.push(("PMIX_GDS_MODULE".into(), CLIENT_GDS.into()));
-        // Open MPI 4.1 treats a rank it did not start as a singleton without this.
-        env.push(("OMPI_MCA_schizo".into(), "^orte".into()));
+        // Open MPI 4.1 treats a rank it did not start as a singleton without this: its `orte`
+        // component wants its own mpirun, and its `slurm` component forces a singleton when it
+        // sees a Slurm job (SLURM_JOB_ID) but no srun step (no SLURM_STEP_ID), as in a batch
+        // script.
+        env.push(("OMPI_MCA_schizo".into(), "^orte,slurm".into()));
         if let Some(dir) = session {
             // Several daemons per host: shared-memory segments and Open MPI's session
             // directories must not collide.
