@@ -510,6 +510,7 @@ impl XcastState {
     /// Re-send relays whose Done has not come (a relay or the Done may have died with a
     /// daemon on the way, before every hop had repaired its routes).
     pub fn tick(&mut self, ctx: &mut Ctx<'_>) {
+        self.bulk_tick(ctx);
         if ctx.topo.is_root() || self.pending_starts.is_empty() {
             return;
         }
@@ -569,6 +570,8 @@ impl XcastState {
         }
         if ctx.topo.is_root() {
             self.bulk_degrade(ctx);
+        } else {
+            self.bulk_repass(ctx);
         }
         self.update_rollup(ctx);
     }

@@ -168,7 +168,7 @@ fn a_failing_seed_is_named_by_its_replay_line() {
         n: 7,
         radix: 2,
         profile: Profile::Crash,
-        fence_movement: dvm_sim::FenceMovementMode::Tree,
+        movements: dvm_sim::FenceMovementMode::Tree.into(),
         violations: vec!["lost op 4".into()],
     };
     assert_no_failures(&[f], 1, "schedules");

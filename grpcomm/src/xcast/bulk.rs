@@ -22,7 +22,8 @@
 //! and drops its exchange, and each daemon that holds it passes it to children that lack it.
 //! A lateral link lost to a live partner (`peer_unreachable`) is never a tree loss: that
 //! partner's blocks go again along the tree (`XcastBlock.sender` names the member), and so do
-//! later ones; finished exchanges are kept for the last [`KEEP_FINISHED`] ops to do the same.
+//! later ones; finished exchanges are kept for the last [`KEEP_FINISHED`] ops, and at most
+//! [`FINISHED_KEEP_NS`], to do the same (they hold the chunks: an idle daemon keeps none).
 //!
 //! Traps:
 //! - The member list is the root's view at assignment, carried as the failed ranks
@@ -48,6 +49,10 @@ pub(super) const BULK: u32 = Movement::ScatterAllgather as u32;
 /// lateral link was lost just before this daemon finished).
 pub(super) const KEEP_FINISHED: usize = 4;
 
+/// How long a finished exchange is kept for detours (a partner still missing blocks after
+/// this has lost more than a lateral link, and the repair's degrade delivers to it).
+pub(super) const FINISHED_KEEP_NS: u64 = 30_000_000_000;
+
 /// Ops ahead of this daemon's forwards whose blocks may wait here.
 const MAX_EARLY_OPS: usize = 64;
 
@@ -57,20 +62,25 @@ pub(super) struct BulkOp {
     /// The op without chunks (movement, total length, members).
     meta: XcastForward,
     ex: Exchange,
+    /// The chunks of the rest of this daemon's subtree, kept until the op is reassembled here:
+    /// a repair may give it children it could not reach before (the root may have lost a
+    /// daemon, and cut it out of the members, before this daemon took the repair).
+    passed: Vec<XcastChunk>,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct BulkState {
     ops: BTreeMap<u64, BulkOp>,
     early: BTreeMap<u64, Vec<XcastBlock>>,
-    finished: VecDeque<(u64, Exchange)>,
+    /// (op, exchange, when it finished).
+    finished: VecDeque<(u64, Exchange, u64)>,
 }
 
 impl BulkState {
     pub fn state_bytes(&self) -> usize {
         let ex = |e: &Exchange| e.state_bytes();
         self.ops.values().map(|o| ex(&o.ex) + 64).sum::<usize>()
-            + self.finished.iter().map(|(_, e)| ex(e)).sum::<usize>()
+            + self.finished.iter().map(|(_, e, _)| ex(e)).sum::<usize>()
             + self.early.values().flatten().map(|b| b.blocks.iter().map(Bytes::len).sum::<usize>() + 32).sum::<usize>()
     }
 
@@ -134,11 +144,24 @@ impl XcastState {
         let op = m.op_id;
         // Held whole already (a replay came first): this daemon served the exchange from it
         // and passed the whole payload to every child.
+        if let Some(b) = self.bulk.ops.get(&op) {
+            // Chunks again (from a new parent after a repair): pass on those not passed yet.
+            let me = ctx.topo.me();
+            let new: Vec<XcastChunk> = std::mem::take(&mut m.chunks)
+                .into_iter()
+                .filter(|c| c.owner != me && !b.passed.iter().any(|p| p.owner == c.owner))
+                .collect();
+            let meta = b.meta.clone();
+            self.bulk_pass_chunks(ctx, &meta, new.clone());
+            if let Some(b) = self.bulk.ops.get_mut(&op) {
+                b.passed.extend(new);
+            }
+            return;
+        }
         let known = op < self.next_deliver
             || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == op)
             || self.buffered.contains_key(&op)
-            || self.bulk.ops.contains_key(&op)
-            || self.bulk.finished.iter().any(|(o, _)| *o == op);
+            || self.bulk.finished.iter().any(|(o, _, _)| *o == op);
         if known {
             debug!(op_id = op, from, "scatter-allgather chunks for an op held here dropped");
             return;
@@ -149,6 +172,7 @@ impl XcastState {
         }
         let (me, list) = (ctx.topo.me(), members(ctx.topo.size(), &m.excluded));
         let chunks = std::mem::take(&mut m.chunks);
+        let passed: Vec<XcastChunk> = chunks.iter().filter(|c| c.owner != me).cloned().collect();
         let own = self.bulk_pass_chunks(ctx, &m, chunks);
         let want = list.binary_search(&me).map(|p| chunk_range(m.total_len, list.len(), p));
         let own = match (own, want) {
@@ -162,7 +186,7 @@ impl XcastState {
             Ok(ex) => ex,
             Err(e) => return ctx.out.push(Effect::Dropped { from, reason: format!("xcast op {op}: {e}") }),
         };
-        self.bulk.ops.insert(op, BulkOp { meta: m, ex });
+        self.bulk.ops.insert(op, BulkOp { meta: m, ex, passed });
         for b in self.bulk.early.remove(&op).unwrap_or_default() {
             self.bulk_receive(ctx, b);
         }
@@ -198,7 +222,7 @@ impl XcastState {
     /// that got chunks would wait for it forever. Once per op.
     pub(super) fn bulk_serve(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
         let (me, op) = (ctx.topo.me(), m.op_id);
-        if !m.exchange || m.payload.len() as u64 != m.total_len || self.bulk.finished.iter().any(|(o, _)| *o == op) {
+        if !m.exchange || m.payload.len() as u64 != m.total_len || self.bulk.finished.iter().any(|(o, _, _)| *o == op) {
             return;
         }
         let list = members(ctx.topo.size(), &m.excluded);
@@ -223,7 +247,7 @@ impl XcastState {
             ctx.out.push(Effect::Dropped { from: m.origin, reason: format!("xcast op {op}: {e}") });
         }
         Self::bulk_send(ctx, op, &ex, out);
-        self.bulk_finished(op, ex);
+        self.bulk_finished(ctx, op, ex);
     }
 
     /// A block message (direct, or along the tree on a detour).
@@ -237,7 +261,7 @@ impl XcastState {
         let late = op < self.next_deliver
             || self.buffered.contains_key(&op)
             || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == op)
-            || self.bulk.finished.iter().any(|(o, _)| *o == op);
+            || self.bulk.finished.iter().any(|(o, _, _)| *o == op);
         if late {
             return debug!(op_id = op, sender = m.sender, "scatter-allgather block for an op held here");
         }
@@ -290,9 +314,9 @@ impl XcastState {
         if !b.ex.is_complete() {
             return;
         }
-        let Some(BulkOp { meta, ex }) = self.bulk.ops.remove(&op) else { return };
+        let Some(BulkOp { meta, ex, .. }) = self.bulk.ops.remove(&op) else { return };
         let whole = ex.output();
-        self.bulk_finished(op, ex);
+        self.bulk_finished(ctx, op, ex);
         match whole {
             Ok(payload) if payload.len() as u64 == meta.total_len => {
                 debug!(op_id = op, bytes = payload.len(), "scatter-allgather op reassembled");
@@ -307,11 +331,22 @@ impl XcastState {
         }
     }
 
-    fn bulk_finished(&mut self, op: u64, ex: Exchange) {
+    fn bulk_finished(&mut self, ctx: &mut Ctx<'_>, op: u64, ex: Exchange) {
         if self.bulk.finished.len() == KEEP_FINISHED {
             self.bulk.finished.pop_front();
         }
-        self.bulk.finished.push_back((op, ex));
+        self.bulk.finished.push_back((op, ex, ctx.now));
+        ctx.out.push(Effect::ArmTimer { at: ctx.now.saturating_add(FINISHED_KEEP_NS) });
+    }
+
+    /// Forget finished exchanges older than [`FINISHED_KEEP_NS`].
+    pub(super) fn bulk_tick(&mut self, ctx: &mut Ctx<'_>) {
+        while self.bulk.finished.front().is_some_and(|(_, _, at)| ctx.now >= at.saturating_add(FINISHED_KEEP_NS)) {
+            self.bulk.finished.pop_front();
+        }
+        if let Some((_, _, at)) = self.bulk.finished.front() {
+            ctx.out.push(Effect::ArmTimer { at: at.saturating_add(FINISHED_KEEP_NS) });
+        }
     }
 
     /// Root: a repair came; every bulk op not yet complete degrades to the whole-payload
@@ -329,6 +364,17 @@ impl XcastState {
         }
     }
 
+    /// A repair reached this (non-root) daemon: pass the subtree chunks of every op still in
+    /// flight here again, by the new routes (receivers pass on only what they lack).
+    pub(super) fn bulk_repass(&mut self, ctx: &mut Ctx<'_>) {
+        let ops: Vec<(XcastForward, Vec<XcastChunk>)> =
+            self.bulk.ops.values().map(|b| (b.meta.clone(), b.passed.clone())).collect();
+        for (meta, chunks) in ops {
+            debug!(op_id = meta.op_id, chunks = chunks.len(), "repair: scatter-allgather chunks passed again");
+            self.bulk_pass_chunks(ctx, &meta, chunks);
+        }
+    }
+
     /// Root: op `op` is complete.
     pub(super) fn bulk_complete(&mut self, op: u64) {
         self.bulk_in_flight.remove(&op);
@@ -337,7 +383,7 @@ impl XcastState {
     /// The lateral link to `peer` was lost: its blocks, sent and to come, take the tree.
     pub(super) fn bulk_detour(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
         let running = self.bulk.ops.iter_mut().map(|(op, b)| (*op, &mut b.ex));
-        let finished = self.bulk.finished.iter_mut().map(|(op, ex)| (*op, ex));
+        let finished = self.bulk.finished.iter_mut().map(|(op, ex, _)| (*op, ex));
         for (op, ex) in running.chain(finished) {
             if ex.detour(peer) {
                 debug!(op_id = op, peer, "lateral link lost: scatter-allgather blocks take the tree");
