@@ -228,12 +228,18 @@ async fn boot_and_exercise(radix: u32) {
     assert_eq!(height, want_height, "tree height at radix {radix} over {n} daemons");
 
     // A 1 MiB xcast completes (every daemon holds it).
-    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20 }).await.unwrap();
+    let x = c
+        .bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!((x.latencies_ns.len(), x.errors), (1, 0));
 
     // 1,000 back-to-back fences alternating barrier and modex: every daemon checks every result.
     let count = if radix < n { 1000 } else { 200 };
-    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count, bytes: 64 }).await.unwrap();
+    let f = c
+        .bench(BenchRequest { kind: BenchKind::Alternate as i32, count, bytes: 64, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(f.errors, 0, "{}", f.first_error);
     assert_eq!(f.latencies_ns.len() as u64, count);
 
@@ -302,7 +308,10 @@ async fn garbage_on_a_daemon_port_is_harmless() {
         }
     }
     // The DVM still works and nobody died.
-    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 20, bytes: 8 }).await.unwrap();
+    let f = c
+        .bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 20, bytes: 8, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(f.errors, 0);
     assert!(dvm.pids.iter().all(|&p| alive(p)));
     dvm.pterm();
@@ -382,9 +391,15 @@ async fn a_lost_daemon_is_named_and_the_tree_repairs() {
         assert!(!v.children.contains(&1) && v.parent != 1);
     }
     // Collectives still work over the survivors, results checked on every daemon.
-    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 100, bytes: 32 }).await.unwrap();
+    let f = c
+        .bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 100, bytes: 32, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(f.errors, 0, "{}", f.first_error);
-    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 5, bytes: 4096 }).await.unwrap();
+    let x = c
+        .bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 5, bytes: 4096, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(x.errors, 0);
     dvm.pids.retain(|&p| p != victim);
     dvm.pterm();

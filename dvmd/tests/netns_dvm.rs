@@ -129,10 +129,30 @@ async fn four_fake_nodes(radix: u32) {
         assert!(st.daemons[r].addr.starts_with(&dvm.cluster.node_addr(i).to_string()), "daemon {r} address");
         assert_eq!((views[r].parent, &views[r].children), (st.daemons[r].parent, &st.daemons[r].children));
     }
-    let x = c.bench(BenchRequest { kind: BenchKind::Xcast as i32, count: 1, bytes: 1 << 20 }).await.unwrap();
-    assert_eq!(x.errors, 0);
-    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 1000, bytes: 64 }).await.unwrap();
-    assert_eq!(f.errors, 0, "{}", f.first_error);
+    // 1 MiB broadcasts on both movements and alternating fences on both, checked on every
+    // daemon (over the nodes' own links: the lateral ones too).
+    for bcast in ["tree", "bulk"] {
+        let req = BenchRequest {
+            kind: BenchKind::Xcast as i32,
+            count: 3,
+            bytes: 1 << 20,
+            bcast_movement: bcast.into(),
+            ..Default::default()
+        };
+        let x = c.bench(req).await.unwrap();
+        assert_eq!(x.errors, 0, "{bcast}: {}", x.first_error);
+    }
+    for fence in ["tree", "allgather", "auto"] {
+        let req = BenchRequest {
+            kind: BenchKind::Alternate as i32,
+            count: 1000,
+            bytes: 64,
+            fence_movement: fence.into(),
+            ..Default::default()
+        };
+        let f = c.bench(req).await.unwrap();
+        assert_eq!(f.errors, 0, "{fence}: {}", f.first_error);
+    }
 
     // Jobs on the fake nodes: every rank runs on the node the map says, seen by its hostname.
     let uri = format!("file:{}", dvm.uri_file.display());
@@ -189,7 +209,10 @@ async fn a_silent_node_is_detected_and_named() {
         assert!(Instant::now() < deadline, "the cut node was never declared lost");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let f = c.bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 50, bytes: 16 }).await.unwrap();
+    let f = c
+        .bench(BenchRequest { kind: BenchKind::Alternate as i32, count: 50, bytes: 16, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(f.errors, 0, "{}", f.first_error);
     dvm.cluster.restore(3).unwrap();
     dvm.pterm();

@@ -161,7 +161,16 @@ fn boot_wires_every_daemon_at_radix_2_and_64() {
 fn a_fence_storm_that_loses_a_daemon_ends_with_its_name_and_the_next_one_passes() {
     for victim in [1, 5, 7] {
         let mut net = Net::boot(8, 2);
-        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 100_000, bytes: 16 });
+        net.input(
+            0,
+            Input::Bench {
+                kind: BenchKind::Alternate,
+                count: 100_000,
+                bytes: 16,
+                fence_movement: None,
+                bcast_movement: None,
+            },
+        );
         net.run_some(3_000);
         net.dead.insert(victim);
         net.lose(victim);
@@ -188,7 +197,16 @@ fn a_fence_storm_that_loses_a_daemon_ends_with_its_name_and_the_next_one_passes(
         );
         assert_eq!(net.failed_at_hnp(), [victim].into_iter().collect());
         // The survivors run the next benchmark cleanly.
-        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 50, bytes: 16 });
+        net.input(
+            0,
+            Input::Bench {
+                kind: BenchKind::Alternate,
+                count: 50,
+                bytes: 16,
+                fence_movement: None,
+                bcast_movement: None,
+            },
+        );
         net.run();
         let replies = net.bench_replies();
         let r = replies[0].as_ref().expect("a benchmark reply");
@@ -293,13 +311,16 @@ fn losing_the_hnp_ends_every_daemon() {
 fn a_benchmark_size_nobody_can_allocate_is_refused_by_name() {
     let mut net = Net::boot(4, 2);
     let bytes = bench::MAX_BENCH_BYTES + 1;
-    net.input(0, Input::Bench { kind: BenchKind::Modex, count: 1, bytes });
+    net.input(0, Input::Bench { kind: BenchKind::Modex, count: 1, bytes, fence_movement: None, bcast_movement: None });
     net.run();
     let replies = net.bench_replies();
     let err = replies[0].as_ref().expect_err("refused");
     assert!(err.contains(&bytes.to_string()), "the error does not name the size: {err}");
     // Nothing started: the next benchmark runs.
-    net.input(0, Input::Bench { kind: BenchKind::Barrier, count: 3, bytes: 0 });
+    net.input(
+        0,
+        Input::Bench { kind: BenchKind::Barrier, count: 3, bytes: 0, fence_movement: None, bcast_movement: None },
+    );
     net.run();
     assert_eq!(net.bench_replies()[0].as_ref().expect("a reply").errors, 0);
 }
@@ -361,7 +382,7 @@ proptest::proptest! {
             let exited = net.seen[r].iter().any(|e| matches!(e, Effect::Exit(_)));
             proptest::prop_assert!(!exited, "daemon {r} was made to exit");
         }
-        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 6, bytes: 8 });
+        net.input(0, Input::Bench { kind: BenchKind::Alternate, count: 6, bytes: 8, fence_movement: None, bcast_movement: None });
         net.run();
         let replies = net.bench_replies();
         let r = replies.last().and_then(|r| r.as_ref().ok()).cloned();
