@@ -419,7 +419,8 @@ impl Shared {
 
     /// Book-keep the end of connection `id` with `peer` and decide whether it is reported.
     /// A lost outbound link is always reported (its queued frames may be gone); a lost
-    /// inbound connection only when no other connection with the peer remains.
+    /// inbound connection only when no other connection with the peer remains, or when it
+    /// ended on a frame that failed verification.
     fn closed(&self, peer: Rank, id: u64, link: Option<u64>, end: ConnEnd) -> Option<TransportEvent> {
         let mut table = self.lock();
         if let Some(link_id) = link {
@@ -433,7 +434,10 @@ impl Shared {
             ConnEnd::Closed => return None,
             ConnEnd::Lost(reason) => reason,
         };
-        if (link.is_some() || pc.live.is_empty()) && !pc.lost_reported {
+        // A frame that failed verification is an attack or a broken path, never routine: it is
+        // reported even while another connection with the peer is up.
+        let forged = matches!(reason, LinkError::Verification { .. });
+        if (link.is_some() || pc.live.is_empty() || forged) && !pc.lost_reported {
             pc.lost_reported = true;
             Some(TransportEvent::PeerLost { peer, reason })
         } else {
