@@ -763,4 +763,6 @@ impl Core {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
