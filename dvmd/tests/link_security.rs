@@ -119,3 +119,76 @@ fn replayed_control_call_is_refused() {
     dvm.assert_up();
     dvm.stop();
 }
+
+/// The TCP ports `pid` listens on (its socket inodes matched against /proc/net/tcp).
+fn listening_addrs(pid: u32) -> Vec<std::net::SocketAddr> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local_address (hex ip:port, ip little-endian), st == 0A (LISTEN), inode.
+            if f.get(3) != Some(&"0A") || !inodes.iter().any(|i| Some(&i.as_str()) == f.get(9)) {
+                return None;
+            }
+            let (ip, port) = f[1].split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?.to_le_bytes();
+            Some(std::net::SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
+        })
+        .collect()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.parse().ok()).unwrap()
+}
+
+/// 1,000 idle connections, then 1,000 sending garbage, on every port of the HNP (RML and
+/// control): the DVM keeps running jobs on both daemons, nobody is declared lost (heartbeats
+/// kept flowing), and the HNP's RSS stays within a bound.
+#[test]
+fn idle_and_garbage_connection_floods_leave_the_dvm_serving() {
+    use std::io::Write;
+    let dvm = Dvm::start_with_args(
+        "flood",
+        Nodes::Local { daemons: 2, slots: 1 },
+        2,
+        &[],
+        &["--heartbeat-ms", "200", "--heartbeat-misses", "5"],
+    );
+    let hnp = dvm.pids[0];
+    let ports = listening_addrs(hnp);
+    assert!(ports.len() >= 2, "the HNP listens for RML and control: {ports:?}");
+    let before = rss_kib(hnp);
+    let mut idle = Vec::new();
+    for i in 0..1000 {
+        let a = ports[i % ports.len()];
+        idle.push(std::net::TcpStream::connect(a).unwrap());
+    }
+    let out = dvm.prun(&["-n", "2", "--map-by", "node", "true"]);
+    assert!(out.status.success(), "with 1,000 idle connections open: {}", text(&out).1);
+    let mut junk = Vec::new();
+    for i in 0..1000 {
+        let Ok(mut s) = std::net::TcpStream::connect(ports[i % ports.len()]) else { continue };
+        let bytes: Vec<u8> = (0..512).map(|_| rand::random::<u8>()).collect();
+        let _ = s.write_all(&bytes);
+        junk.push(s);
+    }
+    let out = dvm.prun(&["-n", "2", "--map-by", "node", "true"]);
+    assert!(out.status.success(), "with a garbage flood: {}", text(&out).1);
+    let after = rss_kib(hnp);
+    assert!(after < before + 64 * 1024, "HNP RSS grew from {before} KiB to {after} KiB");
+    drop(idle);
+    drop(junk);
+    let log = dvm.log();
+    assert!(!log.contains("lost tree neighbour") && !log.contains("was lost"), "a daemon was lost under the flood:\n{log}");
+    dvm.assert_up();
+    dvm.stop();
+}
