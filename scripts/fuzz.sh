@@ -4,6 +4,7 @@
 #   scripts/fuzz.sh                    # 1,500,000 inputs per target (8 targets: 12 million)
 #   CASES=100000 scripts/fuzz.sh       # fewer per target
 #   SEED=7 scripts/fuzz.sh             # another fixed seed (a failure replays with the same CASES/SEED)
+#   PROFILE=test scripts/fuzz.sh       # the test profile (opt-level 1) instead of release
 #
 # Targets are proptest properties (stable toolchain); `cargo test` runs a small slice of each.
 # A target passes when every input passed its oracle (no panic, no hang, no frame accepted
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CASES=${CASES:-1500000}
 SEED=${SEED:-4040404040}
+PROFILE=${PROFILE:-release}
 export DVM_FUZZ_CASES=$CASES DVM_FUZZ_SEED=$SEED
 
 # package  test-binary(--lib or --test X)  target
@@ -28,8 +30,8 @@ TARGETS=(
 # The core's target boots an 8-daemon DVM per input: it runs a tenth as many.
 core_cases=$((CASES / 10))
 
-cargo build --release -q -p dvm-core --lib --tests
-cargo build --release -q -p dvmd --test fuzz_edge --test jobmap_wire
+cargo test --profile "$PROFILE" -q -p dvm-core --lib --no-run
+cargo test --profile "$PROFILE" -q -p dvmd --test fuzz_edge --test jobmap_wire --no-run
 
 total=0
 failed=0
@@ -39,7 +41,7 @@ for t in "${TARGETS[@]}"; do
     n=$CASES
     [ "$pkg" = dvm-core ] && n=$core_cases
     start=$(date +%s.%N)
-    if DVM_FUZZ_CASES=$n cargo test --release -q -p "$pkg" "$bin" -- --exact "$name" >/tmp/dvm-fuzz-$$.log 2>&1; then
+    if DVM_FUZZ_CASES=$n cargo test --profile "$PROFILE" -q -p "$pkg" "$bin" -- --exact "$name" >/tmp/dvm-fuzz-$$.log 2>&1; then
         result="ok (0 panics)"
     else
         result="FAILED (see below)"
@@ -51,5 +53,5 @@ for t in "${TARGETS[@]}"; do
     total=$((total + n))
 done
 rm -f /tmp/dvm-fuzz-$$.log
-echo "total inputs: $total; seed $SEED; failed targets: $failed"
+echo "total inputs: $total; seed $SEED; profile $PROFILE; failed targets: $failed"
 [ "$failed" = 0 ]

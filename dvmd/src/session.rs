@@ -219,7 +219,11 @@ pub fn check_private_dir(dir: &Path) -> Result<()> {
         bail!("session directory {} is not a directory (a symlink?); refusing to use it", dir.display());
     }
     if meta.uid() != uid {
-        bail!("session directory {} belongs to uid {}, not to this user ({uid}); refusing to use it", dir.display(), meta.uid());
+        bail!(
+            "session directory {} belongs to uid {}, not to this user ({uid}); refusing to use it",
+            dir.display(),
+            meta.uid()
+        );
     }
     if mode & 0o077 != 0 {
         bail!(

@@ -27,11 +27,8 @@ fn frame(seq: u64, tag: u32, payload: Vec<u8>) -> Frame {
 }
 
 fn frames() -> impl Strategy<Value = Vec<Frame>> {
-    proptest::collection::vec(
-        (0u32..6, proptest::collection::vec(any::<u8>(), 0..200)),
-        1..5,
-    )
-    .prop_map(|v| v.into_iter().enumerate().map(|(i, (tag, p))| frame(i as u64, tag, p)).collect())
+    proptest::collection::vec((0u32..6, proptest::collection::vec(any::<u8>(), 0..200)), 1..5)
+        .prop_map(|v| v.into_iter().enumerate().map(|(i, (tag, p))| frame(i as u64, tag, p)).collect())
 }
 
 /// Edits to a byte string: (position, xor mask), a cut and bytes spliced in.
@@ -205,7 +202,15 @@ proptest! {
 fn hostfile_line() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-c]{1,3}".prop_map(|h| h),
-        ("[a-c]{1,3}", prop_oneof![Just("0".to_string()), Just("4".to_string()), Just("99999999999".to_string()), "[0-9a-z]{0,3}".prop_map(|s| s)])
+        (
+            "[a-c]{1,3}",
+            prop_oneof![
+                Just("0".to_string()),
+                Just("4".to_string()),
+                Just("99999999999".to_string()),
+                "[0-9a-z]{0,3}".prop_map(|s| s)
+            ]
+        )
             .prop_map(|(h, s)| format!("{h} slots={s}")),
         ("[a-c]{1,2}", "[a-z=]{1,8}").prop_map(|(h, kv)| format!("{h} {kv}")),
         Just("# comment".to_string()),
@@ -216,11 +221,49 @@ fn hostfile_line() -> impl Strategy<Value = String> {
 
 fn prun_word() -> impl Strategy<Value = String> {
     let vocab = [
-        "-n", "--np", "-N", "--map-by", "slot", "node", "ppr:2:node", "ppr:0:node", "ppr:2:node:oversubscribe", "--host",
-        "a,b:2", "--hostfile", "/nonexistent", "-x", "A=b", "HOME", "--wdir", "/tmp", "--output", "tag",
-        "merge-stderr-to-stdout", "--stdin", "all", "none", "rank", "--timeout", "0", "-1", "1e309", "--dvm-uri",
-        "file:/nonexistent", "--local", "--slots", "--launch-sizes", ":", "true", "./a.out", "4", "0", "4294967296",
-        "--", "-", "--help",
+        "-n",
+        "--np",
+        "-N",
+        "--map-by",
+        "slot",
+        "node",
+        "ppr:2:node",
+        "ppr:0:node",
+        "ppr:2:node:oversubscribe",
+        "--host",
+        "a,b:2",
+        "--hostfile",
+        "/nonexistent",
+        "-x",
+        "A=b",
+        "HOME",
+        "--wdir",
+        "/tmp",
+        "--output",
+        "tag",
+        "merge-stderr-to-stdout",
+        "--stdin",
+        "all",
+        "none",
+        "rank",
+        "--timeout",
+        "0",
+        "-1",
+        "1e309",
+        "--dvm-uri",
+        "file:/nonexistent",
+        "--local",
+        "--slots",
+        "--launch-sizes",
+        ":",
+        "true",
+        "./a.out",
+        "4",
+        "0",
+        "4294967296",
+        "--",
+        "-",
+        "--help",
     ];
     prop_oneof![
         4 => proptest::sample::select(vocab.to_vec()).prop_map(str::to_string),

@@ -188,7 +188,10 @@ fn idle_and_garbage_connection_floods_leave_the_dvm_serving() {
     drop(idle);
     drop(junk);
     let log = dvm.log();
-    assert!(!log.contains("lost tree neighbour") && !log.contains("was lost"), "a daemon was lost under the flood:\n{log}");
+    assert!(
+        !log.contains("lost tree neighbour") && !log.contains("was lost"),
+        "a daemon was lost under the flood:\n{log}"
+    );
     dvm.assert_up();
     dvm.stop();
 }

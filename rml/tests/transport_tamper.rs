@@ -4,9 +4,9 @@
 //! the proxy really changed the frame.
 #![cfg(feature = "net")]
 
-mod transport_support;
 #[path = "transport_support/proxy.rs"]
 mod proxy;
+mod transport_support;
 
 use dvm_rml::{DvmSecret, LinkError, LinkSecurity, Rank, Transport, TransportEvent};
 use proxy::{Proxy, Tamper};

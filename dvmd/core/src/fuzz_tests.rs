@@ -41,11 +41,24 @@ fn corpus() -> &'static [Recorded] {
 /// The mutation applied to one recorded frame.
 #[derive(Debug, Clone)]
 enum Mutation {
-    Flip { at: usize, bit: u8 },
-    Cut { at: usize },
-    Splice { at: usize, bytes: Vec<u8> },
+    Flip {
+        at: usize,
+        bit: u8,
+    },
+    Cut {
+        at: usize,
+    },
+    Splice {
+        at: usize,
+        bytes: Vec<u8>,
+    },
     Replace(Vec<u8>),
-    Header { origin: Option<Rank>, dst: Option<Rank>, tag: Option<u32>, seq: Option<u64> },
+    Header {
+        origin: Option<Rank>,
+        dst: Option<Rank>,
+        tag: Option<u32>,
+        seq: Option<u64>,
+    },
     /// Delivered unchanged, again (a duplicate from an authenticated peer).
     Duplicate,
 }
