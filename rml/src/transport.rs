@@ -455,7 +455,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 Ok(permit) => shared.spawn(inbound(shared.clone(), stream, addr, permit)),
                 Err(_) => {
                     // Closed at once; logged for the first and then every 1000th.
-                    if refused % 1000 == 0 {
+                    if refused.is_multiple_of(1000) {
                         warn!(rank = shared.cfg.rank, %addr, refused = refused + 1, max = shared.cfg.max_pending_handshakes,
                             "refused RML connection: too many connections still in their handshake");
                     }
