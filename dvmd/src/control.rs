@@ -1,9 +1,14 @@
 //! The control API (tonic gRPC, served by the HNP) and its authenticated client.
 //!
 //! Every call but `Challenge` carries metadata `dvm-auth: <nonce hex>:<mac hex>` where the
-//! nonce came from `Challenge` (single use, short-lived) and the MAC is
-//! HMAC-SHA256(secret, "dvm-ctl" | nonce). A call without a valid proof is refused with
-//! `Unauthenticated` and logged; nothing it asked for is done.
+//! nonce came from `Challenge` and the MAC is HMAC-SHA256(secret, "dvm-ctl" | method | nonce).
+//! A call without a valid proof is refused with `Unauthenticated` and logged; nothing it asked
+//! for is done.
+//!
+//! Replay window: a nonce is issued once, lives [`NONCE_TTL`], and is consumed by the first
+//! call that presents it (valid or not), so a recorded call replayed later, or a proof made for
+//! one method presented to another, is refused. At most [`MAX_NONCES`] challenges are
+//! outstanding. For a `--local` DVM the control API listens on loopback only.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,14 +29,24 @@ use tracing::warn;
 
 use crate::session::DvmUri;
 
-const NONCE_TTL: Duration = Duration::from_secs(30);
-const MAX_NONCES: usize = 4096;
+/// How long an issued challenge nonce may be used.
+pub const NONCE_TTL: Duration = Duration::from_secs(30);
+/// Most challenges outstanding at once.
+pub const MAX_NONCES: usize = 4096;
 
-fn mac(secret: &DvmSecret, nonce: &[u8]) -> Hmac<Sha256> {
+fn mac(secret: &DvmSecret, method: &str, nonce: &[u8]) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
     m.update(b"dvm-ctl");
+    m.update(method.as_bytes());
+    m.update(b"\0");
     m.update(nonce);
     m
+}
+
+/// The `dvm-auth` metadata value proving `secret` for one call of `method` (e.g. `"status"`)
+/// with the challenge `nonce`.
+pub fn proof(secret: &DvmSecret, method: &str, nonce: &[u8]) -> String {
+    format!("{}:{}", hex::encode(nonce), hex::encode(mac(secret, method, nonce).finalize().into_bytes()))
 }
 
 /// A request from the control API to the HNP's actor, with its reply channel.
@@ -63,11 +78,11 @@ impl ControlService {
     }
 
     #[allow(clippy::result_large_err)] // tonic's own error type
-    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    fn check<T>(&self, req: &Request<T>, method: &str) -> Result<(), Status> {
         let peer = req.remote_addr().map_or_else(|| "unknown address".to_string(), |a| a.to_string());
         #[allow(clippy::result_large_err)]
         let refuse = |why: &str| {
-            warn!(%peer, "control call refused: {why}");
+            warn!(%peer, method, "control call refused: {why}");
             Err(Status::unauthenticated(format!("control call refused: {why}")))
         };
         let Some(value) = req.metadata().get("dvm-auth").and_then(|v| v.to_str().ok()) else {
@@ -81,10 +96,10 @@ impl ControlService {
         let issued = self.nonces.lock().expect("nonce table").remove(&key);
         match issued {
             Some(at) if at.elapsed() < NONCE_TTL => {}
-            _ => return refuse("unknown or expired nonce"),
+            _ => return refuse("unknown, already used or expired nonce (a replayed call?)"),
         }
-        if mac(&self.secret, &nonce).verify_slice(&tag).is_err() {
-            return refuse("wrong DVM secret");
+        if mac(&self.secret, method, &nonce).verify_slice(&tag).is_err() {
+            return refuse("wrong DVM secret, or a proof made for another call");
         }
         Ok(())
     }
@@ -110,24 +125,24 @@ impl Control for ControlService {
     }
 
     async fn status(&self, req: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "status")?;
         Ok(Response::new(self.ask(ControlCmd::Status).await?))
     }
 
     async fn terminate(&self, req: Request<TerminateRequest>) -> Result<Response<TerminateReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "terminate")?;
         Ok(Response::new(self.ask(ControlCmd::Terminate).await?))
     }
 
     async fn tree_views(&self, req: Request<TreeViewsRequest>) -> Result<Response<TreeViewsReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "tree_views")?;
         self.ask(ControlCmd::TreeViews).await?.map(Response::new).map_err(Status::internal)
     }
 
     type LaunchStream = tokio_stream::wrappers::ReceiverStream<Result<JobEvent, Status>>;
 
     async fn launch(&self, req: Request<LaunchRequest>) -> Result<Response<Self::LaunchStream>, Status> {
-        self.check(&req)?;
+        self.check(&req, "launch")?;
         let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("launch request without a job"))?;
         let (tx, rx) = mpsc::channel(64);
         self.actor
@@ -138,13 +153,13 @@ impl Control for ControlService {
     }
 
     async fn launch_plan(&self, req: Request<LaunchRequest>) -> Result<Response<LaunchPlanReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "launch_plan")?;
         let spec = req.into_inner().spec.ok_or_else(|| Status::invalid_argument("launch request without a job"))?;
         self.ask(|tx| ControlCmd::LaunchPlan(spec, tx)).await?.map(Response::new).map_err(Status::invalid_argument)
     }
 
     async fn stdin(&self, req: Request<tonic::Streaming<StdinMsg>>) -> Result<Response<StdinReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "stdin")?;
         let mut stream = req.into_inner();
         while let Some(msg) = stream.message().await? {
             self.actor
@@ -156,13 +171,13 @@ impl Control for ControlService {
     }
 
     async fn signal(&self, req: Request<SignalRequest>) -> Result<Response<SignalReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "signal")?;
         let body = req.into_inner();
         Ok(Response::new(self.ask(|tx| ControlCmd::Signal(body, tx)).await?))
     }
 
     async fn bench(&self, req: Request<BenchRequest>) -> Result<Response<BenchReply>, Status> {
-        self.check(&req)?;
+        self.check(&req, "bench")?;
         let body = req.into_inner();
         self.ask(|tx| ControlCmd::Bench(body, tx)).await?.map(Response::new).map_err(Status::internal)
     }
@@ -200,6 +215,7 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(uri: DvmUri) -> Result<Client> {
+        crate::session::check_private_dir(&uri.session)?;
         let secret =
             DvmSecret::read_file(&uri.secret_path()).with_context(|| format!("cannot read the DVM secret of {uri}"))?;
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", uri.control))
@@ -213,52 +229,53 @@ impl Client {
         Ok(Client { inner, secret, uri })
     }
 
-    async fn authed<T>(&mut self, body: T) -> Result<Request<T>> {
+    async fn authed<T>(&mut self, method: &str, body: T) -> Result<Request<T>> {
         let nonce =
             self.inner.challenge(ChallengeRequest {}).await.context("control challenge failed")?.into_inner().nonce;
-        let tag = mac(&self.secret, &nonce).finalize().into_bytes();
         let mut req = Request::new(body);
-        let value = format!("{}:{}", hex::encode(&nonce), hex::encode(tag));
+        let value = proof(&self.secret, method, &nonce);
         req.metadata_mut().insert("dvm-auth", value.parse().expect("hex is valid metadata"));
         Ok(req)
     }
 
     pub async fn status(&mut self) -> Result<StatusReply> {
-        let req = self.authed(StatusRequest {}).await?;
+        let req = self.authed("status", StatusRequest {}).await?;
         Ok(self.inner.status(req).await?.into_inner())
     }
     pub async fn terminate(&mut self) -> Result<TerminateReply> {
-        let req = self.authed(TerminateRequest {}).await?;
+        let req = self.authed("terminate", TerminateRequest {}).await?;
         Ok(self.inner.terminate(req).await?.into_inner())
     }
     pub async fn tree_views(&mut self) -> Result<TreeViewsReply> {
-        let req = self.authed(TreeViewsRequest {}).await?;
+        let req = self.authed("tree_views", TreeViewsRequest {}).await?;
         Ok(self.inner.tree_views(req).await?.into_inner())
     }
     pub async fn launch(&mut self, spec: JobSpec) -> Result<tonic::Streaming<JobEvent>> {
-        let req = self.authed(LaunchRequest { spec: Some(spec) }).await?;
+        let req = self.authed("launch", LaunchRequest { spec: Some(spec) }).await?;
         Ok(self.inner.launch(req).await?.into_inner())
     }
     pub async fn launch_plan(&mut self, spec: JobSpec) -> Result<LaunchPlanReply> {
-        let req = self.authed(LaunchRequest { spec: Some(spec) }).await?;
+        let req = self.authed("launch_plan", LaunchRequest { spec: Some(spec) }).await?;
         Ok(self.inner.launch_plan(req).await?.into_inner())
     }
     pub async fn stdin(&mut self, input: impl tokio_stream::Stream<Item = StdinMsg> + Send + 'static) -> Result<()> {
-        let req = self.authed(input).await?;
+        let req = self.authed("stdin", input).await?;
         self.inner.stdin(req).await?;
         Ok(())
     }
     pub async fn signal(&mut self, jobid: u32, signal: i32) -> Result<bool> {
-        let req = self.authed(SignalRequest { jobid, signal }).await?;
+        let req = self.authed("signal", SignalRequest { jobid, signal }).await?;
         Ok(self.inner.signal(req).await?.into_inner().ok)
     }
     pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {
-        let req = self.authed(body).await?;
+        let req = self.authed("bench", body).await?;
         Ok(self.inner.bench(req).await?.into_inner())
     }
 }
 
-/// Address a control listener should bind for a DVM whose HNP advertises `hnp`.
-pub fn control_bind(hnp: SocketAddr) -> SocketAddr {
-    SocketAddr::new(hnp.ip(), 0)
+/// Address a control listener should bind for a DVM whose HNP advertises `hnp`: loopback for
+/// a `--local` DVM (whatever `--bind-address` says), else the HNP's address.
+pub fn control_bind(hnp: SocketAddr, local: bool) -> SocketAddr {
+    let ip = if local { std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST) } else { hnp.ip() };
+    SocketAddr::new(ip, 0)
 }

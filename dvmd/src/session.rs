@@ -61,6 +61,8 @@ pub struct Session {
 
 impl Session {
     /// Create a fresh session directory for this process.
+    /// The session root must be this user's own directory that nobody else can enter (it may
+    /// pre-exist in a shared `/tmp`); it is refused otherwise.
     pub fn create(tag: &str) -> Result<Session> {
         let root = session_root();
         std::fs::DirBuilder::new()
@@ -68,11 +70,13 @@ impl Session {
             .mode(0o700)
             .create(&root)
             .with_context(|| format!("cannot create session root {}", root.display()))?;
+        check_private_dir(&root)?;
         let dir = root.join(format!("{tag}-{}-{:08x}", std::process::id(), rand::random::<u32>()));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
             .with_context(|| format!("cannot create session directory {}", dir.display()))?;
+        check_private_dir(&dir)?;
         Ok(Session { dir, keep: false })
     }
 
@@ -202,6 +206,32 @@ pub fn discover() -> Discovery {
         1 => Discovery::One(uris.remove(0)),
         _ => Discovery::Several { root, uris },
     }
+}
+
+/// Refuse, in one sentence, a directory that is a symlink, belongs to another user, or that
+/// group or others may read or enter: it holds (or leads to) the DVM secret.
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
+    let uid = nix::unistd::getuid().as_raw();
+    let mode = meta.mode() & 0o777;
+    if !meta.is_dir() {
+        bail!("session directory {} is not a directory (a symlink?); refusing to use it", dir.display());
+    }
+    if meta.uid() != uid {
+        bail!(
+            "session directory {} belongs to uid {}, not to this user ({uid}); refusing to use it",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if mode & 0o077 != 0 {
+        bail!(
+            "session directory {} has mode {mode:o}; it must not be open to group or others (chmod 700)",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// Write `text` to `path` atomically (rename), mode 0600.

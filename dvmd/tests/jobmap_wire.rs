@@ -275,6 +275,9 @@ fn edited(mut bytes: Vec<u8>, edits: &[(usize, u8)]) -> Vec<u8> {
 }
 
 proptest! {
+    // Fuzz targets too: scripts/fuzz.sh runs millions of inputs through `dvm_tests::fuzz`.
+    #![proptest_config(dvm_tests::fuzz::config(256))]
+
     /// Arbitrary bytes as a JobMap or a Residual, real launch messages with bytes
     /// overwritten, and residuals of small rank ranges: every one that decodes is refused by name or accepted exactly (see
     /// `refused_by_name_or_exact`). Never a panic.

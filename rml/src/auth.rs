@@ -4,18 +4,19 @@
 //! 1. send `AuthHello { nonce: 32 fresh random bytes, rank, epoch }`;
 //! 2. read the peer's hello (a nonce of the wrong length, or equal to ours, is refused);
 //! 3. send `AuthProof { mac }` with
-//!    `mac = HMAC-SHA256(secret, DOMAIN | role | own nonce | peer nonce | own rank | own epoch)`;
+//!    `mac = HMAC-SHA256(secret, DOMAIN | role | own nonce | peer nonce | own rank | own epoch
+//!    | own link security)`;
 //! 4. read the peer's proof and verify it (constant time) against the peer's role, nonces,
-//!    claimed rank and epoch.
+//!    claimed rank, epoch and link security; then refuse a peer whose link security differs
+//!    from ours (so nobody can talk a connection down to a weaker mode).
 //!
 //! The role byte (initiator or responder) keeps a proof made on one side of a connection from
 //! being reflected as the other side's. Every message is `u32 BE length | prost message`,
 //! capped at [`MAX_HANDSHAKE_MSG`] bytes, so garbage from an unauthenticated socket is refused
 //! without buffering it. The whole exchange runs under a timeout.
 //!
-//! Known limit: the proof authenticates the connection's start only; frames after it are
-//! neither signed nor encrypted, so an attacker able to hijack an established TCP stream is
-//! out of scope.
+//! After it, both nonces key the connection's per-frame protection ([`crate::link`]): every
+//! frame is verified (and, in `aead` mode, decrypted) with a per-direction sequence number.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use rand::RngCore;
 use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::link::{LinkParams, LinkSecurity, Opener, Sealer};
 use crate::topology::Rank;
 
 /// Rank claimed by a tool client (prun, pterm) instead of a daemon rank.
@@ -157,14 +159,14 @@ pub enum Role {
 }
 
 impl Role {
-    fn byte(self) -> u8 {
+    pub(crate) fn byte(self) -> u8 {
         match self {
             Role::Initiator => b'I',
             Role::Responder => b'R',
         }
     }
 
-    fn peer(self) -> Role {
+    pub(crate) fn peer(self) -> Role {
         match self {
             Role::Initiator => Role::Responder,
             Role::Responder => Role::Initiator,
@@ -204,98 +206,152 @@ pub enum AuthError {
     ReflectedNonce,
     #[error("peer claiming rank {claimed} failed to prove knowledge of the DVM secret")]
     BadProof { claimed: Rank },
+    #[error("peer rank {peer} runs link security {theirs}, this daemon {ours} (--link-security must be the same on every daemon)")]
+    LinkSecurityMismatch { peer: Rank, ours: LinkSecurity, theirs: String },
 }
 
 impl AuthError {
     /// True when retrying the same peer cannot help (it does not hold our secret).
     pub fn is_refusal(&self) -> bool {
-        matches!(self, AuthError::BadProof { .. } | AuthError::ReflectedNonce | AuthError::BadNonce(_))
+        matches!(
+            self,
+            AuthError::BadProof { .. }
+                | AuthError::ReflectedNonce
+                | AuthError::BadNonce(_)
+                | AuthError::LinkSecurityMismatch { .. }
+        )
     }
 }
 
-/// The MAC one side sends: binds the secret to both fresh nonces, the sender's role, rank and
-/// epoch.
-pub fn proof_mac(
-    secret: &DvmSecret,
-    role: Role,
-    own_nonce: &[u8],
-    peer_nonce: &[u8],
-    rank: Rank,
-    epoch: u64,
-) -> [u8; 32] {
-    keyed(secret, role, own_nonce, peer_nonce, rank, epoch).finalize().into_bytes().into()
+/// What one side claims in its hello and proves in its proof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim<'a> {
+    pub role: Role,
+    pub own_nonce: &'a [u8],
+    pub peer_nonce: &'a [u8],
+    pub rank: Rank,
+    pub epoch: u64,
+    /// The link security value of the hello (see [`LinkSecurity::wire`]).
+    pub link_security: u32,
 }
 
-fn keyed(secret: &DvmSecret, role: Role, own_nonce: &[u8], peer_nonce: &[u8], rank: Rank, epoch: u64) -> HmacSha256 {
+/// The MAC one side sends: binds the secret to both fresh nonces, the sender's role, rank,
+/// epoch and link security.
+pub fn proof_mac(secret: &DvmSecret, claim: &Claim<'_>) -> [u8; 32] {
+    keyed(secret, claim).finalize().into_bytes().into()
+}
+
+fn keyed(secret: &DvmSecret, c: &Claim<'_>) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(DOMAIN);
-    mac.update(&[role.byte()]);
-    mac.update(own_nonce);
-    mac.update(peer_nonce);
-    mac.update(&rank.to_be_bytes());
-    mac.update(&epoch.to_be_bytes());
+    mac.update(&[c.role.byte()]);
+    mac.update(c.own_nonce);
+    mac.update(c.peer_nonce);
+    mac.update(&c.rank.to_be_bytes());
+    mac.update(&c.epoch.to_be_bytes());
+    mac.update(&c.link_security.to_be_bytes());
     mac
 }
 
-/// Run the handshake on `stream` as `role`, claiming `rank` and `epoch`, bounded by
-/// `timeout`. Returns the peer's proven identity; the caller decides whether that rank is
-/// welcome (a daemon listener refuses tools, a dialer checks it reached the rank it meant).
-pub async fn handshake<S>(
-    stream: &mut S,
-    secret: &DvmSecret,
+/// A successful handshake: who the peer is and what keys its frames.
+pub struct Established {
+    pub peer: PeerIdentity,
     role: Role,
-    rank: Rank,
-    epoch: u64,
-    timeout: Duration,
-) -> Result<PeerIdentity, AuthError>
+    mode: LinkSecurity,
+    own_nonce: [u8; NONCE_LEN],
+    peer_nonce: [u8; NONCE_LEN],
+}
+
+impl Established {
+    /// The connection's link protection: a sealer for what this side sends, an opener for
+    /// what it receives, frames up to `max_frame` bytes.
+    pub fn link(&self, secret: &DvmSecret, max_frame: usize) -> (Sealer, Opener) {
+        self.params(secret).keys(max_frame)
+    }
+
+    /// The key-derivation inputs of this connection.
+    pub fn params<'a>(&'a self, secret: &'a DvmSecret) -> LinkParams<'a> {
+        let (initiator_nonce, responder_nonce) = match self.role {
+            Role::Initiator => (&self.own_nonce[..], &self.peer_nonce[..]),
+            Role::Responder => (&self.peer_nonce[..], &self.own_nonce[..]),
+        };
+        LinkParams { secret, mode: self.mode, role: self.role, initiator_nonce, responder_nonce }
+    }
+}
+
+/// What this side brings to a handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct Local<'a> {
+    pub secret: &'a DvmSecret,
+    pub role: Role,
+    pub rank: Rank,
+    pub epoch: u64,
+    pub mode: LinkSecurity,
+}
+
+/// Run the handshake on `stream`, bounded by `timeout`. Returns the peer's proven identity
+/// and the connection's key material; the caller decides whether that rank is welcome (a
+/// daemon listener refuses tools, a dialer checks it reached the rank it meant).
+pub async fn handshake<S>(stream: &mut S, local: Local<'_>, timeout: Duration) -> Result<Established, AuthError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(timeout, exchange(stream, secret, role, rank, epoch)).await {
+    match tokio::time::timeout(timeout, exchange(stream, local)).await {
         Ok(r) => r,
         Err(_) => Err(AuthError::Timeout(timeout)),
     }
 }
 
-/// Handshake for a tool client (rank [`TOOL_RANK`], epoch 0) connecting to a daemon.
-pub async fn tool_handshake<S>(stream: &mut S, secret: &DvmSecret, timeout: Duration) -> Result<PeerIdentity, AuthError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    handshake(stream, secret, Role::Initiator, TOOL_RANK, 0, timeout).await
-}
-
-async fn exchange<S>(
-    stream: &mut S,
-    secret: &DvmSecret,
-    role: Role,
-    rank: Rank,
-    epoch: u64,
-) -> Result<PeerIdentity, AuthError>
+async fn exchange<S>(stream: &mut S, me: Local<'_>) -> Result<Established, AuthError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut nonce = [0u8; NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
-    let hello = AuthHello { nonce: nonce.to_vec().into(), rank, epoch };
+    let hello =
+        AuthHello { nonce: nonce.to_vec().into(), rank: me.rank, epoch: me.epoch, link_security: me.mode.wire() };
     write_msg(stream, &hello).await?;
 
     let peer: AuthHello = read_msg(stream).await?;
-    if peer.nonce.len() != NONCE_LEN {
+    let Ok(peer_nonce) = <[u8; NONCE_LEN]>::try_from(&peer.nonce[..]) else {
         return Err(AuthError::BadNonce(peer.nonce.len()));
-    }
-    if peer.nonce[..] == nonce[..] {
+    };
+    if peer_nonce == nonce {
         return Err(AuthError::ReflectedNonce);
     }
 
-    let mac = proof_mac(secret, role, &nonce, &peer.nonce, rank, epoch);
-    write_msg(stream, &AuthProof { mac: mac.to_vec().into() }).await?;
+    let mine = Claim {
+        role: me.role,
+        own_nonce: &nonce,
+        peer_nonce: &peer_nonce,
+        rank: me.rank,
+        epoch: me.epoch,
+        link_security: me.mode.wire(),
+    };
+    write_msg(stream, &AuthProof { mac: proof_mac(me.secret, &mine).to_vec().into() }).await?;
 
     let proof: AuthProof = read_msg(stream).await?;
-    keyed(secret, role.peer(), &peer.nonce, &nonce, peer.rank, peer.epoch)
-        .verify_slice(&proof.mac)
-        .map_err(|_| AuthError::BadProof { claimed: peer.rank })?;
-    Ok(PeerIdentity { rank: peer.rank, epoch: peer.epoch })
+    let theirs = Claim {
+        role: me.role.peer(),
+        own_nonce: &peer_nonce,
+        peer_nonce: &nonce,
+        rank: peer.rank,
+        epoch: peer.epoch,
+        link_security: peer.link_security,
+    };
+    keyed(me.secret, &theirs).verify_slice(&proof.mac).map_err(|_| AuthError::BadProof { claimed: peer.rank })?;
+    if LinkSecurity::from_wire(peer.link_security) != Some(me.mode) {
+        let theirs = LinkSecurity::from_wire(peer.link_security)
+            .map_or_else(|| format!("unknown ({})", peer.link_security), |m| m.to_string());
+        return Err(AuthError::LinkSecurityMismatch { peer: peer.rank, ours: me.mode, theirs });
+    }
+    Ok(Established {
+        peer: PeerIdentity { rank: peer.rank, epoch: peer.epoch },
+        role: me.role,
+        mode: me.mode,
+        own_nonce: nonce,
+        peer_nonce,
+    })
 }
 
 async fn write_msg<S, M>(stream: &mut S, msg: &M) -> Result<(), AuthError>
@@ -340,16 +396,18 @@ mod tests {
     }
 
     #[test]
-    fn proofs_differ_by_role_rank_epoch_and_nonce_order() {
+    fn proofs_differ_by_role_rank_epoch_mode_and_nonce_order() {
         let s = DvmSecret::generate();
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        let base = proof_mac(&s, Role::Initiator, &a, &b, 4, 1);
-        assert_ne!(base, proof_mac(&s, Role::Responder, &a, &b, 4, 1));
-        assert_ne!(base, proof_mac(&s, Role::Initiator, &b, &a, 4, 1));
-        assert_ne!(base, proof_mac(&s, Role::Initiator, &a, &b, 5, 1));
-        assert_ne!(base, proof_mac(&s, Role::Initiator, &a, &b, 4, 2));
-        assert_ne!(base, proof_mac(&DvmSecret::generate(), Role::Initiator, &a, &b, 4, 1));
-        assert_eq!(base, proof_mac(&s, Role::Initiator, &a, &b, 4, 1));
+        let c = Claim { role: Role::Initiator, own_nonce: &a, peer_nonce: &b, rank: 4, epoch: 1, link_security: 3 };
+        let base = proof_mac(&s, &c);
+        assert_ne!(base, proof_mac(&s, &Claim { role: Role::Responder, ..c }));
+        assert_ne!(base, proof_mac(&s, &Claim { own_nonce: &b, peer_nonce: &a, ..c }));
+        assert_ne!(base, proof_mac(&s, &Claim { rank: 5, ..c }));
+        assert_ne!(base, proof_mac(&s, &Claim { epoch: 2, ..c }));
+        assert_ne!(base, proof_mac(&s, &Claim { link_security: 2, ..c }));
+        assert_ne!(base, proof_mac(&DvmSecret::generate(), &c));
+        assert_eq!(base, proof_mac(&s, &c));
     }
 
     #[test]
@@ -370,23 +428,49 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    fn local(secret: &DvmSecret, role: Role, rank: Rank, epoch: u64, mode: LinkSecurity) -> Local<'_> {
+        Local { secret, role, rank, epoch, mode }
+    }
+
     #[tokio::test]
     async fn handshake_over_a_pipe() {
         let secret = DvmSecret::generate();
         let (mut a, mut b) = tokio::io::duplex(4096);
         let t = Duration::from_secs(10);
         let s2 = secret.clone();
-        let other = tokio::spawn(async move { handshake(&mut b, &s2, Role::Responder, 0, 9, t).await });
-        let got = tool_handshake(&mut a, &secret, t).await.unwrap();
-        assert_eq!(got, PeerIdentity { rank: 0, epoch: 9 });
+        let aead = LinkSecurity::Aead;
+        let other =
+            tokio::spawn(
+                async move { handshake(&mut b, local(&s2, Role::Responder, 0, 9, aead), t).await.map(|e| e.peer) },
+            );
+        let got = handshake(&mut a, local(&secret, Role::Initiator, TOOL_RANK, 0, aead), t).await.unwrap();
+        assert_eq!(got.peer, PeerIdentity { rank: 0, epoch: 9 });
         let theirs = other.await.unwrap().unwrap();
         assert!(theirs.is_tool());
 
         let (mut a, mut b) = tokio::io::duplex(4096);
         let wrong = DvmSecret::generate();
-        let other = tokio::spawn(async move { handshake(&mut b, &wrong, Role::Responder, 0, 9, t).await });
-        let mine = handshake(&mut a, &secret, Role::Initiator, 3, 1, t).await;
+        let other = tokio::spawn(async move {
+            handshake(&mut b, local(&wrong, Role::Responder, 0, 9, aead), t).await.map(|e| e.peer)
+        });
+        let mine = handshake(&mut a, local(&secret, Role::Initiator, 3, 1, aead), t).await;
         assert!(matches!(mine, Err(AuthError::BadProof { claimed: 0 })));
         assert!(matches!(other.await.unwrap(), Err(AuthError::BadProof { claimed: 3 })));
+    }
+
+    #[tokio::test]
+    async fn different_link_security_is_refused_by_both_sides() {
+        let secret = DvmSecret::generate();
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let t = Duration::from_secs(10);
+        let s2 = secret.clone();
+        let other = tokio::spawn(async move {
+            handshake(&mut b, local(&s2, Role::Responder, 0, 9, LinkSecurity::Mac), t).await.map(|e| e.peer)
+        });
+        let mine = handshake(&mut a, local(&secret, Role::Initiator, 3, 1, LinkSecurity::Aead), t).await;
+        assert!(matches!(mine, Err(AuthError::LinkSecurityMismatch { peer: 0, .. })));
+        let theirs = other.await.unwrap();
+        assert!(matches!(theirs, Err(AuthError::LinkSecurityMismatch { peer: 3, .. })), "{theirs:?}");
+        assert!(theirs.unwrap_err().is_refusal());
     }
 }

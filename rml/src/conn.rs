@@ -4,7 +4,10 @@
 //! Traps: the read-idle bound restarts on every received *byte*, not every frame, so a large
 //! frame arriving slowly is not mistaken for silence. Writers send the encoded prefix and then
 //! the shared payload through a buffered writer: small frames are batched into few syscalls,
-//! large payloads go to the socket without a copy.
+//! large payloads go to the socket without a copy (with `--link-security aead` the payload is
+//! encrypted into a per-connection buffer first). Every frame read, heartbeats included, is
+//! verified by the connection's [`Opener`] before anything looks at it; one that fails ends
+//! the connection.
 
 use std::net::SocketAddr;
 
@@ -16,9 +19,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
-use crate::frame::{Frame, FrameCodec, FrameError};
+use crate::frame::{Frame, FrameError};
+use crate::link::{OpenError, Opener, Sealer};
 use crate::topology::Rank;
 use crate::transport::{LinkError, Shared, TransportEvent};
 
@@ -41,20 +45,21 @@ pub(crate) async fn run(
     peer: Rank,
     addr: SocketAddr,
     queue: Option<mpsc::UnboundedReceiver<Frame>>,
+    link: (Sealer, Opener),
     token: CancellationToken,
 ) -> ConnEnd {
     let (r, w) = stream.into_split();
+    let (sealer, opener) = link;
     tokio::select! {
         _ = token.cancelled() => ConnEnd::Closed,
-        end = read_loop(shared, r, peer, addr) => end,
-        end = write_loop(shared, w, peer, queue) => end,
+        end = read_loop(shared, r, peer, addr, opener) => end,
+        end = write_loop(shared, w, peer, queue, sealer) => end,
     }
 }
 
-async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: SocketAddr) -> ConnEnd {
+async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: SocketAddr, mut codec: Opener) -> ConnEnd {
     let me = shared.cfg.rank;
     let idle = shared.cfg.read_idle();
-    let mut codec = FrameCodec::new(shared.cfg.max_frame);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
         loop {
@@ -67,7 +72,12 @@ async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: Sock
                     }
                 }
                 Ok(None) => break,
-                Err(FrameError::TooLarge { size, max }) => {
+                Err(OpenError::Verification { seq }) => {
+                    let mode = shared.cfg.link_security;
+                    error!(rank = me, peer, %addr, seq, %mode, "RML frame from peer failed verification (altered, replayed, dropped or reordered in flight); closing connection");
+                    return ConnEnd::Lost(LinkError::Verification { seq });
+                }
+                Err(OpenError::Frame(FrameError::TooLarge { size, max })) => {
                     warn!(rank = me, peer, %addr, size, max, "refusing frame above the max message size; closing connection");
                     return ConnEnd::Lost(LinkError::FrameTooLarge { size, max });
                 }
@@ -110,6 +120,7 @@ async fn write_loop(
     w: OwnedWriteHalf,
     peer: Rank,
     mut queue: Option<mpsc::UnboundedReceiver<Frame>>,
+    mut sealer: Sealer,
 ) -> ConnEnd {
     let cfg = &shared.cfg;
     let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
@@ -120,11 +131,11 @@ async fn write_loop(
             frame = next_frame(&mut queue) => match frame {
                 // The link was removed (disconnect): close quietly.
                 None => return ConnEnd::Closed,
-                Some(frame) => write_batch(&mut w, frame, queue.as_mut()).await,
+                Some(frame) => write_batch(&mut w, &mut sealer, frame, queue.as_mut()).await,
             },
             _ = tokio::time::sleep_until(next_beat), if heartbeat.is_some() => {
                 let beat = Frame::heartbeat(cfg.rank, peer, cfg.epoch);
-                write_batch(&mut w, beat, None).await
+                write_batch(&mut w, &mut sealer, beat, None).await
             }
         };
         if let Err(e) = res {
@@ -147,19 +158,15 @@ async fn next_frame(queue: &mut Option<mpsc::UnboundedReceiver<Frame>>) -> Optio
 /// Write `first` and whatever else is already queued, then flush once.
 async fn write_batch<W: AsyncWrite + Unpin>(
     w: &mut BufWriter<W>,
+    sealer: &mut Sealer,
     first: Frame,
     queue: Option<&mut mpsc::UnboundedReceiver<Frame>>,
 ) -> std::io::Result<()> {
-    write_frame(w, &first).await?;
+    sealer.write(w, &first).await?;
     if let Some(q) = queue {
         while let Ok(frame) = q.try_recv() {
-            write_frame(w, &frame).await?;
+            sealer.write(w, &frame).await?;
         }
     }
     w.flush().await
-}
-
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
-    w.write_all(&frame.encode_prefix()).await?;
-    w.write_all(&frame.payload).await
 }

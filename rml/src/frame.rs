@@ -102,17 +102,18 @@ impl Default for FrameCodec {
     }
 }
 
-impl Decoder for FrameCodec {
-    type Item = Frame;
-    type Error = FrameError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+impl FrameCodec {
+    /// Split the next whole frame body (everything after its length prefix) off `src`, once
+    /// it has fully arrived. `extra` is what a sealed frame carries beyond the plain body (its
+    /// tag); the prefix is checked against `max_frame + extra` before anything is buffered.
+    pub fn take_body(&self, src: &mut BytesMut, extra: usize) -> Result<Option<BytesMut>, FrameError> {
         if src.len() < LEN_PREFIX {
             return Ok(None);
         }
         let body = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-        if body > self.max_frame {
-            return Err(FrameError::TooLarge { size: body as u64, max: self.max_frame });
+        if body > self.max_frame.saturating_add(extra) {
+            // The size of the frame inside the seal, as the sender counted it.
+            return Err(FrameError::TooLarge { size: (body - extra) as u64, max: self.max_frame });
         }
         let total = LEN_PREFIX + body;
         if src.len() < total {
@@ -121,6 +122,11 @@ impl Decoder for FrameCodec {
         }
         let mut body = src.split_to(total);
         body.advance(LEN_PREFIX);
+        Ok(Some(body))
+    }
+
+    /// Parse a plain frame body: `varint header_len | header | payload`.
+    pub fn parse_body(mut body: BytesMut) -> Result<Frame, FrameError> {
         let hlen = prost::decode_length_delimiter(&mut body)
             .map_err(|e| FrameError::Malformed(format!("header length: {e}")))?;
         if hlen > body.len() {
@@ -131,7 +137,19 @@ impl Decoder for FrameCodec {
         }
         let header =
             FrameHeader::decode(body.split_to(hlen)).map_err(|e| FrameError::Malformed(format!("header: {e}")))?;
-        Ok(Some(Frame { header, payload: body.freeze() }))
+        Ok(Frame { header, payload: body.freeze() })
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        match self.take_body(src, 0)? {
+            Some(body) => Ok(Some(FrameCodec::parse_body(body)?)),
+            None => Ok(None),
+        }
     }
 }
 

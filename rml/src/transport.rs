@@ -58,9 +58,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::auth::{self, DvmSecret, Role};
+use crate::auth::{self, DvmSecret, Established, Local, Role};
 use crate::conn::{self, ConnEnd};
 use crate::frame::{Frame, DEFAULT_MAX_FRAME};
+use crate::link::LinkSecurity;
 use crate::topology::Rank;
 
 /// Settings of one daemon's transport. Heartbeat and max frame size must be the same on every
@@ -91,7 +92,18 @@ pub struct TransportConfig {
     pub heartbeat_misses: u32,
     /// Capacity of the event channel; a full channel pauses reading (TCP backpressure).
     pub event_capacity: usize,
+    /// How frames are protected after the handshake; the same on every daemon.
+    pub link_security: LinkSecurity,
+    /// Accepted connections allowed to be in their handshake at once; one more is closed at
+    /// once (so a flood of idle or garbage connections costs bounded memory and descriptors).
+    pub max_pending_handshakes: usize,
+    /// Test hook: connections to this rank are dialed to this address instead, which is told
+    /// the real contact in one line (`ip:port\n`) before the handshake (a forwarding proxy).
+    pub dial_via: Option<(Rank, SocketAddr)>,
 }
+
+/// Default bound on accepted connections still in their handshake.
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 
 /// Cap of the connect retry delay.
 pub const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(2);
@@ -113,6 +125,9 @@ impl TransportConfig {
             heartbeat: Duration::ZERO,
             heartbeat_misses: 3,
             event_capacity: 4096,
+            link_security: LinkSecurity::DEFAULT,
+            max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
+            dial_via: None,
         }
     }
 
@@ -137,6 +152,12 @@ impl TransportConfig {
         }
         if !self.heartbeat.is_zero() && self.heartbeat_misses == 0 {
             return bad("heartbeat_misses must be at least 1 when heartbeats are on".into());
+        }
+        if self.max_pending_handshakes == 0 {
+            return bad("max_pending_handshakes must be at least 1".into());
+        }
+        if self.handshake_timeout > Duration::from_secs(30) {
+            return bad(format!("handshake_timeout {:?} is above 30 s", self.handshake_timeout));
         }
         if self.event_capacity == 0 {
             return bad("event_capacity must be at least 1".into());
@@ -169,6 +190,8 @@ pub enum LinkError {
     FrameTooLarge { size: u64, max: usize },
     #[error("malformed frame: {0}")]
     Malformed(String),
+    #[error("frame {seq} failed verification (altered, replayed, dropped or reordered in flight)")]
+    Verification { seq: u64 },
     #[error("no contact address known")]
     NoContact,
     #[error("authentication with {addr} failed: {reason}")]
@@ -396,7 +419,8 @@ impl Shared {
 
     /// Book-keep the end of connection `id` with `peer` and decide whether it is reported.
     /// A lost outbound link is always reported (its queued frames may be gone); a lost
-    /// inbound connection only when no other connection with the peer remains.
+    /// inbound connection only when no other connection with the peer remains, or when it
+    /// ended on a frame that failed verification.
     fn closed(&self, peer: Rank, id: u64, link: Option<u64>, end: ConnEnd) -> Option<TransportEvent> {
         let mut table = self.lock();
         if let Some(link_id) = link {
@@ -410,7 +434,10 @@ impl Shared {
             ConnEnd::Closed => return None,
             ConnEnd::Lost(reason) => reason,
         };
-        if (link.is_some() || pc.live.is_empty()) && !pc.lost_reported {
+        // A frame that failed verification is an attack or a broken path, never routine: it is
+        // reported even while another connection with the peer is up.
+        let forged = matches!(reason, LinkError::Verification { .. });
+        if (link.is_some() || pc.live.is_empty() || forged) && !pc.lost_reported {
             pc.lost_reported = true;
             Some(TransportEvent::PeerLost { peer, reason })
         } else {
@@ -420,9 +447,22 @@ impl Shared {
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let pending = Arc::new(tokio::sync::Semaphore::new(shared.cfg.max_pending_handshakes));
+    let mut refused: u64 = 0;
     loop {
         match listener.accept().await {
-            Ok((stream, addr)) => shared.spawn(inbound(shared.clone(), stream, addr)),
+            Ok((stream, addr)) => match pending.clone().try_acquire_owned() {
+                Ok(permit) => shared.spawn(inbound(shared.clone(), stream, addr, permit)),
+                Err(_) => {
+                    // Closed at once; logged for the first and then every 1000th.
+                    if refused.is_multiple_of(1000) {
+                        warn!(rank = shared.cfg.rank, %addr, refused = refused + 1, max = shared.cfg.max_pending_handshakes,
+                            "refused RML connection: too many connections still in their handshake");
+                    }
+                    refused += 1;
+                    drop(stream);
+                }
+            },
             Err(e) => {
                 // E.g. out of file descriptors: keep the listener, back off briefly.
                 warn!(rank = shared.cfg.rank, error = %e, "RML accept failed");
@@ -432,26 +472,38 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, addr: SocketAddr) {
+impl Shared {
+    fn local(&self, role: Role) -> Local<'_> {
+        let cfg = &self.cfg;
+        Local { secret: &cfg.secret, role, rank: cfg.rank, epoch: cfg.epoch, mode: cfg.link_security }
+    }
+}
+
+async fn inbound(
+    shared: Arc<Shared>,
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     let cfg = &shared.cfg;
     let _ = stream.set_nodelay(true);
-    let peer =
-        match auth::handshake(&mut stream, &cfg.secret, Role::Responder, cfg.rank, cfg.epoch, cfg.handshake_timeout)
-            .await
-        {
-            Ok(id) if id.is_tool() || id.rank == cfg.rank => {
-                warn!(rank = cfg.rank, %addr, claimed = id.rank, "refused RML connection: not a peer daemon");
-                return;
-            }
-            Ok(id) => id,
-            Err(e) => {
-                warn!(rank = cfg.rank, %addr, error = %e, "refused RML connection: authentication failed");
-                return;
-            }
-        };
+    let est = match auth::handshake(&mut stream, shared.local(Role::Responder), cfg.handshake_timeout).await {
+        Ok(est) if est.peer.is_tool() || est.peer.rank == cfg.rank => {
+            warn!(rank = cfg.rank, %addr, claimed = est.peer.rank, "refused RML connection: not a peer daemon");
+            return;
+        }
+        Ok(est) => est,
+        Err(e) => {
+            warn!(rank = cfg.rank, %addr, error = %e, "refused RML connection: authentication failed");
+            return;
+        }
+    };
+    drop(permit);
+    let peer = est.peer;
     debug!(rank = cfg.rank, peer = peer.rank, peer_epoch = peer.epoch, %addr, "accepted RML connection");
     let (id, token) = shared.register(peer.rank, None).expect("an accepted connection is always registered");
-    let end = conn::run(&shared, stream, peer.rank, addr, None, token).await;
+    let link = est.link(&cfg.secret, cfg.max_frame);
+    let end = conn::run(&shared, stream, peer.rank, addr, None, link, token).await;
     if let Some(ev) = shared.closed(peer.rank, id, None, end) {
         shared.emit(ev).await;
     }
@@ -481,11 +533,12 @@ async fn outbound(shared: Arc<Shared>, peer: Rank, link: u64, queue: mpsc::Unbou
         };
         addr = Some(a);
         match dial(&shared, peer, a).await {
-            Ok(stream) => {
+            Ok((stream, est)) => {
                 // None: `disconnect` dropped this link while it was dialing; drop its frames too.
                 let Some((id, token)) = shared.register(peer, Some(link)) else { return };
                 debug!(rank = cfg.rank, peer, addr = %a, "RML connection open");
-                let end = conn::run(&shared, stream, peer, a, Some(queue), token).await;
+                let keys = est.link(&cfg.secret, cfg.max_frame);
+                let end = conn::run(&shared, stream, peer, a, Some(queue), keys, token).await;
                 if let Some(ev) = shared.closed(peer, id, Some(link), end) {
                     shared.emit(ev).await;
                 }
@@ -515,20 +568,26 @@ async fn outbound(shared: Arc<Shared>, peer: Rank, link: u64, queue: mpsc::Unbou
     shared.emit(TransportEvent::ConnectFailed { peer, reason }).await;
 }
 
-async fn dial(shared: &Shared, peer: Rank, addr: SocketAddr) -> Result<TcpStream, DialFailure> {
+async fn dial(shared: &Shared, peer: Rank, addr: SocketAddr) -> Result<(TcpStream, Established), DialFailure> {
     let cfg = &shared.cfg;
     let io = |e: String| DialFailure { reason: LinkError::Io(e), retry: true };
-    let mut stream = match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr)).await {
+    let via = cfg.dial_via.filter(|(r, _)| *r == peer).map(|(_, via)| via);
+    let mut stream = match tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(via.unwrap_or(addr))).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(io(e.to_string())),
         Err(_) => return Err(io(format!("connect timed out after {:?}", cfg.connect_timeout))),
     };
     let _ = stream.set_nodelay(true);
-    match auth::handshake(&mut stream, &cfg.secret, Role::Initiator, cfg.rank, cfg.epoch, cfg.handshake_timeout).await {
-        Ok(id) if id.rank == peer => Ok(stream),
-        Ok(id) => {
-            warn!(rank = cfg.rank, peer, %addr, got = id.rank, "dialed peer answered with another rank");
-            Err(DialFailure { reason: LinkError::WrongPeer { addr, got: id.rank }, retry: false })
+    if via.is_some() {
+        use tokio::io::AsyncWriteExt;
+        stream.write_all(format!("{addr}\n").as_bytes()).await.map_err(|e| io(e.to_string()))?;
+    }
+    match auth::handshake(&mut stream, shared.local(Role::Initiator), cfg.handshake_timeout).await {
+        Ok(est) if est.peer.rank == peer => Ok((stream, est)),
+        Ok(est) => {
+            let got = est.peer.rank;
+            warn!(rank = cfg.rank, peer, %addr, got, "dialed peer answered with another rank");
+            Err(DialFailure { reason: LinkError::WrongPeer { addr, got }, retry: false })
         }
         Err(e) if e.is_refusal() => {
             warn!(rank = cfg.rank, peer, %addr, error = %e, "dialed peer failed authentication; not connecting");

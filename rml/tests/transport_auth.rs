@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use dvm_proto::rml::{AuthHello, AuthProof};
-use dvm_rml::auth::{self, Role};
-use dvm_rml::{DvmSecret, Frame, LinkError, TransportEvent, TOOL_RANK};
+use dvm_rml::auth::{self, Local, Role};
+use dvm_rml::{DvmSecret, Frame, LinkError, LinkSecurity, TransportEvent, TOOL_RANK};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -99,7 +99,7 @@ async fn forged_proof_with_pipelined_frame_delivers_nothing() {
 
     let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
     let me = s.local_addr().unwrap();
-    let mut out = handshake_msg(&AuthHello { nonce: vec![7u8; 32].into(), rank: 3, epoch: 1 });
+    let mut out = handshake_msg(&AuthHello { nonce: vec![7u8; 32].into(), rank: 3, epoch: 1, link_security: 3 });
     out.extend_from_slice(&handshake_msg(&AuthProof { mac: vec![0u8; 32].into() }));
     let f = frame(3, 0, 0, pattern(3, 0, 100));
     out.extend_from_slice(&f.encode_prefix());
@@ -130,7 +130,9 @@ async fn dialer_refuses_an_impostor_listener() {
     let (mut s, _) = impostor.accept().await.unwrap();
     let hello: AuthHello = read_handshake_msg(&mut s).await;
     assert_eq!(hello.rank, 0);
-    s.write_all(&handshake_msg(&AuthHello { nonce: vec![9u8; 32].into(), rank: 5, epoch: 1 })).await.unwrap();
+    s.write_all(&handshake_msg(&AuthHello { nonce: vec![9u8; 32].into(), rank: 5, epoch: 1, link_security: 3 }))
+        .await
+        .unwrap();
     s.write_all(&handshake_msg(&AuthProof { mac: vec![1u8; 32].into() })).await.unwrap();
     let _proof: AuthProof = read_handshake_msg(&mut s).await;
 
@@ -155,7 +157,8 @@ async fn tool_role_authenticates_but_is_not_an_rml_peer() {
     let (t, mut rx) = start(config(0, &secret)).await;
     let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
     let me = s.local_addr().unwrap();
-    let id = auth::tool_handshake(&mut s, &secret, Duration::from_secs(5)).await.unwrap();
+    let tool = Local { secret: &secret, role: Role::Initiator, rank: TOOL_RANK, epoch: 0, mode: LinkSecurity::DEFAULT };
+    let id = auth::handshake(&mut s, tool, Duration::from_secs(5)).await.unwrap().peer;
     assert_eq!((id.rank, id.epoch), (0, 1));
     log.wait_for(&["not a peer daemon", &format!("addr={me}"), &format!("claimed={TOOL_RANK}")]).await;
     let mut rest = Vec::new();
@@ -174,10 +177,12 @@ async fn handshake_roles_over_tcp() {
     let s2 = secret.clone();
     let server = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
-        auth::handshake(&mut s, &s2, Role::Responder, 2, 20, Duration::from_secs(5)).await
+        let me = Local { secret: &s2, role: Role::Responder, rank: 2, epoch: 20, mode: LinkSecurity::Mac };
+        auth::handshake(&mut s, me, Duration::from_secs(5)).await.map(|e| e.peer)
     });
     let mut c = TcpStream::connect(addr).await.unwrap();
-    let peer = auth::handshake(&mut c, &secret, Role::Initiator, 1, 10, Duration::from_secs(5)).await.unwrap();
+    let me = Local { secret: &secret, role: Role::Initiator, rank: 1, epoch: 10, mode: LinkSecurity::Mac };
+    let peer = auth::handshake(&mut c, me, Duration::from_secs(5)).await.unwrap().peer;
     assert_eq!((peer.rank, peer.epoch), (2, 20));
     let other = server.await.unwrap().unwrap();
     assert_eq!((other.rank, other.epoch), (1, 10));

@@ -53,6 +53,7 @@
 //! ```
 
 mod cmd;
+pub mod fuzz;
 pub mod netns;
 pub mod process;
 mod registry;

@@ -775,4 +775,6 @@ impl Core {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

@@ -7,25 +7,25 @@ use std::collections::{BTreeSet, VecDeque};
 use super::*;
 use dvm_grpcomm::Participants;
 
-struct Net {
-    cores: Vec<Core>,
+pub(crate) struct Net {
+    pub(crate) cores: Vec<Core>,
     /// (from, to, header, payload) in flight, FIFO.
-    wire: VecDeque<(Rank, Rank, FrameHeader, Bytes)>,
+    pub(crate) wire: VecDeque<(Rank, Rank, FrameHeader, Bytes)>,
     /// Frames held for a frozen daemon.
     held: VecDeque<(Rank, Rank, FrameHeader, Bytes)>,
     dead: BTreeSet<Rank>,
     frozen: BTreeSet<Rank>,
     now: u64,
     /// Effects other than Transmit, per daemon, in order.
-    seen: Vec<Vec<Effect>>,
+    pub(crate) seen: Vec<Vec<Effect>>,
 }
 
-fn epoch_of(r: Rank) -> u64 {
+pub(crate) fn epoch_of(r: Rank) -> u64 {
     0x1000 + r as u64 * 7
 }
 
 impl Net {
-    fn boot(n: u32, radix: u32) -> Net {
+    pub(crate) fn boot(n: u32, radix: u32) -> Net {
         let cores = (0..n)
             .map(|r| {
                 let cfg = CoreConfig {
@@ -68,7 +68,7 @@ impl Net {
         net
     }
 
-    fn input(&mut self, r: Rank, input: Input) {
+    pub(crate) fn input(&mut self, r: Rank, input: Input) {
         self.now += 1_000;
         let now = self.now;
         self.cores[r as usize].step(input, now);
@@ -87,7 +87,7 @@ impl Net {
 
     /// Deliver frames until none is in flight (frames to dead daemons vanish, frames to
     /// frozen ones wait).
-    fn run(&mut self) {
+    pub(crate) fn run(&mut self) {
         let mut steps = 0;
         while let Some((from, to, header, payload)) = self.wire.pop_front() {
             steps += 1;
@@ -104,7 +104,7 @@ impl Net {
     }
 
     /// Deliver at most `n` frames.
-    fn run_some(&mut self, n: usize) {
+    pub(crate) fn run_some(&mut self, n: usize) {
         for _ in 0..n {
             let Some((from, to, header, payload)) = self.wire.pop_front() else { return };
             if self.dead.contains(&to) || self.frozen.contains(&to) {
@@ -132,7 +132,7 @@ impl Net {
         self.cores[0].topology().failed().clone()
     }
 
-    fn bench_replies(&mut self) -> Vec<Result<BenchReply, String>> {
+    pub(crate) fn bench_replies(&mut self) -> Vec<Result<BenchReply, String>> {
         let mut out = Vec::new();
         self.seen[0].retain(|e| match e {
             Effect::BenchDone(r) => {

@@ -71,6 +71,12 @@ struct Args {
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
+    /// How daemon links protect each frame after the handshake: `aead` (AES-256-GCM: integrity,
+    /// order and confidentiality), `mac` (the same tag, contents in clear) or `none` (the
+    /// handshake alone: a baseline for measurement on a trusted network). The same on every
+    /// daemon.
+    #[arg(long, default_value_t = dvm_rml::LinkSecurity::DEFAULT, value_name = "aead|mac|none")]
+    link_security: dvm_rml::LinkSecurity,
     /// How fences move: `tree` (rollup and release), `allgather` (lateral exchange for every
     /// fence) or `auto` (barriers on the tree, collecting fences on the allgather). Every
     /// daemon gets the HNP's choice. (grpcomm's own `Config::default()` stays `tree`, the
@@ -260,7 +266,16 @@ fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, sec
     cfg.max_frame = args.max_message;
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
     cfg.heartbeat_misses = args.heartbeat_misses;
+    cfg.link_security = args.link_security;
     cfg
+}
+
+/// Test hook `DVM_TEST_DIAL_VIA=RANK@IP:PORT` (read by the HNP only): the HNP dials daemon RANK
+/// through the forwarding proxy at IP:PORT (see `TransportConfig::dial_via`).
+fn dial_via_from_env() -> Result<Option<(Rank, SocketAddr)>> {
+    let Ok(v) = std::env::var("DVM_TEST_DIAL_VIA") else { return Ok(None) };
+    let parsed = v.split_once('@').and_then(|(r, a)| Some((r.parse().ok()?, a.parse().ok()?)));
+    parsed.map(Some).ok_or_else(|| anyhow!("DVM_TEST_DIAL_VIA={v}: expected RANK@IP:PORT"))
 }
 
 async fn run_hnp(args: Args) -> Result<ExitCode> {
@@ -326,12 +341,12 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     }
 
     let epoch = dvmd::daemon::new_epoch();
+    let mut cfg = transport_config(&args, 0, epoch, SocketAddr::new(hnp_ip, 0), secret.clone());
+    cfg.dial_via = dial_via_from_env()?;
     let (transport, events) =
-        Transport::bind(transport_config(&args, 0, epoch, SocketAddr::new(hnp_ip, 0), secret.clone()))
-            .await
-            .with_context(|| format!("cannot start the HNP listener on {hnp_ip}"))?;
+        Transport::bind(cfg).await.with_context(|| format!("cannot start the HNP listener on {hnp_ip}"))?;
     let hnp_addr = transport.local_addr();
-    let control_listener = tokio::net::TcpListener::bind(control::control_bind(hnp_addr))
+    let control_listener = tokio::net::TcpListener::bind(control::control_bind(hnp_addr, local))
         .await
         .context("cannot bind the control API listener")?;
     let uri = DvmUri { control: control_listener.local_addr()?, session: session.dir().to_path_buf() };
@@ -367,6 +382,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         format!("--pmix-start={}", args.pmix_start),
         format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
         format!("--max-message={}", args.max_message),
+        format!("--link-security={}", args.link_security),
         format!("--bcast-movement={}", args.bcast_movement),
         format!("--link-latency-us={}", args.link_latency_us),
         format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),

@@ -95,10 +95,12 @@ impl Nodes {
             if count == 0 {
                 return Err(format!("node range {i} (from daemon {first}) is empty"));
             }
-            if first as u64 + count as u64 > 1 << 32 {
+            // The end must fit a u32 (`first..first + count`); u32::MAX is no daemon's rank
+            // (it is the tools' rank). Found by scripts/fuzz.sh.
+            if first as u64 + count as u64 > u32::MAX as u64 {
                 return Err(format!(
                     "node range {i} (daemon {first}, {count} daemons) runs past daemon rank {}",
-                    u32::MAX
+                    u32::MAX - 1
                 ));
             }
             start.push(k as u32);

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dvm_proto::rml::{FrameHeader, Tag};
-use dvm_rml::{DvmSecret, Frame, Rank, Transport, TransportConfig, TransportEvent};
+use dvm_rml::auth::{self, Local, Role};
+use dvm_rml::link::{Opener, Sealer};
+use dvm_rml::{DvmSecret, Frame, LinkSecurity, Rank, Transport, TransportConfig, TransportEvent};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 /// Safety bound for anything a test waits for; never a pass/fail criterion by itself.
@@ -20,6 +23,42 @@ pub fn config(rank: Rank, secret: &DvmSecret) -> TransportConfig {
     cfg.connect_backoff = Duration::from_millis(20);
     cfg.handshake_timeout = Duration::from_secs(5);
     cfg
+}
+
+/// A peer the test drives by hand: its socket and the keys of its side after the handshake.
+pub struct RawPeer {
+    pub stream: TcpStream,
+    pub sealer: Sealer,
+    pub opener: Opener,
+}
+
+impl RawPeer {
+    /// Seal `f` as this peer's next frame and write it.
+    pub async fn send(&mut self, f: &Frame) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = Vec::new();
+        self.sealer.write(&mut out, f).await.unwrap();
+        self.stream.write_all(&out).await.unwrap();
+    }
+}
+
+/// Run the handshake on `stream` as daemon `rank` (epoch 1) holding `secret`, in `mode`.
+pub async fn raw_handshake(
+    mut stream: TcpStream,
+    secret: &DvmSecret,
+    role: Role,
+    rank: Rank,
+    mode: LinkSecurity,
+) -> RawPeer {
+    let local = Local { secret, role, rank, epoch: 1, mode };
+    let est = auth::handshake(&mut stream, local, Duration::from_secs(5)).await.unwrap();
+    let (sealer, opener) = est.link(secret, dvm_rml::DEFAULT_MAX_FRAME);
+    RawPeer { stream, sealer, opener }
+}
+
+/// Connect to `addr` as daemon `rank` holding `secret`, with a raw socket the test drives.
+pub async fn raw_peer(addr: SocketAddr, secret: &DvmSecret, rank: Rank, mode: LinkSecurity) -> RawPeer {
+    raw_handshake(TcpStream::connect(addr).await.unwrap(), secret, Role::Initiator, rank, mode).await
 }
 
 pub async fn start(cfg: TransportConfig) -> (Transport, mpsc::Receiver<TransportEvent>) {
