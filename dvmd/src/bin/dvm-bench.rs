@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, value_name = "M")]
     movement: Option<String>,
     /// Run N xcasts of --xcast-bytes' first size and check them on every daemon (no timing).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "check_fences")]
     check_xcast: Option<u64>,
     /// A/B the movements instead: each size runs tree and lateral movement alternately in
     /// ABBA order on this DVM, REPS times, and the table gives paired ratios (lateral/tree).
@@ -89,28 +89,29 @@ async fn run(args: Args) -> Result<()> {
     if args.count == 0 {
         bail!("--count 0: need at least one operation");
     }
+    if args.movement.is_some() && args.check_fences.is_none() && args.check_xcast.is_none() {
+        bail!("--movement goes with --check-fences or --check-xcast (--compare-movements runs both movements itself)");
+    }
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut c = Client::connect(uri).await?;
     let forced = args.movement.clone().unwrap_or_default();
-    if let Some(n) = args.check_fences {
-        let r = bench_on(&mut c, BenchKind::Alternate, n, 64, &forced).await?;
-        println!(
-            "{} alternating barrier/modex fences on {} daemons ({} movement): all results identical and correct",
-            r.latencies_ns.len(),
-            r.daemons,
-            if forced.is_empty() { "the DVM's" } else { &forced }
-        );
-        return Ok(());
-    }
-    if let Some(n) = args.check_xcast {
-        let b = args.xcast_bytes.first().copied().unwrap_or(64);
-        let r = bench_on(&mut c, BenchKind::Xcast, n, b, &forced).await?;
-        println!(
-            "{} xcasts of {b} bytes on {} daemons ({} movement): every daemon held identical, correct bytes",
-            r.latencies_ns.len(),
-            r.daemons,
-            if forced.is_empty() { "the DVM's" } else { &forced }
-        );
+    let check = match (args.check_fences, args.check_xcast) {
+        (Some(n), _) => Some((BenchKind::Alternate, n, 64, "alternating barrier/modex fences".to_string())),
+        (None, Some(n)) => {
+            let b = args.xcast_bytes.first().copied().unwrap_or(64);
+            Some((BenchKind::Xcast, n, b, format!("xcasts of {b} bytes")))
+        }
+        (None, None) => None,
+    };
+    if let Some((kind, n, bytes, what)) = check {
+        let r = bench_on(&mut c, kind, n, bytes, &forced).await?;
+        let held = if kind == BenchKind::Xcast {
+            "every daemon held identical, correct bytes"
+        } else {
+            "all results identical and correct"
+        };
+        let movement = if forced.is_empty() { "the DVM's" } else { &forced };
+        println!("{} {what} on {} daemons ({movement} movement): {held}", r.latencies_ns.len(), r.daemons);
         return Ok(());
     }
     if let Some(reps) = args.compare_movements {
