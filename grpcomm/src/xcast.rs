@@ -26,7 +26,7 @@
 //! State is O(radix) per op: the op itself plus one ack level per child (a scatter-allgather
 //! op in flight also holds its exchange: the member list and the chunks received).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastAck, XcastDone, XcastForward, XcastRelay};
@@ -97,8 +97,6 @@ pub(crate) struct XcastState {
     ack_id: u64,
     /// Scatter-allgather ops in flight here.
     bulk: bulk::BulkState,
-    /// Root: ops sent as scatter-allgather and not yet complete (degraded on a repair).
-    bulk_in_flight: BTreeSet<u64>,
 }
 
 impl XcastState {
@@ -120,7 +118,6 @@ impl XcastState {
             acked_up: None,
             ack_id: 0,
             bulk: bulk::BulkState::default(),
-            bulk_in_flight: BTreeSet::new(),
         }
     }
 
@@ -416,7 +413,6 @@ impl XcastState {
                 self.retained.range(self.completed_below..held).map(|(_, m)| m.clone()).collect();
             self.completed_below = held;
             for m in &done {
-                self.bulk_complete(m.op_id);
                 self.complete(ctx, m);
             }
         }

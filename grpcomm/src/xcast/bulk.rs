@@ -53,6 +53,9 @@ pub(super) const KEEP_FINISHED: usize = 4;
 /// this has lost more than a lateral link, and the repair's degrade delivers to it).
 pub(super) const FINISHED_KEEP_NS: u64 = 30_000_000_000;
 
+/// Early block messages held per op: one per schedule step, and a schedule has at most 32.
+const MAX_EARLY_PER_OP: usize = 32;
+
 /// Ops ahead of this daemon's forwards whose blocks may wait here.
 const MAX_EARLY_OPS: usize = 64;
 
@@ -132,7 +135,6 @@ impl XcastState {
             })
             .collect();
         debug!(op_id = m.op_id, bytes = m.payload.len(), members = list.len(), "xcast op on scatter-allgather");
-        self.bulk_in_flight.insert(m.op_id);
         let meta = XcastForward { payload: Bytes::new(), movement: BULK, ..whole.clone() };
         self.bulk_pass_chunks(ctx, &meta, chunks);
         self.bulk_serve(ctx, &whole);
@@ -271,7 +273,7 @@ impl XcastState {
             return ctx.out.push(Effect::Dropped { from, reason });
         }
         let early = self.bulk.early.entry(op).or_default();
-        if !early.iter().any(|b| b.sender == m.sender && b.step == m.step) && early.len() < 2 * 32 {
+        if !early.iter().any(|b| b.sender == m.sender && b.step == m.step) && early.len() < MAX_EARLY_PER_OP {
             early.push(m);
         }
     }
@@ -351,16 +353,14 @@ impl XcastState {
 
     /// Root: a repair came; every bulk op not yet complete degrades to the whole-payload
     /// tree, sent to each child whose subtree lacks it.
+    /// (The root retains every op until it is complete, so the incomplete exchange ops are
+    /// exactly its retained ones marked `exchange` from `completed_below` on.)
     pub(super) fn bulk_degrade(&mut self, ctx: &mut Ctx<'_>) {
-        let ops: Vec<u64> = std::mem::take(&mut self.bulk_in_flight).into_iter().collect();
-        for op in ops {
-            if op < self.completed_below {
-                continue;
-            }
-            if let Some(m) = self.retained.get(&op).cloned() {
-                debug!(op_id = op, "repair during a scatter-allgather op: degraded to the whole-payload tree");
-                self.forward_to_lacking(ctx, &m);
-            }
+        let ops: Vec<XcastForward> =
+            self.retained.range(self.completed_below..).map(|(_, m)| m).filter(|m| m.exchange).cloned().collect();
+        for m in ops {
+            debug!(op_id = m.op_id, "repair during a scatter-allgather op: degraded to the whole-payload tree");
+            self.forward_to_lacking(ctx, &m);
         }
     }
 
@@ -373,11 +373,6 @@ impl XcastState {
             debug!(op_id = meta.op_id, chunks = chunks.len(), "repair: scatter-allgather chunks passed again");
             self.bulk_pass_chunks(ctx, &meta, chunks);
         }
-    }
-
-    /// Root: op `op` is complete.
-    pub(super) fn bulk_complete(&mut self, op: u64) {
-        self.bulk_in_flight.remove(&op);
     }
 
     /// The lateral link to `peer` was lost: its blocks, sent and to come, take the tree.
