@@ -8,12 +8,15 @@
 //! first), expanded once per direction and mode. A connection's keys are therefore fresh even
 //! when the same two daemons reconnect, and the key of one direction never opens the other.
 //!
-//! Sealing (AES-256-GCM from RustCrypto; the nonce is the 64-bit frame counter of that
-//! direction, which starts at 0 and never wraps on one key):
-//! - `aead`: `u32 BE len | ciphertext(varint header_len | header | payload) | tag`, with the
-//!   length prefix as associated data: routing headers and payloads are confidential.
-//! - `mac`: `u32 BE len | varint header_len | header | payload | tag`, where the tag is GCM's
-//!   over the whole frame as associated data with an empty plaintext (GMAC): integrity only.
+//! Sealing, with the 64-bit frame counter of the direction (from 0, never wrapping on one key)
+//! in every tag:
+//! - `aead`: `u32 BE len | ciphertext(varint header_len | header | payload) | tag`, AES-256-GCM
+//!   from `ring` (AES-NI and CLMUL code) with the counter as nonce and the length prefix as
+//!   associated data: routing headers and payloads are confidential.
+//! - `mac`: `u32 BE len | varint header_len | header | payload | tag`, where the tag is keyed
+//!   BLAKE3 over the counter and the whole frame, truncated to 128 bits: integrity only.
+//!   (GCM's tag over associated data alone runs at a sixth of its speed over ciphertext in
+//!   `ring`; BLAKE3 is faster than either: `cargo bench -p dvm-rml --bench seal`.)
 //! - `none`: the frame as [`crate::frame`] writes it (the handshake alone; for measurement on a
 //!   trusted network).
 //!
@@ -27,11 +30,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-use aes_gcm::aead::AeadInPlace;
-use aes_gcm::{Aes256Gcm, KeyInit, Nonce, Tag};
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use hkdf::Hkdf;
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use sha2::Sha256;
+use subtle::ConstantTimeEq;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
@@ -40,6 +43,9 @@ use crate::frame::{Frame, FrameCodec, FrameError, LEN_PREFIX};
 
 /// Bytes of the tag a sealed frame carries after its body.
 pub const TAG_LEN: usize = 16;
+
+/// Largest scratch buffer a sealer or opener keeps between frames.
+const SCRATCH_KEEP: usize = 1 << 21;
 
 /// How frames are protected after the handshake. The same on every daemon of a DVM: a
 /// handshake between two different modes is refused.
@@ -152,15 +158,15 @@ pub struct LinkParams<'a> {
 impl LinkParams<'_> {
     /// The sealer for frames this side sends and the opener for frames it receives.
     pub fn keys(&self, max_frame: usize) -> (Sealer, Opener) {
-        let send = self.cipher(self.role);
-        let recv = self.cipher(self.role.peer());
-        let sealer = Sealer { mode: self.mode, cipher: send, seq: 0, scratch: Vec::new() };
-        let opener = Opener { mode: self.mode, cipher: recv, seq: 0, codec: FrameCodec::new(max_frame) };
+        let send = self.key(self.role);
+        let recv = self.key(self.role.peer());
+        let sealer = Sealer { mode: self.mode, key: send, seq: 0, scratch: Vec::new() };
+        let opener = Opener { mode: self.mode, key: recv, seq: 0, codec: FrameCodec::new(max_frame) };
         (sealer, opener)
     }
 
     /// The key of frames sent by `sender`; none for [`LinkSecurity::None`].
-    fn cipher(&self, sender: Role) -> Option<Aes256Gcm> {
+    fn key(&self, sender: Role) -> Option<Key> {
         if self.mode == LinkSecurity::None {
             return None;
         }
@@ -171,20 +177,49 @@ impl LinkParams<'_> {
         let mut key = [0u8; 32];
         let info = [b"dvm-link-v1 ".as_slice(), self.mode.as_str().as_bytes(), &[b' ', sender.byte()]].concat();
         hk.expand(&info, &mut key).expect("32 bytes is a valid HKDF-SHA256 output length");
-        Some(Aes256Gcm::new(&key.into()))
+        Some(match self.mode {
+            LinkSecurity::Aead => {
+                Key::Aead(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &key).expect("32 bytes is an AES-256 key")))
+            }
+            LinkSecurity::Mac | LinkSecurity::None => Key::Mac(key),
+        })
     }
 }
 
-fn nonce(seq: u64) -> Nonce<aes_gcm::aead::consts::U12> {
+/// One direction's key.
+enum Key {
+    /// AES-256-GCM.
+    Aead(LessSafeKey),
+    /// The key of keyed BLAKE3.
+    Mac([u8; 32]),
+}
+
+/// The nonce of frame `seq` of one direction: unique per key because the counter never
+/// repeats on one connection and every connection has fresh keys.
+fn nonce(seq: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&seq.to_be_bytes());
-    n.into()
+    Nonce::assume_unique_for_key(n)
+}
+
+/// The `mac` tag of frame `seq`: keyed BLAKE3 over the counter and the frame as it goes on the
+/// wire (`prefix` is the length prefix, `body` the rest), truncated to [`TAG_LEN`].
+fn mac_tag(key: &[u8; 32], seq: u64, prefix: &[u8], body: &[&[u8]]) -> [u8; TAG_LEN] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(&seq.to_be_bytes());
+    h.update(prefix);
+    for part in body {
+        h.update(part);
+    }
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(&h.finalize().as_bytes()[..TAG_LEN]);
+    tag
 }
 
 /// Seals the frames one side sends on one connection, in order.
 pub struct Sealer {
     mode: LinkSecurity,
-    cipher: Option<Aes256Gcm>,
+    key: Option<Key>,
     seq: u64,
     /// Reused buffer for the ciphertext of one frame (aead).
     scratch: Vec<u8>,
@@ -197,37 +232,35 @@ impl Sealer {
 
     /// Write `frame` sealed to `w` (no flush). The frame's size was checked by the sender.
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, frame: &Frame) -> std::io::Result<()> {
-        let Some(cipher) = &self.cipher else {
+        let Some(key) = &self.key else {
             w.write_all(&frame.encode_prefix()).await?;
             return w.write_all(&frame.payload).await;
         };
-        let n = nonce(self.seq);
+        let seq = self.seq;
         self.seq += 1;
         let mut prefix = frame.encode_prefix();
         let len = (frame.body_len() + TAG_LEN) as u32;
         prefix[..LEN_PREFIX].copy_from_slice(&len.to_be_bytes());
-        match self.mode {
-            LinkSecurity::Aead => {
+        match key {
+            Key::Aead(cipher) => {
                 self.scratch.clear();
                 self.scratch.extend_from_slice(&prefix[LEN_PREFIX..]);
                 self.scratch.extend_from_slice(&frame.payload);
-                let tag = cipher
-                    .encrypt_in_place_detached(&n, &prefix[..LEN_PREFIX], &mut self.scratch)
+                let tag: Tag = cipher
+                    .seal_in_place_separate_tag(nonce(seq), Aad::from(&prefix[..LEN_PREFIX]), &mut self.scratch)
                     .map_err(|_| std::io::Error::other("frame too large to seal"))?;
                 w.write_all(&prefix[..LEN_PREFIX]).await?;
                 w.write_all(&self.scratch).await?;
-                w.write_all(&tag).await?;
-                // Keep a buffer for frames up to 1 MiB; let a larger one go.
-                if self.scratch.capacity() > 1 << 21 {
+                w.write_all(tag.as_ref()).await?;
+                // Keep the buffer for frames up to 1 MiB (a fresh large allocation per frame
+                // costs more in page faults than the cipher); let a larger one go.
+                if self.scratch.capacity() > SCRATCH_KEEP {
                     self.scratch = Vec::new();
                 }
                 Ok(())
             }
-            LinkSecurity::Mac | LinkSecurity::None => {
-                let aad = [prefix.as_ref(), frame.payload.as_ref()].concat();
-                let tag = cipher
-                    .encrypt_in_place_detached(&n, &aad, &mut [])
-                    .map_err(|_| std::io::Error::other("frame too large to seal"))?;
+            Key::Mac(k) => {
+                let tag = mac_tag(k, seq, &prefix[..LEN_PREFIX], &[&prefix[LEN_PREFIX..], &frame.payload]);
                 w.write_all(&prefix).await?;
                 w.write_all(&frame.payload).await?;
                 w.write_all(&tag).await
@@ -239,7 +272,7 @@ impl Sealer {
 /// Opens the frames one side receives on one connection: a `Decoder` of sealed frames.
 pub struct Opener {
     mode: LinkSecurity,
-    cipher: Option<Aes256Gcm>,
+    key: Option<Key>,
     seq: u64,
     codec: FrameCodec,
 }
@@ -255,6 +288,11 @@ impl Opener {
     pub fn verified(&self) -> u64 {
         self.seq
     }
+
+    /// The mode this opener verifies.
+    pub fn mode(&self) -> LinkSecurity {
+        self.mode
+    }
 }
 
 impl Decoder for Opener {
@@ -262,7 +300,7 @@ impl Decoder for Opener {
     type Error = OpenError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, OpenError> {
-        let Some(cipher) = &self.cipher else {
+        let Some(key) = &self.key else {
             return Ok(self.codec.decode(src)?);
         };
         let Some(mut body) = self.codec.take_body(src, TAG_LEN)? else { return Ok(None) };
@@ -274,16 +312,13 @@ impl Decoder for Opener {
             ))));
         }
         let tag_bytes = body.split_off(body.len() - TAG_LEN);
-        let tag = Tag::clone_from_slice(&tag_bytes);
-        let n = nonce(self.seq);
-        let ok = match self.mode {
-            LinkSecurity::Aead => cipher.decrypt_in_place_detached(&n, &prefix, &mut body, &tag).is_ok(),
-            LinkSecurity::Mac | LinkSecurity::None => {
-                let mut aad = BytesMut::with_capacity(LEN_PREFIX + body.len());
-                aad.put_u32((body.len() + TAG_LEN) as u32);
-                aad.extend_from_slice(&body);
-                cipher.decrypt_in_place_detached(&n, &aad, &mut [], &tag).is_ok()
-            }
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&tag_bytes);
+        let ok = match key {
+            Key::Aead(cipher) => cipher
+                .open_in_place_separate_tag(nonce(self.seq), Aad::from(&prefix), Tag::from(tag), &mut body, 0..)
+                .is_ok(),
+            Key::Mac(k) => mac_tag(k, self.seq, &prefix, &[&body]).ct_eq(&tag).into(),
         };
         if !ok {
             return Err(OpenError::Verification { seq: self.seq });
@@ -296,7 +331,7 @@ impl Decoder for Opener {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+    use bytes::{BufMut, Bytes};
     use dvm_proto::rml::{FrameHeader, Tag as RmlTag};
 
     fn frame(seq: u64, payload: &[u8]) -> Frame {
