@@ -72,7 +72,7 @@ struct Args {
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
     /// How daemon links protect each frame after the handshake: `aead` (AES-256-GCM: integrity,
-    /// order and confidentiality), `mac` (the same tag, contents in clear) or `none` (the
+    /// order and confidentiality), `mac` (a keyed BLAKE3 tag, contents in clear) or `none` (the
     /// handshake alone: a baseline for measurement on a trusted network). The same on every
     /// daemon.
     #[arg(long, default_value_t = dvm_rml::LinkSecurity::DEFAULT, value_name = "aead|mac|none")]
