@@ -61,7 +61,7 @@ impl NetModel {
 /// message on each `(from, to)` link arrives: the timing state of the carrier, for both engines.
 pub(crate) struct Carrier {
     egress_free: Vec<u64>,
-    ingress_free: Vec<u64>,
+    ingress: Vec<Ingress>,
     cpu_free: Vec<u64>,
     /// Arrival time of the last message on each (from, to) link: keeps every link FIFO.
     link_last: BTreeMap<(Rank, Rank), u64>,
@@ -71,7 +71,12 @@ impl Carrier {
     /// Every NIC and CPU of `n` daemons idle, no message sent yet.
     pub(crate) fn new(n: u32) -> Self {
         let idle = vec![0; n as usize];
-        Carrier { egress_free: idle.clone(), ingress_free: idle.clone(), cpu_free: idle, link_last: BTreeMap::new() }
+        Carrier {
+            egress_free: idle.clone(),
+            ingress: (0..n).map(|_| Ingress::default()).collect(),
+            cpu_free: idle,
+            link_last: BTreeMap::new(),
+        }
     }
 
     /// Put `bytes` bytes on the link `from -> to` at `now`: returns when they start to leave
@@ -92,9 +97,7 @@ impl Carrier {
         *egress = start + wire;
         let mut arrive = start + wire + net.alpha_ns + jitter;
         if net.ingress_serialized {
-            let ingress = &mut self.ingress_free[to as usize];
-            arrive = arrive.max(*ingress + wire);
-            *ingress = arrive;
+            arrive = self.ingress[to as usize].place(now, arrive - wire, wire);
         }
         let last = self.link_last.entry((from, to)).or_insert(0);
         arrive = arrive.max(*last);
@@ -107,5 +110,65 @@ impl Carrier {
         let cpu = &mut self.cpu_free[to as usize];
         *cpu = (*cpu).max(now) + net.cpu_ns;
         *cpu
+    }
+}
+
+/// The busy intervals of one daemon's inbound link: sorted, disjoint, each `[start, end)` of
+/// virtual time during which one message's bytes arrive.
+///
+/// Intervals rather than a single "free from" time: a message is placed when it is sent, which
+/// may be long before its bytes leave a sender with a queue (the HNP's scatter queues one
+/// message per child). Its interval must not block the receiver's link before it starts: a
+/// message placed later but ready earlier arrives in the gap, as its packets would.
+#[derive(Debug, Default)]
+struct Ingress {
+    busy: Vec<(u64, u64)>,
+}
+
+impl Ingress {
+    /// Place `wire` ns of arrival at the earliest free time at or after `ready`; returns when
+    /// the last byte has arrived. Intervals that ended by `now` are forgotten (every later
+    /// message is ready at or after `now`).
+    fn place(&mut self, now: u64, ready: u64, wire: u64) -> u64 {
+        self.busy.retain(|&(_, end)| end > now);
+        let mut at = ready;
+        let mut idx = self.busy.len();
+        for (i, &(start, end)) in self.busy.iter().enumerate() {
+            if end <= at {
+                continue;
+            }
+            if at + wire <= start {
+                idx = i;
+                break;
+            }
+            at = end;
+        }
+        self.busy.insert(idx, (at, at + wire));
+        at + wire
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ingress;
+
+    #[test]
+    fn ingress_fills_gaps_and_never_overlaps() {
+        let mut g = Ingress::default();
+        // A message queued behind a long egress: its bytes arrive at 1000..1100.
+        assert_eq!(g.place(0, 1000, 100), 1100);
+        // Ready at 10: fits before it.
+        assert_eq!(g.place(5, 10, 50), 60);
+        // Ready at 950, 100 long: does not fit before 1000, goes after 1100.
+        assert_eq!(g.place(20, 950, 100), 1200);
+        // Ready at 60, exactly fills up to 1000 (940 long).
+        assert_eq!(g.place(30, 60, 940), 1000);
+        let busy = g.busy.clone();
+        for w in busy.windows(2) {
+            assert!(w[0].1 <= w[1].0, "{busy:?}");
+        }
+        // Intervals that ended are forgotten.
+        assert_eq!(g.place(1150, 1150, 10), 1210);
+        assert!(g.busy.iter().all(|&(_, e)| e > 1150));
     }
 }
