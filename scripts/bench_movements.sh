@@ -6,6 +6,8 @@
 #
 #   sudo scripts/bench_movements.sh                  # builds release binaries first
 #   SKIP_BUILD=1 N=16 RATE=1gbit RADIX=64 REPS=5 OUT=/tmp/mv scripts/bench_movements.sh
+#   CHECK_FENCES=10000 MOVEMENT=auto RADIX=2 scripts/bench_movements.sh   # a checked fence storm
+#                                     # instead of the A/B (no timing; MOVEMENT auto|tree|allgather)
 #
 # Needs root (namespaces, tc). Everything it starts is stopped on exit, and the fake nodes
 # are removed.
@@ -65,8 +67,13 @@ for _ in $(seq 600); do
     sleep 0.1
 done
 [ -s "$OUT/uri" ] || { echo "bench_movements.sh: no DVM after 60 s" >&2; exit 1; }
-"$BIN/dvm-bench" --dvm-uri "file:$OUT/uri" --count "$COUNT" --modex-bytes "$MODEX" --xcast-bytes "$XCAST" \
-    --compare-movements "$REPS" --csv "$OUT/movements.csv"
+if [ -n "${CHECK_FENCES:-}" ]; then
+    "$BIN/dvm-bench" --dvm-uri "file:$OUT/uri" --modex-bytes "${MODEX%%,*}" --check-fences "$CHECK_FENCES" \
+        --movement "${MOVEMENT:-auto}"
+else
+    "$BIN/dvm-bench" --dvm-uri "file:$OUT/uri" --count "$COUNT" --modex-bytes "$MODEX" --xcast-bytes "$XCAST" \
+        --compare-movements "$REPS" --csv "$OUT/movements.csv"
+fi
 "$BIN/pterm" --dvm-uri "file:$OUT/uri"
 wait "$hnp_pid" || true
 hnp_pid=

@@ -4,8 +4,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use dvm_grpcomm::Movement;
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
-use dvm_sim::project::{project_with, Op, Row};
+use dvm_sim::project::{model_ns, project_with, Op, Row};
 use dvm_sim::{
     campaign_with, run, BcastMovementMode, Failure, FenceMovementMode, Movements, NetModel, Profile, ReplayProfile,
     Scenario,
@@ -299,6 +300,31 @@ fn main() -> Result<()> {
                                     row.violations.join("; ")
                                 ));
                             }
+                        }
+                    }
+                }
+            }
+            // The cheaper alternative to scatter-allgather for large payloads, as a model only.
+            let sizes: Vec<usize> = xcast_bytes.iter().copied().filter(|&m| m > 0).collect();
+            if markdown && !sizes.is_empty() {
+                println!();
+                println!("Pipelined tree broadcast (model only, not built): best segment count k and its time");
+                println!();
+                println!("| n | radix | bytes | k | pipelined µs | tree model µs | scatter-allgather model µs |");
+                println!("|---:|---:|---:|---:|---:|---:|---:|");
+                for &n in &n {
+                    for &r in &radix {
+                        let depth = dvm_sim::scenario::Scenario::empty(n, r, 1, net.clone()).height();
+                        for &m in &sizes {
+                            let (k, t) = dvm_sim::project::pipelined_tree_model(m, n, r, depth, &net);
+                            let tree = model_ns(Op::Xcast(m), Movement::TreeBroadcast, n, r, depth, &net);
+                            let bulk = model_ns(Op::Xcast(m), Movement::ScatterAllgather, n, r, depth, &net);
+                            println!(
+                                "| {n} | {r} | {m} | {k} | {:.1} | {:.1} | {:.1} |",
+                                t / 1e3,
+                                tree / 1e3,
+                                bulk / 1e3
+                            );
                         }
                     }
                 }

@@ -106,6 +106,19 @@ pub fn model_ns(op: Op, movement: Movement, n: u32, radix: u32, depth: u32, net:
 }
 
 /// Simulate `op` once on `n` daemons at `radix` with the default movements.
+/// The chunked, pipelined tree broadcast, as a model only (it is not built): the payload cut
+/// into `k` segments, each relayed down as soon as it has arrived, so the last daemon holds
+/// the last segment after `(d + k − 1)·(α + f·(M/k)·β)`, where `f = min(r, N−1)` is the
+/// busiest daemon's fan-out. Returns the best `k` (1 is the whole-payload tree) and its time.
+pub fn pipelined_tree_model(m: usize, n: u32, radix: u32, depth: u32, net: &NetModel) -> (u32, f64) {
+    let (d, a) = (f64::from(depth.max(1)), net.alpha_ns as f64);
+    let f = f64::from(radix.min(n.saturating_sub(1)).max(1));
+    let beta = net.beta_ps_per_byte as f64 / 1e3;
+    let time = |k: u32| (d + f64::from(k) - 1.0) * (a + f * (m as f64 / f64::from(k)) * beta);
+    let most = u32::try_from(m.clamp(1, 65_536)).unwrap_or(65_536);
+    (1..=most).map(|k| (k, time(k))).min_by(|x, y| x.1.total_cmp(&y.1)).unwrap_or((1, time(1)))
+}
+
 pub fn project(op: Op, n: u32, radix: u32, net: &NetModel) -> Row {
     project_with(op, n, radix, net, FenceMovementMode::default())
 }
