@@ -110,6 +110,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// HNP: measure the link to a child once the DVM is ready, for the broadcast choice.
+    pub fn measure_link(&mut self) {
+        self.core.measure_link();
+    }
+
     pub fn new(me: Rank, host: String, topo: Topology, t: Transport, epoch: u64, hnp: Option<Hnp>) -> Daemon {
         Daemon::with_grpcomm(me, host, topo, t, epoch, hnp, Config::default())
     }

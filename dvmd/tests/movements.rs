@@ -91,3 +91,28 @@ fn forced_fence_movement_mismatch_is_named_on_every_participant() {
         dvm.stop();
     }
 }
+
+/// The HNP measures its link once the DVM is ready when no link model is given, and logs a
+/// positive latency and bandwidth; given one, it measures nothing.
+#[test]
+fn the_hnp_measures_its_link_unless_given_one() {
+    let log = ("DVM_LOG", "warn,dvm_core::probe=info");
+    let dvm = Dvm::start_with_args("probe", Nodes::Local { daemons: 4, slots: 1 }, 2, &[log], &[]);
+    until(Duration::from_secs(60), "the link measurement", || dvm.log().contains("link measured"));
+    let text = dvm.log();
+    let line = text.lines().find(|l| l.contains("link measured")).unwrap();
+    let field = |name: &str| -> f64 {
+        let rest = line.split(&format!("{name}=")).nth(1).unwrap_or_else(|| panic!("no {name} in: {line}"));
+        rest.split(|c: char| c.is_whitespace() || c == ',').next().unwrap().parse().unwrap()
+    };
+    let (alpha, bw) = (field("alpha_us"), field("bandwidth_mb_s"));
+    assert!(alpha > 0.0 && alpha.is_finite(), "latency {alpha} µs in: {line}");
+    assert!(bw > 0.0 && bw.is_finite(), "bandwidth {bw} MB/s in: {line}");
+    dvm.stop();
+
+    let pinned = ["--link-latency-us", "80", "--link-bandwidth-mbps", "500"];
+    let dvm = Dvm::start_with_args("probepin", Nodes::Local { daemons: 4, slots: 1 }, 2, &[log], &pinned);
+    check_xcast(&dvm, "3", "65536", 4);
+    assert!(!dvm.log().contains("link measured"), "measured a pinned link:\n{}", dvm.log());
+    dvm.stop();
+}

@@ -172,6 +172,11 @@ impl Grpcomm {
         &self.topo
     }
 
+    /// Replace the link model broadcasts choose their movement by (the HNP measures it).
+    pub fn set_link(&mut self, link: LinkModel) {
+        self.cfg.link = link;
+    }
+
     pub fn config(&self) -> &Config {
         &self.cfg
     }

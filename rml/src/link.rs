@@ -178,9 +178,9 @@ impl LinkParams<'_> {
         let info = [b"dvm-link-v1 ".as_slice(), self.mode.as_str().as_bytes(), &[b' ', sender.byte()]].concat();
         hk.expand(&info, &mut key).expect("32 bytes is a valid HKDF-SHA256 output length");
         Some(match self.mode {
-            LinkSecurity::Aead => {
-                Key::Aead(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &key).expect("32 bytes is an AES-256 key")))
-            }
+            LinkSecurity::Aead => Key::Aead(Box::new(LessSafeKey::new(
+                UnboundKey::new(&AES_256_GCM, &key).expect("32 bytes is an AES-256 key"),
+            ))),
             LinkSecurity::Mac | LinkSecurity::None => Key::Mac(key),
         })
     }
@@ -189,7 +189,7 @@ impl LinkParams<'_> {
 /// One direction's key.
 enum Key {
     /// AES-256-GCM.
-    Aead(LessSafeKey),
+    Aead(Box<LessSafeKey>),
     /// The key of keyed BLAKE3.
     Mac([u8; 32]),
 }

@@ -25,6 +25,7 @@
 //! DAEMON_DIED with daemons that have not yet, on different signatures.
 
 pub mod bench;
+pub mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -171,6 +172,9 @@ struct HnpState {
     terminate: Option<XcastId>,
     bench: Option<bench::HnpBench>,
     next_bench: u64,
+    /// Measure the link once ready ([`Core::measure_link`]).
+    probe_wanted: bool,
+    probe: Option<probe::LinkProbe>,
 }
 
 /// One daemon's decisions.
@@ -221,7 +225,16 @@ impl Core {
             own.epoch = cfg.epoch;
             let mut contacts = BTreeMap::new();
             contacts.insert(0, own);
-            HnpState { contacts, wireup: None, ready: false, terminate: None, bench: None, next_bench: 1 }
+            HnpState {
+                contacts,
+                wireup: None,
+                ready: false,
+                terminate: None,
+                bench: None,
+                next_bench: 1,
+                probe_wanted: false,
+                probe: None,
+            }
         });
         let mut epochs = BTreeMap::new();
         epochs.insert(cfg.me, cfg.epoch);
@@ -476,6 +489,7 @@ impl Core {
             daemon_cmd::Body::DaemonLost(l) => self.on_daemon_lost(origin, l),
             daemon_cmd::Body::BenchDone(d) => self.on_bench_done(d),
             daemon_cmd::Body::Ping(p) => self.send_cmd(origin, daemon_cmd::Body::Pong(p)),
+            daemon_cmd::Body::Pong(p) if p.seq & probe::PROBE_SEQ_BIT != 0 => self.on_probe_pong(p.seq),
             daemon_cmd::Body::Pong(_) => self.on_pong(),
             daemon_cmd::Body::Evicted(_) => {}
             other => self.out.push(Effect::Cmd { origin, body: other }),
@@ -754,6 +768,7 @@ impl Core {
         if hnp.wireup == Some(id) && !hnp.ready {
             hnp.ready = true;
             self.out.push(Effect::Ready);
+            self.start_link_probe();
             return;
         }
         if hnp.terminate == Some(id) {

@@ -89,12 +89,14 @@ struct Args {
     /// kills and shutdown always take the tree.
     #[arg(long, default_value = "auto", value_name = "auto|tree|bulk")]
     bcast_movement: dvm_grpcomm::BcastMovementMode,
-    /// Link latency α for the broadcast choice, in microseconds (`dvm-bench` measures it).
-    #[arg(long, default_value_t = 50.0, value_name = "US")]
-    link_latency_us: f64,
+    /// Link latency α for the broadcast choice, in microseconds. Without this and
+    /// `--link-bandwidth-mbps`, the HNP measures its link to a child once the DVM is ready
+    /// (and uses 50 µs and 1000 MB/s until then).
+    #[arg(long, value_name = "US")]
+    link_latency_us: Option<f64>,
     /// Per-daemon link bandwidth for the broadcast choice, in MB/s (1 MB/s = 10^6 bytes/s).
-    #[arg(long, default_value_t = 1000.0, value_name = "MBPS")]
-    link_bandwidth_mbps: f64,
+    #[arg(long, value_name = "MBPS")]
+    link_bandwidth_mbps: Option<f64>,
 
     // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
     #[arg(long, hide = true)]
@@ -222,11 +224,11 @@ fn validate_common(args: &Args) -> Result<()> {
     if args.max_message < 1024 {
         bail!("--max-message {}: must be at least 1024 bytes", args.max_message);
     }
-    if !(args.link_latency_us.is_finite() && args.link_latency_us >= 0.0) {
-        bail!("--link-latency-us {}: must be a non-negative number of microseconds", args.link_latency_us);
+    if let Some(us) = args.link_latency_us.filter(|us| !(us.is_finite() && *us >= 0.0)) {
+        bail!("--link-latency-us {us}: must be a non-negative number of microseconds");
     }
-    if !(args.link_bandwidth_mbps.is_finite() && args.link_bandwidth_mbps > 0.0) {
-        bail!("--link-bandwidth-mbps {}: must be a positive number of MB/s", args.link_bandwidth_mbps);
+    if let Some(mbps) = args.link_bandwidth_mbps.filter(|m| !(m.is_finite() && *m > 0.0)) {
+        bail!("--link-bandwidth-mbps {mbps}: must be a positive number of MB/s");
     }
     Ok(())
 }
@@ -245,14 +247,18 @@ fn other_movement(mode: dvm_grpcomm::FenceMovementMode, other: bool) -> dvm_grpc
 /// How long a daemon waits for the DVM secret its HNP writes to its stdin.
 const SECRET_WAIT: Duration = Duration::from_secs(10);
 
+/// The link model until the HNP has measured one (or when a flag pins half of it).
+const DEFAULT_LINK_LATENCY_US: f64 = 50.0;
+const DEFAULT_LINK_BANDWIDTH_MBPS: f64 = 1000.0;
+
 /// The collective configuration from the command line (the same on every daemon).
 fn grpcomm_config(args: &Args) -> dvm_grpcomm::Config {
     let mut cfg = dvm_grpcomm::Config {
         fence_movement: args.fence_movement,
         bcast_movement: args.bcast_movement,
         link: dvm_grpcomm::LinkModel {
-            alpha_ns: args.link_latency_us * 1e3,
-            beta_ns_per_byte: 1e3 / args.link_bandwidth_mbps,
+            alpha_ns: args.link_latency_us.unwrap_or(DEFAULT_LINK_LATENCY_US) * 1e3,
+            beta_ns_per_byte: 1e3 / args.link_bandwidth_mbps.unwrap_or(DEFAULT_LINK_BANDWIDTH_MBPS),
         },
         ..dvm_grpcomm::Config::default()
     };
@@ -372,7 +378,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     // fences by name on every participant, never hang them).
     let other_movement_rank: Option<Rank> =
         std::env::var("DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK").ok().and_then(|v| v.parse().ok());
-    let common = vec![
+    let mut common = vec![
         "--daemon".to_string(),
         format!("--size={size}"),
         format!("--radix={}", args.radix),
@@ -384,9 +390,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         format!("--max-message={}", args.max_message),
         format!("--link-security={}", args.link_security),
         format!("--bcast-movement={}", args.bcast_movement),
-        format!("--link-latency-us={}", args.link_latency_us),
-        format!("--link-bandwidth-mbps={}", args.link_bandwidth_mbps),
     ];
+    common.extend(args.link_latency_us.map(|us| format!("--link-latency-us={us}")));
+    common.extend(args.link_bandwidth_mbps.map(|m| format!("--link-bandwidth-mbps={m}")));
     let mut pids = Vec::new();
     if matches!(agent, Agent::Srun) && size > 1 {
         // One step for every daemon but the HNP; each takes its rank from SLURM_NODEID.
@@ -482,6 +488,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
+    if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() {
+        daemon.measure_link();
+    }
     start_pmix(&mut daemon, session.dir(), &args);
     if size == 1 {
         // A one-daemon DVM is wired up at once.
