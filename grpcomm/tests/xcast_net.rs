@@ -64,12 +64,20 @@ impl Net {
 
     /// Every daemon broadcasts with `mode`; USER tags are bulk-capable.
     fn with_movement(n: u32, radix: u32, seed: u64, mode: BcastMovementMode) -> Self {
+        // Slow links and quick messages: auto takes the lateral movement for the larger
+        // payloads here (a few hundred bytes once compressed) and the tree for 8 bytes.
+        Self::with_link(n, radix, seed, mode, LinkModel { alpha_ns: 1_000.0, beta_ns_per_byte: 10.0 })
+    }
+
+    /// A link model where every scatter-allgather step is paced (waits for its receiver's
+    /// ready): latency negligible against any message.
+    const PACED: LinkModel = LinkModel { alpha_ns: 1.0, beta_ns_per_byte: 1_000.0 };
+
+    fn with_link(n: u32, radix: u32, seed: u64, mode: BcastMovementMode, link: LinkModel) -> Self {
         let cfg = Config {
             compress_threshold: 64,
             bcast_movement: mode,
-            // Slow links and quick messages: auto takes the lateral movement for the larger
-            // payloads here (a few hundred bytes once compressed) and the tree for 8 bytes.
-            link: LinkModel { alpha_ns: 1_000.0, beta_ns_per_byte: 10.0 },
+            link,
             bulk_tags: [tags::LAUNCH, tags::USER].into_iter().collect(),
             ..Config::default()
         };
@@ -252,16 +260,25 @@ fn check_in_order(net: &Net, expect_ops: u64) {
 #[test]
 fn every_daemon_delivers_every_op_once_in_order() {
     for mode in BcastMovementMode::ALL {
-        every_op_once_in_order(mode);
+        every_op_once_in_order(mode, None);
     }
 }
 
-fn every_op_once_in_order(mode: BcastMovementMode) {
+/// The same with every scatter-allgather exchange step paced (ready messages in any order).
+#[test]
+fn paced_scatter_allgather_delivers_every_op_once_in_order() {
+    every_op_once_in_order(BcastMovementMode::Bulk, Some(Net::PACED));
+}
+
+fn every_op_once_in_order(mode: BcastMovementMode, link: Option<LinkModel>) {
     let mut lateral = 0;
     for radix in [2, 3, 64] {
         for n in [1, 2, 7, 16, 65] {
             for seed in 0..6 {
-                let mut net = Net::with_movement(n, radix, seed, mode);
+                let mut net = match link {
+                    Some(l) => Net::with_link(n, radix, seed, mode, l),
+                    None => Net::with_movement(n, radix, seed, mode),
+                };
                 let mut started = Vec::new();
                 for i in 0..20u64 {
                     let origin = net.rng.below(n as u64) as u32;
@@ -492,16 +509,26 @@ fn scatter_allgather_without_lateral_links_detours_along_the_tree() {
 #[test]
 fn crash_mid_stream_keeps_survivors_in_order() {
     for mode in [BcastMovementMode::Tree, BcastMovementMode::Bulk] {
-        crash_mid_stream(mode);
+        crash_mid_stream(mode, None);
     }
 }
 
-fn crash_mid_stream(mode: BcastMovementMode) {
+/// Crashes while every scatter-allgather step waits for its receiver's ready: a partner lost
+/// before it said it was ready never leaves a survivor waiting (the degrade delivers).
+#[test]
+fn crash_mid_paced_stream_keeps_survivors_in_order() {
+    crash_mid_stream(BcastMovementMode::Bulk, Some(Net::PACED));
+}
+
+fn crash_mid_stream(mode: BcastMovementMode, link: Option<LinkModel>) {
     let mut violations = 0;
     for radix in [2, 3] {
         for n in [7, 16, 40] {
             for seed in 0..150 {
-                let mut net = Net::with_movement(n, radix, seed, mode);
+                let mut net = match link {
+                    Some(l) => Net::with_link(n, radix, seed, mode, l),
+                    None => Net::with_movement(n, radix, seed, mode),
+                };
                 let victim = 1 + net.rng.below(n as u64 - 1) as u32;
                 let crash_at = net.rng.below(30);
                 // Half the runs lose a second daemon: the victim's parent slot or a child.

@@ -57,6 +57,9 @@ impl NetModel {
     }
 }
 
+/// Messages up to this size (a packet or two) do not wait for the receiver's inbound link.
+pub const SMALL_MESSAGE: usize = 1500;
+
 /// When each daemon's NIC (out and in) and receive CPU are next free, and when the last
 /// message on each `(from, to)` link arrives: the timing state of the carrier, for both engines.
 pub(crate) struct Carrier {
@@ -96,7 +99,9 @@ impl Carrier {
         let start = (*egress).max(now);
         *egress = start + wire;
         let mut arrive = start + wire + net.alpha_ns + jitter;
-        if net.ingress_serialized {
+        // A message of a packet or two interleaves with whatever else is arriving (it waits
+        // for a packet, not for a whole message); larger ones take the link in turn.
+        if net.ingress_serialized && bytes > SMALL_MESSAGE {
             arrive = self.ingress[to as usize].place(now, arrive - wire, wire);
         }
         let last = self.link_last.entry((from, to)).or_insert(0);

@@ -53,8 +53,15 @@ pub(super) const KEEP_FINISHED: usize = 4;
 /// this has lost more than a lateral link, and the repair's degrade delivers to it).
 pub(super) const FINISHED_KEEP_NS: u64 = 30_000_000_000;
 
-/// Early block messages held per op: one per schedule step, and a schedule has at most 32.
-const MAX_EARLY_PER_OP: usize = 32;
+/// Early block messages held per op: one block message and one ready per schedule step, and
+/// a schedule has at most 32 steps.
+const MAX_EARLY_PER_OP: usize = 64;
+
+/// An exchange step is paced (sent once its receiver awaits it) when its message is longer on
+/// the wire than this many link latencies. Simulated at N = 4096, radix 64 (1 MiB–4 MiB,
+/// docs/movements.md): 0.5 to 8 all bring 4 MiB from 1.36× to ~1.05× the model; 2 costs the
+/// least at 1 MiB (1.08×, against 1.03× unpaced).
+const PACE_LATENCIES: f64 = 2.0;
 
 /// Ops ahead of this daemon's forwards whose blocks may wait here.
 const MAX_EARLY_OPS: usize = 64;
@@ -126,6 +133,18 @@ impl XcastState {
             chunks: Vec::new(),
             ..m.clone()
         };
+        // Pace the steps whose message is longer on the wire than PACE_LATENCIES latencies:
+        // below that, waiting for a ready (up to one latency) costs more than the contention
+        // it avoids.
+        let chunk = chunk_range(whole.total_len, list.len(), 0).1 as f64;
+        let link = ctx.cfg.link;
+        let pace_blocks = if chunk > 0.0 && link.beta_ns_per_byte > 0.0 {
+            (PACE_LATENCIES * link.alpha_ns / link.beta_ns_per_byte / chunk).ceil().clamp(1.0, f64::from(u32::MAX))
+                as u32
+        } else {
+            0
+        };
+        let whole = XcastForward { pace_blocks, ..whole };
         let chunks = list
             .iter()
             .enumerate()
@@ -185,7 +204,7 @@ impl XcastState {
             }
         };
         let ex = match Exchange::new(list, me, own) {
-            Ok(ex) => ex,
+            Ok(ex) => ex.paced(m.pace_blocks),
             Err(e) => return ctx.out.push(Effect::Dropped { from, reason: format!("xcast op {op}: {e}") }),
         };
         self.bulk.ops.insert(op, BulkOp { meta: m, ex, passed });
@@ -224,17 +243,33 @@ impl XcastState {
     /// that got chunks would wait for it forever. Once per op.
     pub(super) fn bulk_serve(&mut self, ctx: &mut Ctx<'_>, m: &XcastForward) {
         let (me, op) = (ctx.topo.me(), m.op_id);
-        if !m.exchange || m.payload.len() as u64 != m.total_len || self.bulk.finished.iter().any(|(o, _, _)| *o == op) {
+        if !m.exchange || m.payload.len() as u64 != m.total_len {
             return;
         }
         let list = members(ctx.topo.size(), &m.excluded);
         let Ok(pos) = list.binary_search(&me) else { return };
-        let blocks: Vec<Bytes> = (0..list.len())
-            .map(|p| {
-                let (a, b) = chunk_range(m.total_len, list.len(), p);
-                m.payload.slice(a..b)
-            })
-            .collect();
+        let blocks = || -> Vec<Bytes> {
+            (0..list.len())
+                .map(|p| {
+                    let (a, b) = chunk_range(m.total_len, list.len(), p);
+                    m.payload.slice(a..b)
+                })
+                .collect()
+        };
+        // Finished here: only paced messages it still owes are left to send (at once: a
+        // repair is under way, and a ready may never come).
+        if let Some(i) = self.bulk.finished.iter().position(|(o, _, _)| *o == op) {
+            let ex = &mut self.bulk.finished[i].1;
+            if ex.owes_sends() {
+                let mut out = Vec::new();
+                if let Err(e) = ex.serve(blocks(), &mut out) {
+                    ctx.out.push(Effect::Dropped { from: m.origin, reason: format!("xcast op {op}: {e}") });
+                }
+                Self::bulk_send(ctx, op, ex, out);
+            }
+            return;
+        }
+        let blocks = blocks();
         let ex = match self.bulk.ops.remove(&op) {
             Some(b) => Ok(b.ex),
             None => Exchange::new(list, me, blocks[pos].clone()),
@@ -260,6 +295,23 @@ impl XcastState {
             self.bulk_receive(ctx, m);
             return self.bulk_drive(ctx, op);
         }
+        // A ready for an exchange complete here that still owes that step's message.
+        if m.ready {
+            if let Some(i) = self.bulk.finished.iter().position(|(o, _, _)| *o == op) {
+                let ex = &mut self.bulk.finished[i].1;
+                if let Err(e) = ex.receive_ready(m.sender, m.step) {
+                    let reason = format!("xcast op {op}: {e}");
+                    return ctx.out.push(Effect::Dropped { from: m.sender, reason });
+                }
+                let mut out = Vec::new();
+                let advanced = ex.advance(&mut out);
+                Self::bulk_send(ctx, op, ex, out);
+                if let Err(e) = advanced {
+                    ctx.out.push(Effect::Dropped { from: ctx.topo.me(), reason: format!("xcast op {op}: {e}") });
+                }
+                return;
+            }
+        }
         let late = op < self.next_deliver
             || self.buffered.contains_key(&op)
             || self.awaiting_processed.as_ref().is_some_and(|a| a.op_id == op)
@@ -273,14 +325,20 @@ impl XcastState {
             return ctx.out.push(Effect::Dropped { from, reason });
         }
         let early = self.bulk.early.entry(op).or_default();
-        if !early.iter().any(|b| b.sender == m.sender && b.step == m.step) && early.len() < MAX_EARLY_PER_OP {
+        let dup = early.iter().any(|b| b.sender == m.sender && b.step == m.step && b.ready == m.ready);
+        if !dup && early.len() < MAX_EARLY_PER_OP {
             early.push(m);
         }
     }
 
     fn bulk_receive(&mut self, ctx: &mut Ctx<'_>, m: XcastBlock) {
         let Some(b) = self.bulk.ops.get_mut(&m.op_id) else { return };
-        match b.ex.receive(m.sender, m.step, m.first, m.blocks) {
+        let got = if m.ready {
+            b.ex.receive_ready(m.sender, m.step)
+        } else {
+            b.ex.receive(m.sender, m.step, m.first, m.blocks)
+        };
+        match got {
             Ok(Received::Accepted) => {}
             Ok(Received::Duplicate) => debug!(op_id = m.op_id, sender = m.sender, "duplicate scatter-allgather block"),
             Err(e) => {
@@ -294,7 +352,8 @@ impl XcastState {
         let me = ctx.topo.me();
         for o in out {
             let detour = ex.detoured(o.to);
-            let m = XcastBlock { op_id: op, step: o.step, first: o.first, blocks: o.blocks, sender: me };
+            let m =
+                XcastBlock { op_id: op, step: o.step, first: o.first, blocks: o.blocks, sender: me, ready: o.ready };
             if detour {
                 ctx.send(o.to, Body::Xblock(m));
             } else {
@@ -334,8 +393,13 @@ impl XcastState {
     }
 
     fn bulk_finished(&mut self, ctx: &mut Ctx<'_>, op: u64, ex: Exchange) {
-        if self.bulk.finished.len() == KEEP_FINISHED {
-            self.bulk.finished.pop_front();
+        // Past the bound, forget the oldest exchange that owes nothing: one that still owes a
+        // paced step's message stays until a ready takes it (or for FINISHED_KEEP_NS, after
+        // which its partner has had the whole payload from a repair's degrade).
+        if self.bulk.finished.len() >= KEEP_FINISHED {
+            if let Some(i) = self.bulk.finished.iter().position(|(_, e, _)| !e.owes_sends()) {
+                self.bulk.finished.remove(i);
+            }
         }
         self.bulk.finished.push_back((op, ex, ctx.now));
         ctx.out.push(Effect::ArmTimer { at: ctx.now.saturating_add(FINISHED_KEEP_NS) });
@@ -382,7 +446,8 @@ impl XcastState {
         for (op, ex) in running.chain(finished) {
             if ex.detour(peer) {
                 debug!(op_id = op, peer, "lateral link lost: scatter-allgather blocks take the tree");
-                let out = ex.sent_to(peer);
+                let mut out = ex.sent_to(peer);
+                out.extend(ex.ready_sent_to(peer));
                 Self::bulk_send(ctx, op, ex, out);
             }
         }
