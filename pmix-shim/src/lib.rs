@@ -56,10 +56,11 @@ mod types;
 mod upcalls;
 
 pub use error::{
-    status_name, PmixError, Status, ERROR, ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_PARTIAL_SUCCESS, ERR_TIMEOUT, SUCCESS,
+    status_name, PmixError, Status, ERROR, ERR_BAD_PARAM, ERR_DUPLICATE_KEY, ERR_JOB_FAILED_TO_LAUNCH,
+    ERR_JOB_FAILED_TO_MAP, ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_PARTIAL_SUCCESS, ERR_TIMEOUT, SUCCESS,
 };
-pub use event::{FenceRequest, PmixEvent};
+pub use event::{FenceRequest, PmixEvent, SpawnApp};
 pub use logtext::{last_dss_string, log_text};
-pub use reply::{reply_buffers_in_flight, FenceReply, InfoReply, ModexReply, Reply};
+pub use reply::{reply_buffers_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply, SpawnReply};
 pub use server::{JobInfo, PmixServer, ServerConfig, DEFAULT_OP_TIMEOUT};
 pub use types::{find_info, key_str, nspace_buf, Info, InfoValue, ProcId, Rank, NSPACE_LEN};
