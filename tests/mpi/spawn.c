@@ -1,9 +1,13 @@
-/* MPI_Comm_spawn of itself: `spawn N DEPTH [MAP_BY]` spawns N children (each again with
- * DEPTH-1, so DEPTH 2 is a nested spawn), checks the intercommunicator both ways with an
- * allreduce across it (each side receives the other side's sum), then disconnects. */
+/* MPI_Comm_spawn of itself: `spawn N DEPTH [MAP_BY [LEVEL [fail]]]` spawns N children (each
+ * again with DEPTH-1, so DEPTH 2 is a nested spawn), checks the intercommunicator both ways
+ * with an allreduce across it (each side receives the other side's sum), then disconnects.
+ * `fail` (given to the children): child rank 0 exits with status 7 after the check, without
+ * MPI_Finalize, while its parent waits in the disconnect. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static int check(MPI_Comm inter, int am_parent, int level, int rank, int size) {
     int remote, mine, got, want = 0;
@@ -16,7 +20,9 @@ static int check(MPI_Comm inter, int am_parent, int level, int rank, int size) {
         printf("level %d rank %d: intercomm sum %d want %d FAIL\n", level, rank, got, want);
         return 1;
     }
-    printf("level %d rank %d of %d: intercomm ok remote %d sum %d\n", level, rank, size, remote, got);
+    const char *node = getenv("DVM_NODE");
+    printf("level %d rank %d of %d: intercomm ok remote %d sum %d as %s node %s\n", level, rank, size, remote, got,
+           am_parent ? "parent" : "child", node ? node : "?");
     return 0;
 }
 
@@ -30,16 +36,22 @@ int main(int argc, char **argv) {
     int depth = argc > 2 ? atoi(argv[2]) : 1;
     int level = argc > 4 ? atoi(argv[4]) : 0;
     const char *map_by = argc > 3 ? argv[3] : "";
+    int fail = argc > 5 && !strcmp(argv[5], "fail");
     MPI_Comm_get_parent(&parent);
     if (parent != MPI_COMM_NULL) {
         bad |= check(parent, 0, level, rank, size);
+        if (fail && rank == 0) {
+            fflush(stdout);
+            _exit(7);
+        }
     }
     if (depth > 0) {
         char ns[16], ds[16], ls[16];
         snprintf(ns, sizeof ns, "%d", n);
         snprintf(ds, sizeof ds, "%d", depth - 1);
         snprintf(ls, sizeof ls, "%d", level + 1);
-        char *args[] = {ns, ds, (char *)(map_by[0] ? map_by : "slot"), ls, NULL};
+        const char *pass_fail = argc > 5 ? argv[5] : "";
+        char *args[] = {ns, ds, (char *)(map_by[0] ? map_by : "slot"), ls, (char *)pass_fail, NULL};
         MPI_Info info = MPI_INFO_NULL;
         if (map_by[0]) {
             MPI_Info_create(&info);
