@@ -93,7 +93,7 @@ impl DataServer {
             DataOp::DataUnpublish => {
                 let proc = req.proc.clone().unwrap_or_default();
                 self.entries.retain(|e| {
-                    !(e.proc == proc && (req.keys.is_empty() || req.keys.iter().any(|k| *k == e.value.key)))
+                    !(e.proc == proc && (req.keys.is_empty() || req.keys.contains(&e.value.key)))
                 });
                 Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, Vec::new()) }], timer: None }
             }
@@ -141,7 +141,10 @@ impl DataServer {
         }
         let found = idx
             .iter()
-            .map(|&i| Published { proc: Some(self.entries[i].proc.clone()), value: Some(self.entries[i].value.clone()) })
+            .map(|&i| Published {
+                proc: Some(self.entries[i].proc.clone()),
+                value: Some(self.entries[i].value.clone()),
+            })
             .collect();
         idx.sort_unstable();
         idx.dedup();
@@ -200,7 +203,16 @@ mod tests {
         Some(Proc { nspace: format!("ns{job}"), rank: 0 })
     }
     fn publish(id: u64, job: u32, values: Vec<Value>, range: u32, persistence: u32) -> DataReq {
-        DataReq { id, op: DataOp::DataPublish as i32, jobid: job, proc: proc(job), values, range, persistence, ..Default::default() }
+        DataReq {
+            id,
+            op: DataOp::DataPublish as i32,
+            jobid: job,
+            proc: proc(job),
+            values,
+            range,
+            persistence,
+            ..Default::default()
+        }
     }
     fn lookup(id: u64, job: u32, keys: &[&str], wait: bool, timeout_s: u32) -> DataReq {
         DataReq {

@@ -103,8 +103,7 @@ impl Daemon {
             p.children.insert(child);
         }
         if let Some(c) = self.jobs.hnp.get_mut(&child) {
-            c.spawn =
-                Some(PendingSpawn { daemon: origin, id: req.id, parent: req.jobid, rank: req.rank, started: 0 });
+            c.spawn = Some(PendingSpawn { daemon: origin, id: req.id, parent: req.jobid, rank: req.rank, started: 0 });
         }
     }
 
@@ -134,7 +133,12 @@ impl Daemon {
         job.spawn_failed = true;
         let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {error}", sp.rank, sp.parent);
         warn!("{why}");
-        let resp = SpawnResp { id: sp.id, status: pmix_shim::ERR_JOB_FAILED_TO_LAUNCH, nspace: String::new(), error: why.clone() };
+        let resp = SpawnResp {
+            id: sp.id,
+            status: pmix_shim::ERR_JOB_FAILED_TO_LAUNCH,
+            nspace: String::new(),
+            error: why.clone(),
+        };
         self.spawn_answer(sp.daemon, resp);
         self.fail_job(child, 127, why);
     }

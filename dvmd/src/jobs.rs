@@ -736,7 +736,8 @@ impl Daemon {
         }
         lj.unstarted = None;
         let started = lj.ranks.len() as u32;
-        let report = dvm_proto::daemon::LaunchReport { jobid, daemon: self.me, started, error: error.unwrap_or_default() };
+        let report =
+            dvm_proto::daemon::LaunchReport { jobid, daemon: self.me, started, error: error.unwrap_or_default() };
         self.send_job_cmd(0, daemon_cmd::Body::LaunchReport(report));
     }
 

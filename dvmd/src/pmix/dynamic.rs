@@ -75,9 +75,7 @@ pub fn parse_map_by(s: &str) -> Result<SpawnMapping, String> {
 fn is_directive(key: &str) -> bool {
     let directives: [&'static [u8]; 6] =
         [sys::PMIX_RANGE, sys::PMIX_PERSISTENCE, sys::PMIX_USERID, sys::PMIX_GRPID, sys::PMIX_TIMEOUT, sys::PMIX_WAIT];
-    directives
-        .iter()
-        .any(|k| key_str(k) == key)
+    directives.iter().any(|k| key_str(k) == key)
 }
 
 /// A participant set written canonically: nspaces in order, each with its ranks as sorted
@@ -355,18 +353,8 @@ impl PmixHost {
         self.next_id += 1;
         self.data.insert(id, (op, reply));
         let wproc = wire::Proc { nspace: proc.nspace.clone(), rank: proc.rank.to_raw() };
-        let req = DataReq {
-            id,
-            op: op as i32,
-            jobid,
-            proc: Some(wproc),
-            values,
-            keys,
-            range,
-            persistence,
-            wait,
-            timeout_s,
-        };
+        let req =
+            DataReq { id, op: op as i32, jobid, proc: Some(wproc), values, keys, range, persistence, wait, timeout_s };
         debug!(?op, jobid, "data server request");
         self.send_cmd(0, daemon_cmd::Body::DataReq(req));
     }

@@ -311,9 +311,7 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
             let job_info = super::value::infos_to_wire(&job_info);
             (Some(Pending::Spawn(reply)), Ev::Spawn(wire::Spawn { proc: Some(proc_of(&proc)), job_info, apps }))
         }
-        PmixEvent::Connect { procs, info, reply } => {
-            (Some(Pending::Op(reply)), Ev::Connect(proc_set(&procs, &info)))
-        }
+        PmixEvent::Connect { procs, info, reply } => (Some(Pending::Op(reply)), Ev::Connect(proc_set(&procs, &info))),
         PmixEvent::Disconnect { procs, info, reply } => {
             (Some(Pending::Op(reply)), Ev::Disconnect(proc_set(&procs, &info)))
         }
