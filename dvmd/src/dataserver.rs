@@ -92,9 +92,7 @@ impl DataServer {
             DataOp::DataLookup => self.lookup(daemon, req),
             DataOp::DataUnpublish => {
                 let proc = req.proc.clone().unwrap_or_default();
-                self.entries.retain(|e| {
-                    !(e.proc == proc && (req.keys.is_empty() || req.keys.contains(&e.value.key)))
-                });
+                self.entries.retain(|e| !(e.proc == proc && (req.keys.is_empty() || req.keys.contains(&e.value.key))));
                 Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, Vec::new()) }], timer: None }
             }
         }

@@ -72,34 +72,47 @@ fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
         ("PMIX_MCA_pmix_server_fence_localonly_opt", "0"),
     ];
     let dvm = Dvm::start(name, nodes, radix, &env);
+    // `DVM_DYN_REPEAT=20` for the acceptance runs (each program 20 times in a row).
+    let rounds: u32 = std::env::var("DVM_DYN_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    for round in 0..rounds {
+        dynamic_round(&dvm, &format!("{name}-{round}"));
+    }
+    // Nothing is left: no process, and the DVM still runs jobs.
+    dvm.assert_up();
+    let left = dvm.leftover_procs();
+    assert!(left.is_empty(), "processes left: {:?}", Dvm::describe_procs(&left));
+    dvm.stop();
+}
+
+fn dynamic_round(dvm: &Dvm, name: &str) {
     let spawn = mpi_bin("spawn");
 
     // 2 ranks spawn 2 children (room on the first node: they join their parents there).
     for i in 0..3 {
-        let o = run(&dvm, &["-n", "2", &spawn, "2", "1"], "spawn of 2");
+        let o = run(dvm, &["-n", "2", &spawn, "2", "1"], "spawn of 2");
         assert!(o.status.success(), "spawn of 2 (#{i}): {:?}\n{}\n{}", o.status, out(&o).1, dvm.log());
         check_spawn(&out(&o).0, 0, 2, 2);
         assert_eq!(out(&o).0.matches("spawn level 1 done").count(), 1);
     }
 
     // 8 children mapped by node: across every node of the DVM.
-    let o = run(&dvm, &["-n", "2", &spawn, "8", "1", "node"], "spawn of 8 by node");
+    let o = run(dvm, &["-n", "2", &spawn, "8", "1", "node"], "spawn of 8 by node");
     assert!(o.status.success(), "spawn of 8: {:?}\n{}\n{}", o.status, out(&o).1, dvm.log());
     let hosts = check_spawn(&out(&o).0, 0, 2, 8);
     assert!(hosts.len() >= 4, "8 children mapped by node on 4 nodes ran on {hosts:?}");
 
     // More children than free slots: refused in one sentence unless oversubscribe is asked.
-    let o = run(&dvm, &["-n", "2", &spawn, "20", "1"], "spawn beyond the free slots");
+    let o = run(dvm, &["-n", "2", &spawn, "20", "1"], "spawn beyond the free slots");
     assert!(!o.status.success());
     let err = out(&o).1;
     assert_eq!(err.matches("MPI_Comm_spawn by rank 0 of job").count(), 1, "{err}");
     assert!(err.contains("cannot map 20 processes"), "{err}");
-    let o = run(&dvm, &["-n", "2", &spawn, "20", "1", "slot:oversubscribe"], "oversubscribed spawn");
+    let o = run(dvm, &["-n", "2", &spawn, "20", "1", "slot:oversubscribe"], "oversubscribed spawn");
     assert!(o.status.success(), "oversubscribed spawn: {:?}\n{}", o.status, out(&o).1);
     check_spawn(&out(&o).0, 0, 2, 20);
 
     // Nested: a child job spawns its own children.
-    let o = run(&dvm, &["-n", "1", &spawn, "2", "2"], "nested spawn");
+    let o = run(dvm, &["-n", "1", &spawn, "2", "2"], "nested spawn");
     assert!(o.status.success(), "nested spawn: {:?}\n{}\n{}", o.status, out(&o).1, dvm.log());
     check_spawn(&out(&o).0, 0, 1, 2);
     check_spawn(&out(&o).0, 1, 2, 2);
@@ -108,7 +121,7 @@ fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
     }
 
     // A missing executable: MPI_Comm_spawn returns an error, one sentence names it.
-    let o = run(&dvm, &["-n", "1", &mpi_bin("spawn_missing")], "spawn of a missing executable");
+    let o = run(dvm, &["-n", "1", &mpi_bin("spawn_missing")], "spawn of a missing executable");
     assert!(o.status.success(), "{:?}\n{}\n{}", o.status, out(&o).0, out(&o).1);
     assert!(out(&o).0.contains("spawn failed as expected: MPI_ERR_SPAWN"), "{}", out(&o).0);
     let err = out(&o).1;
@@ -116,8 +129,9 @@ fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
     assert_eq!(sentences.len(), 1, "{err}");
     assert!(sentences[0].contains("/nonexistent/dvm-no-such-program") && sentences[0].contains("not found"), "{err}");
 
-    // A child that fails: its status reaches the parent's prun, which names it.
-    let o = run(&dvm, &["-n", "2", &spawn, "2", "1", "slot", "0", "fail"], "a failing child");
+    // A child that fails (the only failure: its parents end normally): its status reaches the
+    // parent's prun, which names it, and waits for it.
+    let o = run(dvm, &["-n", "2", &spawn, "1", "1", "slot", "0", "fail"], "a failing child");
     assert_eq!(o.status.code(), Some(7), "{}\n{}", out(&o).1, dvm.log());
     assert!(out(&o).1.contains("rank 0 on node") && out(&o).1.contains("exited with status 7"), "{}", out(&o).1);
 
@@ -128,7 +142,7 @@ fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
         // The client starts once the service is published (never on a timing).
         let (_, mut lines) = dvm_tests::wait_for_line(server.stdout.take().unwrap(), "published", GUARD)
             .unwrap_or_else(|e| panic!("the accepting job never published: {e}\n{}", dvm.log()));
-        let client = run(&dvm, &["-n", "3", &mpi_bin("connect"), &service], "the connecting job");
+        let client = run(dvm, &["-n", "3", &mpi_bin("connect"), &service], "the connecting job");
         let server = common::wait_output(&mut server, GUARD, "the accepting job");
         assert!(client.status.success(), "connect: {:?}\n{}\n{}", client.status, out(&client).1, dvm.log());
         assert!(server.status.success(), "accept: {:?}\n{}", server.status, out(&server).1);
@@ -145,12 +159,6 @@ fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
             assert!(s.contains(&format!("accept rank {r} of 2: remote 3 sum 6 ok")), "{s}");
         }
     }
-
-    // Nothing is left: no process, and the DVM still runs jobs.
-    dvm.assert_up();
-    let left = dvm.leftover_procs();
-    assert!(left.is_empty(), "processes left: {:?}", Dvm::describe_procs(&left));
-    dvm.stop();
 }
 
 #[test]

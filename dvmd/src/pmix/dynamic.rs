@@ -33,6 +33,31 @@ use super::link::WorkerReplyHandle;
 use super::{proc_rank, PmixHost};
 use crate::jobmap::Placement;
 
+/// A request waiting for the maps of a job it names.
+pub(crate) enum Deferred {
+    Fence {
+        what: &'static str,
+        procs: Vec<ProcId>,
+        collect: bool,
+        data: Bytes,
+        timeout: Option<i32>,
+        reply: WorkerReplyHandle,
+    },
+    Modex {
+        proc: ProcId,
+        reply: WorkerReplyHandle,
+    },
+}
+
+impl Deferred {
+    fn procs(&self) -> &[ProcId] {
+        match self {
+            Deferred::Fence { procs, .. } => procs,
+            Deferred::Modex { proc, .. } => std::slice::from_ref(proc),
+        }
+    }
+}
+
 /// How a spawn asks to be mapped: Open MPI's `map_by` info key (`PMIX_MAPBY`), e.g. `node`,
 /// `slot:oversubscribe`, `ppr:2:node`. Unknown policies are refused by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +143,19 @@ impl PmixHost {
     /// from its maps broadcast.
     pub(crate) fn learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>) {
         self.known.insert(nspace, (jobid, placement, hosts));
+        let waiting = std::mem::take(&mut self.deferred);
+        for d in waiting {
+            if d.procs().iter().any(|p| !self.known.contains_key(&p.nspace)) {
+                self.deferred.push(d);
+                continue;
+            }
+            match d {
+                Deferred::Fence { what, procs, collect, data, timeout, reply } => {
+                    self.union_fence(what, &procs, collect, data, timeout, reply)
+                }
+                Deferred::Modex { proc, reply } => self.direct_modex(proc, reply),
+            }
+        }
     }
 
     /// A job's cleanup reached this daemon: a namespace registered for it without local procs
@@ -199,6 +237,14 @@ impl PmixHost {
         timeout: Option<i32>,
         reply: WorkerReplyHandle,
     ) {
+        if procs.iter().any(|p| !self.known.contains_key(&p.nspace)) {
+            // Every nspace a client names is a job of this DVM (clients learn nspaces only
+            // from it), and a job's maps reach every daemon before its cleanup: they come.
+            debug!(what, "{what} naming a job whose maps have not arrived yet: deferred");
+            let procs = procs.to_vec();
+            self.deferred.push(Deferred::Fence { what, procs, collect, data, timeout, reply });
+            return;
+        }
         let daemons = match self.daemons_of(procs) {
             Ok(d) => d,
             Err(e) => {

@@ -95,6 +95,9 @@ pub(crate) struct PmixHost {
     /// Namespaces of jobs with no proc here that this daemon registered with its server
     /// (participants of a connect or targets of a direct modex).
     foreign: BTreeSet<String>,
+    /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer
+    /// can overtake its child's maps broadcast): retried as each job's maps arrive.
+    deferred: Vec<dynamic::Deferred>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -213,6 +216,7 @@ impl PmixHost {
             out: Vec::new(),
             known: BTreeMap::new(),
             foreign: BTreeSet::new(),
+            deferred: Vec::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
@@ -247,6 +251,7 @@ impl PmixHost {
             && self.serving.is_empty()
             && self.spawns.is_empty()
             && self.data.is_empty()
+            && self.deferred.is_empty()
     }
 
     fn config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
@@ -539,6 +544,7 @@ impl PmixHost {
         self.serving.clear();
         self.spawns.clear();
         self.data.clear();
+        self.deferred.clear();
         self.retire_worker();
     }
 
@@ -605,6 +611,11 @@ impl PmixHost {
             (Some(jobid), Some(rank)) => self.jobs[&jobid].placement.node_of(rank).map(|o| (o, jobid, rank)),
             _ => self.host_of_proc(&proc).map(|(jobid, rank, owner)| (owner, jobid, rank)),
         };
+        if owner.is_none() && proc_rank(&proc).is_some() && !self.known.contains_key(&proc.nspace) {
+            debug!(%proc, "direct modex for a job whose maps have not arrived yet: deferred");
+            self.deferred.push(dynamic::Deferred::Modex { proc, reply });
+            return;
+        }
         if owner.is_some() {
             self.register_foreign(std::slice::from_ref(&proc));
         }
