@@ -52,6 +52,16 @@ pub struct Outcome {
     pub answers: Vec<Answer>,
     /// Arm a timer for this waiting lookup (token, seconds); `on_timeout(token)` when it fires.
     pub timer: Option<(u64, u32)>,
+    /// (looking job, publishing job) for each rendezvous lookup answered across jobs: Open MPI
+    /// 4.1's connect/accept exchanges each side's participants under `<port>:connect` and
+    /// `<port>:accept`, so these two jobs are about to be connected (libpmix completes a
+    /// connect with every participant on one daemon without telling the host).
+    pub joined: Vec<(u32, u32)>,
+}
+
+/// An Open MPI connect/accept rendezvous key.
+fn is_rendezvous(key: &str) -> bool {
+    key.ends_with(":connect") || key.ends_with(":accept")
 }
 
 #[derive(Debug, Default)]
@@ -93,7 +103,7 @@ impl DataServer {
             DataOp::DataUnpublish => {
                 let proc = req.proc.clone().unwrap_or_default();
                 self.entries.retain(|e| !(e.proc == proc && (req.keys.is_empty() || req.keys.contains(&e.value.key))));
-                Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, Vec::new()) }], timer: None }
+                Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, Vec::new()) }], ..Default::default() }
             }
         }
     }
@@ -105,7 +115,7 @@ impl DataServer {
             let clash = self.entries.iter().any(|e| e.value.key == v.key && (e.scope.is_none() || e.scope == scope));
             if clash || req.values.iter().filter(|o| o.key == v.key).count() > 1 {
                 let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_DUPLICATE_KEY, Vec::new()) };
-                return Outcome { answers: vec![answer], timer: None };
+                return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
             }
         }
         for v in req.values {
@@ -118,24 +128,32 @@ impl DataServer {
             });
         }
         let mut answers = vec![Answer { daemon, resp: resp(req.id, 0, Vec::new()) }];
+        let mut joined = Vec::new();
         // Waiting lookups that are now complete, oldest first.
         let tokens: Vec<u64> = self.waiting.keys().copied().collect();
         for t in tokens {
             let req = self.waiting[&t].req.clone();
-            if let Some(found) = self.take(&req) {
+            if let Some(found) = self.take(&req, &mut joined) {
                 let w = self.waiting.remove(&t).expect("present");
                 answers.push(Answer { daemon: w.daemon, resp: resp(w.req.id, 0, found) });
             }
         }
-        Outcome { answers, timer: None }
+        Outcome { answers, timer: None, joined }
     }
 
     /// Every key of `req` visible to its job, or None; first-read entries found are removed.
-    fn take(&mut self, req: &DataReq) -> Option<Vec<Published>> {
+    /// Rendezvous lookups across jobs are recorded in `joined`.
+    fn take(&mut self, req: &DataReq, joined: &mut Vec<(u32, u32)>) -> Option<Vec<Published>> {
         let mut idx = Vec::with_capacity(req.keys.len());
         for k in &req.keys {
             let i = self.entries.iter().position(|e| e.value.key == *k && Self::visible(e, req.jobid))?;
             idx.push(i);
+        }
+        for &i in &idx {
+            let e = &self.entries[i];
+            if e.jobid != req.jobid && is_rendezvous(&e.value.key) {
+                joined.push((req.jobid, e.jobid));
+            }
         }
         let found = idx
             .iter()
@@ -157,20 +175,21 @@ impl DataServer {
     fn lookup(&mut self, daemon: Rank, req: DataReq) -> Outcome {
         if req.keys.is_empty() {
             let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_BAD_PARAM, Vec::new()) };
-            return Outcome { answers: vec![answer], timer: None };
+            return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
         }
-        if let Some(found) = self.take(&req) {
-            return Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, found) }], timer: None };
+        let mut joined = Vec::new();
+        if let Some(found) = self.take(&req, &mut joined) {
+            return Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, found) }], timer: None, joined };
         }
         if !req.wait {
             let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_NOT_FOUND, Vec::new()) };
-            return Outcome { answers: vec![answer], timer: None };
+            return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
         }
         self.next_token += 1;
         let token = self.next_token;
         let timer = (req.timeout_s > 0).then_some((token, req.timeout_s));
         self.waiting.insert(token, Waiting { daemon, req });
-        Outcome { answers: Vec::new(), timer }
+        Outcome { answers: Vec::new(), timer, joined: Vec::new() }
     }
 
     /// A waiting lookup's timeout fired (nothing if it was answered meanwhile).
@@ -264,6 +283,19 @@ mod tests {
         let a = ds.on_timeout(token).unwrap();
         assert_eq!((a.resp.id, a.resp.status), (4, pmix_shim::ERR_TIMEOUT));
         assert_eq!(ds.waiting(), 0);
+    }
+
+    #[test]
+    fn rendezvous_lookups_across_jobs_join_them() {
+        let mut ds = DataServer::default();
+        let o = ds.handle(1, lookup(1, 5, &["p:1:accept"], true, 600));
+        assert!(o.joined.is_empty());
+        let o = ds.handle(2, publish(2, 6, vec![val("p:1:accept", "6:0")], 0, PERSIST_FIRST_READ));
+        assert_eq!(o.joined, vec![(5, 6)], "job 5 found job 6's side of the rendezvous");
+        ds.handle(2, publish(3, 6, vec![val("svc", "p:1")], 0, 0));
+        assert!(ds.handle(1, lookup(4, 5, &["svc"], false, 0)).joined.is_empty(), "a plain name joins nobody");
+        ds.handle(2, publish(5, 6, vec![val("q:connect", "x")], 0, 0));
+        assert!(ds.handle(1, lookup(6, 6, &["q:connect"], false, 0)).joined.is_empty(), "within one job");
     }
 
     #[test]

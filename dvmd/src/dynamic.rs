@@ -145,6 +145,13 @@ impl Daemon {
 
     /// A job left the table: its published data goes, a spawned job's parent may end now.
     pub(crate) fn dynamic_job_ended(&mut self, jobid: u32, job: &HnpJob) {
+        if let Some(peers) = self.jobs.peers.remove(&jobid) {
+            for p in peers {
+                if let Some(set) = self.jobs.peers.get_mut(&p) {
+                    set.remove(&jobid);
+                }
+            }
+        }
         for a in self.jobs.data.job_ended(jobid) {
             self.send_job_cmd(a.daemon, daemon_cmd::Body::DataResp(a.resp));
         }
@@ -166,8 +173,37 @@ impl Daemon {
         }
     }
 
+    /// A connect joined these jobs: each is told when another one fails.
+    pub(crate) fn on_jobs_connected(&mut self, jobids: Vec<u32>) {
+        let live: Vec<u32> = jobids.into_iter().filter(|j| self.jobs.hnp.contains_key(j)).collect();
+        for &a in &live {
+            for &b in live.iter().filter(|&&b| b != a) {
+                self.jobs.peers.entry(a).or_default().insert(b);
+            }
+        }
+        info!(jobs = ?live, "jobs connected");
+    }
+
+    /// Job `failed` just failed: each job connected to it (accept/connect) that is not
+    /// failing already (its spawn family is) fails too, with a sentence naming the peer, so
+    /// none of its ranks waits for a peer that is gone. (PMIx events would let a job choose
+    /// to survive; libpmix 4.2.2's server never delivers a host's notification to a client
+    /// that registered only a default handler, which is all Open MPI 4.1 registers.)
+    pub(crate) fn fail_peers(&mut self, failed: u32, code: i32, why: &str) {
+        let peers: Vec<u32> = self.jobs.peers.get(&failed).map(|p| p.iter().copied().collect()).unwrap_or_default();
+        for p in peers {
+            if self.jobs.hnp.get(&p).is_some_and(|j| !j.failing()) {
+                let text = format!("job {p} was connected to job {failed}, which failed ({why}): job {p} is ended too");
+                self.fail_job(p, code, text);
+            }
+        }
+    }
+
     pub(crate) fn on_data_req(&mut self, origin: Rank, req: DataReq) {
         let out = self.jobs.data.handle(origin, req);
+        for (a, b) in out.joined {
+            self.on_jobs_connected(vec![a, b]);
+        }
         for a in out.answers {
             self.send_job_cmd(a.daemon, daemon_cmd::Body::DataResp(a.resp));
         }

@@ -82,6 +82,11 @@ impl HnpJob {
     pub(crate) fn placement(&self) -> &Placement {
         &self.placement
     }
+
+    /// The job already fails (or is being killed).
+    pub(crate) fn failing(&self) -> bool {
+        self.first_failure.is_some() || self.killing
+    }
 }
 
 /// Daemon: this daemon's part of a job.
@@ -105,6 +110,8 @@ pub(crate) struct Jobs {
     local: BTreeMap<u32, LocalJob>,
     /// HNP: the DVM's data server (publish / lookup).
     pub(crate) data: crate::dataserver::DataServer,
+    /// HNP: jobs joined by a PMIx_Connect (accept/connect, spawn), both ways.
+    pub(crate) peers: BTreeMap<u32, BTreeSet<u32>>,
 }
 
 fn event(e: job_event::Event) -> JobEvent {
@@ -273,11 +280,15 @@ impl Daemon {
     /// spawned jobs are killed with it: nobody is left waiting for a peer that is gone.
     pub(crate) fn fail_job(&mut self, jobid: u32, code: i32, why: String) {
         let Some(job) = self.jobs.hnp.get_mut(&jobid) else { return };
-        if job.first_failure.is_none() {
+        let first = job.first_failure.is_none();
+        if first {
             let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text: why.clone() }))));
             job.first_failure = Some((code, why.clone()));
         }
         self.fail_family(jobid, code, &why);
+        if first {
+            self.fail_peers(jobid, code, &why);
+        }
         self.kill_job(jobid);
     }
 
@@ -481,6 +492,7 @@ impl Daemon {
             daemon_cmd::Body::LaunchReport(r) => self.on_launch_report(r),
             daemon_cmd::Body::DataReq(req) => self.on_data_req(origin, req),
             daemon_cmd::Body::DataResp(resp) => self.pmix.on_data_resp(resp),
+            daemon_cmd::Body::JobsConnected(c) => self.on_jobs_connected(c.jobids),
             daemon_cmd::Body::JobLog(l) => {
                 let host = self.host_of(l.daemon);
                 if let Some(job) = self.jobs.hnp.get(&l.jobid) {

@@ -2,7 +2,8 @@
 //! (tests/mpi/spawn.c, spawn_missing.c, accept.c, connect.c) calling MPI_Comm_spawn (2 and 8
 //! children, across nodes, nested, oversubscribed, of a missing executable, a child that
 //! fails) and MPI_Publish_name / MPI_Lookup_name / MPI_Comm_accept / MPI_Comm_connect between
-//! two separately launched jobs, on local DVMs at radix 2 and 64 and on netns fake nodes.
+//! two separately launched jobs (and the end of a job connected to one that fails), on local
+//! DVMs at radix 2 and 64 and on netns fake nodes.
 //! Every check compares with what the program's own arithmetic predicts (each side of an
 //! intercommunicator receives the other side's sum), never with output copied from a run.
 
@@ -159,6 +160,21 @@ fn dynamic_round(dvm: &Dvm, name: &str) {
             assert!(s.contains(&format!("accept rank {r} of 2: remote 3 sum 6 ok")), "{s}");
         }
     }
+
+    // A job connected to one that fails is ended too, in one sentence naming the peer, instead
+    // of waiting for it (its ranks wait for a message nobody sends).
+    let service = format!("dvm-test-{name}-abort");
+    let mut server = dvm.spawn_prun(&["-n", "2", &mpi_bin("accept"), &service, "wait"]);
+    let (_, _lines) = dvm_tests::wait_for_line(server.stdout.take().unwrap(), "published", GUARD)
+        .unwrap_or_else(|e| panic!("the accepting job never published: {e}\n{}", dvm.log()));
+    let client = run(dvm, &["-n", "3", &mpi_bin("connect"), &service, "abort"], "the aborting connected job");
+    assert_eq!(client.status.code(), Some(3), "{}", out(&client).1);
+    let server = common::wait_output(&mut server, GUARD, "the job connected to an aborted one");
+    assert_eq!(server.status.code(), Some(3), "{}\n{}", out(&server).1, dvm.log());
+    let err = out(&server).1;
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("was connected to job")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("called MPI_Abort with code 3") && said[0].contains("is ended too"), "{err}");
 }
 
 #[test]
@@ -175,4 +191,29 @@ fn dynamic_local_radix_64() {
 fn dynamic_netns_radix_2() {
     require_netns!();
     dynamic_suite("dynnetr2", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 2);
+}
+
+/// The Python acceptance: a process pool built on MPI_Comm_spawn (Debian's
+/// python3-mpi4py, `mpi4py.futures.MPIPoolExecutor`) maps a function over 100 inputs under
+/// `prun -n 1`; tests/mpi/pool.py checks every result against its own computation.
+#[test]
+fn mpi4py_pool_local_radix_2() {
+    const PYTHON: &str = "/usr/bin/python3";
+    let have = std::process::Command::new(PYTHON).args(["-c", "import mpi4py.futures"]).status();
+    assert!(
+        have.is_ok_and(|s| s.success()),
+        "{PYTHON} cannot import mpi4py.futures: install python3-mpi4py (scripts/prereqs.sh test)"
+    );
+    let env = [("OMPI_MCA_pml", "ob1")];
+    let dvm = Dvm::start("dynpool", Nodes::Local { daemons: 4, slots: 4 }, 2, &env);
+    let pool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi/pool.py");
+    let pool = pool.display().to_string();
+    for workers in ["1", "3", "8"] {
+        let o = run(&dvm, &["-n", "1", PYTHON, &pool, workers], "the mpi4py pool");
+        assert!(o.status.success(), "pool of {workers}: {:?}\n{}\n{}", o.status, out(&o).1, dvm.log());
+        assert!(out(&o).0.contains(&format!("pool of {workers} mapped 100 inputs: ok")), "{}", out(&o).0);
+    }
+    let left = dvm.leftover_procs();
+    assert!(left.is_empty(), "processes left: {:?}", Dvm::describe_procs(&left));
+    dvm.stop();
 }

@@ -1,8 +1,11 @@
 /* Server side of a connect/accept between two separately launched jobs: opens a port,
  * publishes it as service argv[1], accepts, checks the intercommunicator with an allreduce
- * (the server side contributes 1000+rank, the client side rank+1), unpublishes, disconnects. */
+ * (the server side contributes 1000+rank, the client side rank+1), unpublishes, disconnects.
+ * `accept SERVICE wait`: after the check every rank waits for a message nobody sends (only
+ * being told that the connected job failed can end it). */
 #include <mpi.h>
 #include <stdio.h>
+#include <string.h>
 
 int main(int argc, char **argv) {
     int rank, size, remote, mine, got, want = 0;
@@ -24,6 +27,11 @@ int main(int argc, char **argv) {
     MPI_Allreduce(&mine, &got, 1, MPI_INT, MPI_SUM, inter);
     for (int r = 0; r < remote; r++) want += r + 1;
     printf("accept rank %d of %d: remote %d sum %d %s\n", rank, size, remote, got, got == want ? "ok" : "FAIL");
+    fflush(stdout);
+    if (argc > 2 && !strcmp(argv[2], "wait")) {
+        int never;
+        MPI_Recv(&never, 1, MPI_INT, MPI_ANY_SOURCE, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
     if (rank == 0) {
         MPI_Unpublish_name(service, MPI_INFO_NULL, port);
         MPI_Close_port(port);

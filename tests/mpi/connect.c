@@ -1,6 +1,8 @@
-/* Client side of accept.c: looks service argv[1] up, connects, checks, disconnects. */
+/* Client side of accept.c: looks service argv[1] up, connects, checks, disconnects.
+ * `connect SERVICE abort`: rank 0 calls MPI_Abort(3) after the check instead. */
 #include <mpi.h>
 #include <stdio.h>
+#include <string.h>
 
 int main(int argc, char **argv) {
     int rank, size, remote, mine, got, want = 0;
@@ -17,6 +19,8 @@ int main(int argc, char **argv) {
     MPI_Allreduce(&mine, &got, 1, MPI_INT, MPI_SUM, inter);
     for (int r = 0; r < remote; r++) want += 1000 + r;
     printf("connect rank %d of %d: remote %d sum %d %s\n", rank, size, remote, got, got == want ? "ok" : "FAIL");
+    fflush(stdout);
+    if (argc > 2 && !strcmp(argv[2], "abort") && rank == 0) MPI_Abort(MPI_COMM_WORLD, 3);
     MPI_Comm_disconnect(&inter);
     MPI_Finalize();
     return got == want ? 0 : 1;

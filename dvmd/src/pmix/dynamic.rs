@@ -255,7 +255,7 @@ impl PmixHost {
         };
         self.register_foreign(procs);
         let key = format!("{what}|{}", canonical_procs(procs));
-        let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons));
+        let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons.clone()));
         // Forgotten with the first local job among the participants that ends here.
         let local: Vec<u32> = procs.iter().filter_map(|p| self.by_nspace.get(&p.nspace).copied()).collect();
         if let Some(job) = local.first().and_then(|j| self.jobs.get_mut(j)) {
@@ -264,6 +264,12 @@ impl PmixHost {
         let key = self.next_id;
         self.next_id += 1;
         self.fences.insert(key, reply);
+        if what == "connect" && daemons.first() == Some(&self.me) {
+            let mut jobids: Vec<u32> = procs.iter().filter_map(|p| self.known.get(&p.nspace).map(|k| k.0)).collect();
+            jobids.sort_unstable();
+            jobids.dedup();
+            self.connects.insert(key, jobids);
+        }
         info!(what, procs = procs.len(), key, "PMIx {what} -> grpcomm barrier over the participants' daemons");
         let timeout = timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
         let fence = GFence { sig, collect, data, timeout };

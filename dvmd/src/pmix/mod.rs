@@ -98,6 +98,9 @@ pub(crate) struct PmixHost {
     /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer
     /// can overtake its child's maps broadcast): retried as each job's maps arrive.
     deferred: Vec<dynamic::Deferred>,
+    /// Connect barriers this daemon reports to the HNP when they complete (it is their lowest
+    /// participating daemon): fence key -> the jobs joined.
+    connects: BTreeMap<u64, Vec<u32>>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -217,6 +220,7 @@ impl PmixHost {
             known: BTreeMap::new(),
             foreign: BTreeSet::new(),
             deferred: Vec::new(),
+            connects: BTreeMap::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
@@ -444,6 +448,9 @@ impl PmixHost {
 
     /// A fence this daemon runs for PMIx completed: answer libpmix.
     pub(crate) fn fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
+        if let (Some(jobids), true) = (self.connects.remove(&key), result.is_ok()) {
+            self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+        }
         let Some(reply) = self.fences.remove(&key) else {
             warn!(key, "a PMIx fence completed with no upcall waiting for it");
             return;
