@@ -193,6 +193,12 @@ fn dynamic_netns_radix_2() {
     dynamic_suite("dynnetr2", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 2);
 }
 
+#[test]
+fn dynamic_netns_radix_64() {
+    require_netns!();
+    dynamic_suite("dynnetr64", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 64);
+}
+
 /// The Python acceptance: a process pool built on MPI_Comm_spawn (Debian's
 /// python3-mpi4py, `mpi4py.futures.MPIPoolExecutor`) maps a function over 100 inputs under
 /// `prun -n 1`; tests/mpi/pool.py checks every result against its own computation.
