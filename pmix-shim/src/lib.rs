@@ -3,7 +3,9 @@
 //! **Owns**: the FFI (bindgen over `pmix.h` + `pmix_server.h`, module [`sys`]), a safe wrapper
 //! over the server calls ([`PmixServer`]), and the host module whose upcalls become owned
 //! [`PmixEvent`]s carrying reply objects ([`Reply`], [`FenceReply`], [`ModexReply`],
-//! [`InfoReply`]).
+//! [`InfoReply`], [`SpawnReply`], [`LookupReply`]). Hosted upcalls: client connected/finalized,
+//! abort, fence, direct modex, log, job control, spawn, connect, disconnect, publish, lookup,
+//! unpublish (docs/dynamic-mpi.md has the table).
 //!
 //! **Never**: makes a protocol decision (what a fence collects, who answers a direct modex,
 //! whether an abort kills the job: all the daemon's), and never calls a cbfunc inside an upcall
