@@ -9,7 +9,7 @@ set -euo pipefail
 build=(pkg-config make libpmix-dev libclang-dev openmpi-bin libopenmpi-dev)
 case "${1:-}" in
   build) want=("${build[@]}") ;;
-  test) want=("${build[@]}" iproute2 python3 mmdebstrap) ;;
+  test) want=("${build[@]}" iproute2 python3 python3-mpi4py mmdebstrap) ;;
   *)
     echo "usage: scripts/prereqs.sh build|test" >&2
     exit 2

@@ -40,6 +40,8 @@ pub enum Input {
     IofDelivered { jobid: u32, daemon: Rank, bytes: u64 },
     /// HNP: the grace for jobs ended by a termination passed; terminate now.
     TerminateNow,
+    /// HNP: a waiting lookup's timeout (its data server token) fired.
+    LookupTimeout(u64),
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
@@ -244,6 +246,7 @@ impl Daemon {
             Input::JobClientGone(j) => self.on_client_gone(j),
             Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
             Input::TerminateNow => self.terminate_now(),
+            Input::LookupTimeout(token) => self.on_lookup_timeout(token),
             Input::ChildExited(started, how) => {
                 use crate::launch::Started;
                 let Some(hnp) = self.hnp.as_ref() else { return };

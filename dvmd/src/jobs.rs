@@ -49,7 +49,7 @@ type EventTx = mpsc::Sender<Result<JobEvent, Status>>;
 
 /// What the per-job forwarder task carries to prun, in order.
 #[derive(Debug)]
-enum Forward {
+pub(crate) enum Forward {
     Output { daemon: Rank, chunk: IofChunk },
     Event(JobEvent),
 }
@@ -66,6 +66,27 @@ pub(crate) struct HnpJob {
     first_failure: Option<(i32, String)>,
     killing: bool,
     forward: mpsc::UnboundedSender<Forward>,
+    /// A spawned job: the job whose rank spawned it (its prun shows this job's output and
+    /// waits for it; crate::dynamic).
+    pub(crate) parent: Option<u32>,
+    /// Jobs spawned by this one's ranks that have not ended yet.
+    pub(crate) children: BTreeSet<u32>,
+    /// A spawn waiting for this job's procs to start: who asked, and how many daemons have
+    /// reported their procs started.
+    pub(crate) spawn: Option<crate::dynamic::PendingSpawn>,
+    /// This job's spawn failed (the spawning rank was told): its end fails nobody else.
+    pub(crate) spawn_failed: bool,
+}
+
+impl HnpJob {
+    pub(crate) fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The job already fails (or is being killed).
+    pub(crate) fn failing(&self) -> bool {
+        self.first_failure.is_some() || self.killing
+    }
 }
 
 /// Daemon: this daemon's part of a job.
@@ -77,14 +98,20 @@ pub(crate) struct LocalJob {
     live: u32,
     /// This daemon's ranks of the job, as `jobmap::local_procs` derived them.
     ranks: Vec<u32>,
+    /// Procs not yet reported started or failed, when the map asks for a `LaunchReport`.
+    unstarted: Option<u32>,
 }
 
 /// Job state of one daemon (HNP part empty elsewhere).
 #[derive(Default)]
 pub(crate) struct Jobs {
-    hnp: BTreeMap<u32, HnpJob>,
+    pub(crate) hnp: BTreeMap<u32, HnpJob>,
     next_jobid: u32,
     local: BTreeMap<u32, LocalJob>,
+    /// HNP: the DVM's data server (publish / lookup).
+    pub(crate) data: crate::dataserver::DataServer,
+    /// HNP: jobs joined by a PMIx_Connect (accept/connect, spawn), both ways.
+    pub(crate) peers: BTreeMap<u32, BTreeSet<u32>>,
 }
 
 fn event(e: job_event::Event) -> JobEvent {
@@ -110,7 +137,7 @@ fn base_env() -> Vec<(String, String)> {
 impl Daemon {
     // ---------------------------------------------------------------- HNP side
 
-    fn candidate_nodes(&self) -> Vec<NodeSlots> {
+    pub(crate) fn candidate_nodes(&self) -> Vec<NodeSlots> {
         let Some(contacts) = self.core().contacts() else { return Vec::new() };
         let topo = self.topology();
         contacts
@@ -172,11 +199,7 @@ impl Daemon {
                 return;
             }
         };
-        self.jobs.next_jobid += 1;
-        let jobid = self.jobs.next_jobid;
-        let (mut map, residuals) = jobmap::encode(jobid, &spec, &placement);
-        map.hnp_iof_window = IOF_WINDOW;
-        info!(jobid, nprocs = placement.nprocs(), nodes = placement.num_nodes(), "launching job");
+        let jobid = self.jobs.next_jobid + 1;
         let (ftx, frx) = mpsc::unbounded_channel();
         let _ = ftx.send(Forward::Event(event(job_event::Event::Started(JobStarted {
             jobid,
@@ -184,6 +207,26 @@ impl Daemon {
             nodes: placement.num_nodes(),
         }))));
         tokio::spawn(forwarder(jobid, frx, tx, self.input_tx()));
+        let started = self.start_job(&spec, placement, ftx, None);
+        debug_assert_eq!(started, jobid);
+    }
+
+    /// Map nothing, decide nothing: enter a mapped job in the table and send its maps and
+    /// residuals. `forward` carries its output and events to a prun (a spawned job's: its
+    /// parent's prun, which never sees it start or end: `parent` does). Returns the jobid.
+    pub(crate) fn start_job(
+        &mut self,
+        spec: &JobSpec,
+        placement: Placement,
+        forward: mpsc::UnboundedSender<Forward>,
+        parent: Option<u32>,
+    ) -> u32 {
+        self.jobs.next_jobid += 1;
+        let jobid = self.jobs.next_jobid;
+        let (mut map, residuals) = jobmap::encode(jobid, spec, &placement);
+        map.hnp_iof_window = IOF_WINDOW;
+        map.report_launch = parent.is_some();
+        info!(jobid, nprocs = placement.nprocs(), nodes = placement.num_nodes(), ?parent, "launching job");
         if spec.timeout_s > 0.0 {
             let itx = self.input_tx();
             let t = spec.timeout_s;
@@ -207,21 +250,75 @@ impl Daemon {
                 aborts: BTreeMap::new(),
                 first_failure: None,
                 killing: false,
-                forward: ftx,
+                forward,
+                parent,
+                children: BTreeSet::new(),
+                spawn: None,
+                spawn_failed: false,
             },
         );
         self.submit(CoreInput::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
         let slices = residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
         self.submit(CoreInput::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
+        jobid
     }
 
-    /// First failure of a job: remember why, tell prun, kill the rest.
-    fn fail_job(&mut self, jobid: u32, code: i32, why: String) {
-        let Some(job) = self.jobs.hnp.get_mut(&jobid) else { return };
-        if job.first_failure.is_none() {
-            let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text: why.clone() }))));
-            job.first_failure = Some((code, why));
+    /// A job's output and events channel (a spawned job shares its parent's).
+    pub(crate) fn forward_of(&self, jobid: u32) -> Option<mpsc::UnboundedSender<Forward>> {
+        self.jobs.hnp.get(&jobid).map(|j| j.forward.clone())
+    }
+
+    /// Show a sentence on a job's prun.
+    pub(crate) fn notice(&self, jobid: u32, text: String) {
+        if let Some(job) = self.jobs.hnp.get(&jobid) {
+            let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text }))));
         }
+    }
+
+    /// First failure of a job: remember why, tell prun, kill the rest. The failure of a
+    /// spawned job is its parent's too (whose ranks may wait on it), and a failed job's
+    /// spawned jobs are killed with it: nobody is left waiting for a peer that is gone.
+    pub(crate) fn fail_job(&mut self, jobid: u32, code: i32, why: String) {
+        let Some(job) = self.jobs.hnp.get_mut(&jobid) else { return };
+        let first = job.first_failure.is_none();
+        if first {
+            let _ = job.forward.send(Forward::Event(event(job_event::Event::Notice(JobNotice { text: why.clone() }))));
+            job.first_failure = Some((code, why.clone()));
+        }
+        self.fail_family(jobid, code, &why);
+        if first {
+            self.fail_peers(jobid, code, &why);
+        }
+        self.kill_job(jobid);
+    }
+
+    /// The failure reaches the job's ancestors (unless its spawn failed: the spawning rank was
+    /// told) and kills its descendants, without another sentence on prun.
+    fn fail_family(&mut self, jobid: u32, code: i32, why: &str) {
+        let Some(job) = self.jobs.hnp.get(&jobid) else { return };
+        let (parent, children, spawn_failed) = (job.parent, job.children.clone(), job.spawn_failed);
+        if let (Some(p), false) = (parent, spawn_failed) {
+            if let Some(pj) = self.jobs.hnp.get_mut(&p) {
+                if pj.first_failure.is_none() {
+                    pj.first_failure = Some((code, why.to_string()));
+                    self.fail_family(p, code, why);
+                    self.kill_job(p);
+                }
+            }
+        }
+        for c in children {
+            if let Some(cj) = self.jobs.hnp.get_mut(&c) {
+                if cj.first_failure.is_none() {
+                    cj.first_failure = Some((code, format!("killed with job {jobid}")));
+                    self.fail_family(c, code, why);
+                    self.kill_job(c);
+                }
+            }
+        }
+    }
+
+    fn kill_job(&mut self, jobid: u32) {
+        let Some(job) = self.jobs.hnp.get_mut(&jobid) else { return };
         if !job.killing {
             job.killing = true;
             self.job_control(JobControl {
@@ -240,7 +337,8 @@ impl Daemon {
     /// HNP: the DVM stops now: every job still in the table tells its prun how it ended (its
     /// first failure, or [`TERMINATED_EXIT`]) before the daemons go.
     pub(crate) fn end_remaining_jobs(&mut self) {
-        for (jobid, job) in std::mem::take(&mut self.jobs.hnp) {
+        // A spawned job's prun is its parent's, which ends it.
+        for (jobid, job) in std::mem::take(&mut self.jobs.hnp).into_iter().filter(|(_, j)| j.parent.is_none()) {
             let (exit_code, message) = job.first_failure.unwrap_or_else(|| (TERMINATED_EXIT, terminated_reason(jobid)));
             let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
         }
@@ -263,6 +361,11 @@ impl Daemon {
             return;
         }
         debug!(jobid = st.jobid, rank = st.rank, code = st.exit_code, signal = st.signal, "proc ended");
+        if job.spawn.is_some() && !st.error.is_empty() {
+            // A proc of a spawn in progress never ran: the spawn fails (crate::dynamic).
+            self.spawn_failed(st.jobid, &st.error);
+        }
+        let Some(job) = self.jobs.hnp.get_mut(&st.jobid) else { return };
         let abort = job.aborts.get(&st.rank).cloned();
         if let Some((code, node)) = abort {
             // MPI_Abort: now that the rank has exited, end the job with its code.
@@ -283,16 +386,20 @@ impl Daemon {
         self.maybe_end(st.jobid);
     }
 
-    fn maybe_end(&mut self, jobid: u32) {
+    pub(crate) fn maybe_end(&mut self, jobid: u32) {
         let Some(job) = self.jobs.hnp.get(&jobid) else { return };
-        if (job.reported.len() as u32) < job.placement.nprocs() {
+        // A job ends for its prun once its own procs and every job it spawned have ended.
+        if (job.reported.len() as u32) < job.placement.nprocs() || !job.children.is_empty() {
             return;
         }
         let job = self.jobs.hnp.remove(&jobid).expect("checked above");
-        let (exit_code, message) = job.first_failure.unwrap_or((0, String::new()));
-        info!(jobid, exit_code, "job ended");
-        let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
+        let (exit_code, message) = job.first_failure.clone().unwrap_or((0, String::new()));
+        info!(jobid, exit_code, parent = ?job.parent, "job ended");
+        if job.parent.is_none() {
+            let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
+        }
         self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
+        self.dynamic_job_ended(jobid, &job);
         if self.jobs.hnp.is_empty() {
             self.jobs_all_ended();
         }
@@ -380,6 +487,12 @@ impl Daemon {
                 }
             }
             daemon_cmd::Body::JobFail(f) => self.fail_job(f.jobid, f.code, f.reason),
+            daemon_cmd::Body::SpawnReq(req) => self.on_spawn_req(origin, req),
+            daemon_cmd::Body::SpawnResp(resp) => self.pmix.on_spawn_resp(resp),
+            daemon_cmd::Body::LaunchReport(r) => self.on_launch_report(r),
+            daemon_cmd::Body::DataReq(req) => self.on_data_req(origin, req),
+            daemon_cmd::Body::DataResp(resp) => self.pmix.on_data_resp(resp),
+            daemon_cmd::Body::JobsConnected(c) => self.on_jobs_connected(c.jobids),
             daemon_cmd::Body::JobLog(l) => {
                 let host = self.host_of(l.daemon);
                 if let Some(job) = self.jobs.hnp.get(&l.jobid) {
@@ -395,6 +508,15 @@ impl Daemon {
         match JobMap::decode(payload) {
             Ok(map) => {
                 let jobid = map.jobid;
+                // Every daemon knows every job's placement (a peer of another job after a
+                // connect, a spawned job's participants).
+                match Placement::from_job_map(&map) {
+                    Ok(p) => {
+                        let hosts = p.daemons().map(|d| self.host_of(d)).collect();
+                        self.pmix.learn_job(jobid, crate::pmix::nspace_of(&self.dvm_id(), jobid), p, hosts)
+                    }
+                    Err(e) => warn!(jobid, "job map unusable: {e}"),
+                }
                 self.jobs.local.entry(jobid).or_default().map = Some(map);
                 self.maybe_start(jobid);
             }
@@ -456,6 +578,9 @@ impl Daemon {
         lj.started = true;
         lj.live = procs.len() as u32;
         lj.ranks = procs.iter().map(|p| p.rank).collect();
+        if map.report_launch {
+            lj.unstarted = Some(procs.len() as u32);
+        }
         let env = base_env();
         let pmix = self.pmix_job_start(jobid, &map, procs.len() as u32);
         let session = self.session_dir();
@@ -539,6 +664,7 @@ impl Daemon {
         };
         if ctl.cleanup {
             self.jobs.local.remove(&ctl.jobid);
+            self.pmix.forget_job(ctl.jobid);
             self.odls_mut().forget_job(ctl.jobid);
             if self.jobs.local.is_empty() && self.jobs.hnp.is_empty() {
                 // Idle: what the job's messages, processes and streams used goes back to the
@@ -577,7 +703,10 @@ impl Daemon {
     /// Events of this daemon's processes.
     pub(crate) fn on_odls(&mut self, ev: OdlsEvent) {
         match ev {
-            OdlsEvent::Started { jobid, rank, pid } => debug!(jobid, rank, pid, "proc started"),
+            OdlsEvent::Started { jobid, rank, pid } => {
+                debug!(jobid, rank, pid, "proc started");
+                self.launch_progress(jobid, None);
+            }
             OdlsEvent::Output { jobid, rank, stream, data } => {
                 let stream = match stream {
                     Stream::Stdout => 1,
@@ -602,9 +731,26 @@ impl Daemon {
                 self.proc_done(st);
             }
             OdlsEvent::LaunchFailed { jobid, rank, error } => {
+                self.launch_progress(jobid, Some(error.clone()));
                 self.proc_done(ProcStatus { jobid, rank, pid: 0, exit_code: 127, signal: 0, error, daemon: self.me });
             }
         }
+    }
+
+    /// A proc of a job whose map asks for a `LaunchReport` started (or failed to): report
+    /// once every local proc did, or at the first failure.
+    fn launch_progress(&mut self, jobid: u32, error: Option<String>) {
+        let Some(lj) = self.jobs.local.get_mut(&jobid) else { return };
+        let Some(left) = lj.unstarted.as_mut() else { return };
+        *left = left.saturating_sub(1);
+        if error.is_none() && *left > 0 {
+            return;
+        }
+        lj.unstarted = None;
+        let started = lj.ranks.len() as u32;
+        let report =
+            dvm_proto::daemon::LaunchReport { jobid, daemon: self.me, started, error: error.unwrap_or_default() };
+        self.send_job_cmd(0, daemon_cmd::Body::LaunchReport(report));
     }
 
     fn proc_done(&mut self, st: ProcStatus) {

@@ -23,6 +23,8 @@
 pub use dvm_core as core;
 pub mod control;
 pub mod daemon;
+pub mod dataserver;
+pub mod dynamic;
 pub mod hostfile;
 pub mod jobmap;
 pub mod jobs;

@@ -21,6 +21,14 @@ pub const ERR_TIMEOUT: Status = sys::PMIX_ERR_TIMEOUT;
 pub const ERR_PARTIAL_SUCCESS: Status = sys::PMIX_ERR_PARTIAL_SUCCESS;
 /// `PMIX_ERR_NOT_FOUND`.
 pub const ERR_NOT_FOUND: Status = sys::PMIX_ERR_NOT_FOUND;
+/// `PMIX_ERR_BAD_PARAM`.
+pub const ERR_BAD_PARAM: Status = sys::PMIX_ERR_BAD_PARAM;
+/// `PMIX_ERR_DUPLICATE_KEY`: a publish of a key already published in the same range.
+pub const ERR_DUPLICATE_KEY: Status = sys::PMIX_ERR_DUPLICATE_KEY;
+/// `PMIX_ERR_JOB_FAILED_TO_LAUNCH`: a spawn whose procs could not all be started.
+pub const ERR_JOB_FAILED_TO_LAUNCH: Status = sys::PMIX_ERR_JOB_FAILED_TO_LAUNCH;
+/// `PMIX_ERR_JOB_FAILED_TO_MAP`: a spawn the DVM has no room for.
+pub const ERR_JOB_FAILED_TO_MAP: Status = sys::PMIX_ERR_JOB_FAILED_TO_MAP;
 
 /// libpmix's name for a status code, e.g. `PMIX_ERR_NOT_FOUND` -> "NOT-FOUND".
 pub fn status_name(status: Status) -> String {

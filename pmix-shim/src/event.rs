@@ -2,7 +2,7 @@
 //! back into libpmix.
 
 use crate::error::Status;
-use crate::reply::{FenceReply, InfoReply, ModexReply, Reply};
+use crate::reply::{FenceReply, InfoReply, LookupReply, ModexReply, Reply, SpawnReply};
 use crate::sys;
 use crate::types::{find_info, Info, ProcId};
 
@@ -39,6 +39,23 @@ impl FenceRequest {
     }
 }
 
+/// One application of a spawn request (`pmix_app_t`, copied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpawnApp {
+    /// The executable as the client named it.
+    pub cmd: String,
+    /// The full argv, argv\[0\] included (Open MPI puts the command there).
+    pub argv: Vec<String>,
+    /// `NAME=value` entries for the new procs' environment.
+    pub env: Vec<String>,
+    /// Working directory ("" if none was given).
+    pub cwd: String,
+    /// How many procs of this app.
+    pub maxprocs: i32,
+    /// Per-app directives (e.g. `PMIX_WDIR`).
+    pub info: Vec<Info>,
+}
+
 /// Everything libpmix asks of the host, plus the answers to the host's own async requests.
 #[derive(Debug)]
 pub enum PmixEvent {
@@ -60,6 +77,20 @@ pub enum PmixEvent {
     Log { client: ProcId, text: Option<String>, data: Vec<Info>, directives: Vec<Info>, reply: Reply },
     /// A client asked for job control (kill, signal, ...) of `targets`.
     JobControl { requestor: ProcId, targets: Vec<ProcId>, directives: Vec<Info>, reply: InfoReply },
+    /// A client called PMIx_Spawn (MPI_Comm_spawn). Complete with the new job's nspace once its
+    /// procs are started, or with an error status.
+    Spawn { proc: ProcId, job_info: Vec<Info>, apps: Vec<SpawnApp>, reply: SpawnReply },
+    /// Every local participant of a PMIx_Connect over `procs` (several nspaces) arrived.
+    /// Complete once every participant, on every server, has arrived.
+    Connect { procs: Vec<ProcId>, info: Vec<Info>, reply: Reply },
+    /// As [`PmixEvent::Connect`], for PMIx_Disconnect.
+    Disconnect { procs: Vec<ProcId>, info: Vec<Info>, reply: Reply },
+    /// A client published `info` (data and directives such as `PMIX_RANGE`, `PMIX_PERSISTENCE`).
+    Publish { proc: ProcId, info: Vec<Info>, reply: Reply },
+    /// A client looks up `keys` (directives such as `PMIX_WAIT`, `PMIX_TIMEOUT` in `info`).
+    Lookup { proc: ProcId, keys: Vec<String>, info: Vec<Info>, reply: LookupReply },
+    /// A client unpublishes `keys` (none: everything it published).
+    Unpublish { proc: ProcId, keys: Vec<String>, info: Vec<Info>, reply: Reply },
     /// Answer to `PmixServer::dmodex_request(request)`: `proc`'s data blob on this server.
     DmodexData { request: u64, proc: ProcId, status: Status, data: Vec<u8> },
     /// `PmixServer::deregister_nspace_nb(nspace)` completed.
@@ -77,6 +108,12 @@ impl PmixEvent {
             PmixEvent::DirectModex { .. } => "direct_modex",
             PmixEvent::Log { .. } => "log",
             PmixEvent::JobControl { .. } => "job_control",
+            PmixEvent::Spawn { .. } => "spawn",
+            PmixEvent::Connect { .. } => "connect",
+            PmixEvent::Disconnect { .. } => "disconnect",
+            PmixEvent::Publish { .. } => "publish",
+            PmixEvent::Lookup { .. } => "lookup",
+            PmixEvent::Unpublish { .. } => "unpublish",
             PmixEvent::DmodexData { .. } => "dmodex_data",
             PmixEvent::NspaceDeregistered { .. } => "nspace_deregistered",
         }

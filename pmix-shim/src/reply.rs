@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Status, ERROR};
 use crate::state;
 use crate::sys;
+use crate::types::{nspace_buf, InfoArray, InfoValue, ProcId};
 
 type OpCb = unsafe extern "C" fn(sys::pmix_status_t, *mut c_void);
 type ModexCb = unsafe extern "C" fn(
@@ -31,6 +32,25 @@ type InfoCb = unsafe extern "C" fn(
     sys::pmix_release_cbfunc_t,
     *mut c_void,
 );
+
+type SpawnCb = unsafe extern "C" fn(sys::pmix_status_t, *mut c_char, *mut c_void);
+type LookupCb = unsafe extern "C" fn(sys::pmix_status_t, *mut sys::pmix_pdata_t, usize, *mut c_void);
+
+/// One datum a lookup found: who published it, its key and value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub proc: ProcId,
+    pub key: String,
+    pub value: InfoValue,
+}
+
+/// What a completion hands to its cbfunc besides the status.
+enum Payload {
+    None,
+    Bytes(Vec<u8>),
+    Nspace(String),
+    Found(Vec<Published>),
+}
 
 /// Byte buffers handed to a modex cbfunc that libpmix has not released yet.
 static BUFFERS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -54,6 +74,8 @@ enum Callback {
     Op(OpCb),
     Modex(ModexCb),
     Info(InfoCb),
+    Spawn(SpawnCb),
+    Lookup(LookupCb),
 }
 
 /// A captured callback. Raw pointers make it !Send by default; libpmix's cbfuncs are
@@ -69,7 +91,7 @@ struct Pending {
 unsafe impl Send for Pending {}
 
 impl Pending {
-    fn fire(self, status: Status, data: Vec<u8>) {
+    fn fire(self, status: Status, data: Payload) {
         if state::in_upcall() {
             tracing::warn!(reply = self.what, "reply completed inside a PMIx upcall; deferring to a helper thread");
             std::thread::spawn(move || self.fire(status, data));
@@ -86,23 +108,69 @@ impl Pending {
         }
     }
 
-    unsafe fn call(self, status: Status, data: Vec<u8>) {
-        match self.cb {
-            Callback::Op(cb) => cb(status, self.cbdata),
-            Callback::Info(cb) => cb(status, std::ptr::null_mut(), 0, self.cbdata, None, std::ptr::null_mut()),
-            Callback::Modex(cb) => {
-                if data.is_empty() {
-                    cb(status, std::ptr::null(), 0, self.cbdata, None, std::ptr::null_mut());
-                } else {
-                    // The bytes must stay valid until libpmix calls release_bytes.
-                    let buf = Box::new(data);
-                    let (ptr, len) = (buf.as_ptr() as *const c_char, buf.len());
-                    BUFFERS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-                    cb(status, ptr, len, self.cbdata, Some(release_bytes), Box::into_raw(buf) as *mut c_void);
+    unsafe fn call(self, status: Status, payload: Payload) {
+        match (self.cb, payload) {
+            (Callback::Op(cb), _) => cb(status, self.cbdata),
+            (Callback::Info(cb), _) => cb(status, std::ptr::null_mut(), 0, self.cbdata, None, std::ptr::null_mut()),
+            (Callback::Spawn(cb), Payload::Nspace(ns)) if status == crate::error::SUCCESS => {
+                match nspace_buf("spawn reply", &ns) {
+                    // libpmix copies the name (strdup) before the cbfunc returns.
+                    Ok(mut buf) => cb(status, buf.as_mut_ptr(), self.cbdata),
+                    Err(e) => {
+                        tracing::error!("spawn reply: {e}");
+                        cb(crate::error::ERR_BAD_PARAM, std::ptr::null_mut(), self.cbdata)
+                    }
                 }
+            }
+            (Callback::Spawn(cb), _) => cb(status, std::ptr::null_mut(), self.cbdata),
+            (Callback::Lookup(cb), Payload::Found(found)) => call_lookup(cb, status, &found, self.cbdata),
+            (Callback::Lookup(cb), _) => cb(status, std::ptr::null_mut(), 0, self.cbdata),
+            (Callback::Modex(cb), Payload::Bytes(data)) if !data.is_empty() => {
+                // The bytes must stay valid until libpmix calls release_bytes.
+                let buf = Box::new(data);
+                let (ptr, len) = (buf.as_ptr() as *const c_char, buf.len());
+                BUFFERS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+                cb(status, ptr, len, self.cbdata, Some(release_bytes), Box::into_raw(buf) as *mut c_void);
+            }
+            (Callback::Modex(cb), _) => cb(status, std::ptr::null(), 0, self.cbdata, None, std::ptr::null_mut()),
+        }
+    }
+}
+
+/// Calls a lookup cbfunc with `found` as a `pmix_pdata_t` array. libpmix packs the array
+/// before the cbfunc returns (it does not keep it), so it is freed right after.
+///
+/// # Safety
+/// `cb`/`cbdata` are libpmix's pair for one lookup upcall.
+unsafe fn call_lookup(cb: LookupCb, status: Status, found: &[Published], cbdata: *mut c_void) {
+    let mut values = InfoArray::new();
+    let mut procs = Vec::with_capacity(found.len());
+    for p in found {
+        let loaded = values.push("lookup reply", &p.key, &p.value);
+        let proc = p.proc.to_raw("lookup reply");
+        match (loaded, proc) {
+            (Ok(()), Ok(proc)) => procs.push(proc),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!("lookup reply: {e}");
+                cb(crate::error::ERR_BAD_PARAM, std::ptr::null_mut(), 0, cbdata);
+                return;
             }
         }
     }
+    let mut pdata: Vec<sys::pmix_pdata_t> = values
+        .items()
+        .iter()
+        .zip(procs)
+        .map(|(info, proc)| {
+            // A shallow copy: key and value stay owned by `values`, which outlives the call.
+            sys::pmix_pdata_t { proc_: proc, key: info.key, value: std::ptr::read(&info.value) }
+        })
+        .collect();
+    let ptr = if pdata.is_empty() { std::ptr::null_mut() } else { pdata.as_mut_ptr() };
+    cb(status, ptr, pdata.len(), cbdata);
+    // The shallow copies are forgotten, never destructed (`values` owns what they point to).
+    drop(pdata);
+    drop(values);
 }
 
 macro_rules! reply_type {
@@ -138,7 +206,7 @@ macro_rules! reply_type {
             fn drop(&mut self) {
                 if let Some(p) = self.pending.take() {
                     tracing::warn!(reply = p.what, "PMIx reply dropped without completion; completing with PMIX_ERROR");
-                    p.fire(ERROR, Vec::new());
+                    p.fire(ERROR, Payload::None);
                 }
             }
         }
@@ -171,12 +239,24 @@ reply_type!(
     Info,
     InfoCb
 );
+reply_type!(
+    /// Completion of a `spawn` upcall: the status and, on success, the new job's nspace.
+    SpawnReply,
+    Spawn,
+    SpawnCb
+);
+reply_type!(
+    /// Completion of a `lookup` upcall: the status and what was found.
+    LookupReply,
+    Lookup,
+    LookupCb
+);
 
 impl Reply {
     /// Calls the cbfunc with `status`. Call from the daemon's thread, never inside an upcall.
     pub fn complete(mut self, status: Status) {
         if let Some(p) = self.pending.take() {
-            p.fire(status, Vec::new());
+            p.fire(status, Payload::None);
         }
     }
 }
@@ -185,7 +265,7 @@ impl InfoReply {
     /// Calls the cbfunc with `status` and no result info.
     pub fn complete(mut self, status: Status) {
         if let Some(p) = self.pending.take() {
-            p.fire(status, Vec::new());
+            p.fire(status, Payload::None);
         }
     }
 }
@@ -195,7 +275,7 @@ impl FenceReply {
     /// libpmix's release callback frees it.
     pub fn complete(mut self, status: Status, data: &[u8]) {
         if let Some(p) = self.pending.take() {
-            p.fire(status, data.to_vec());
+            p.fire(status, Payload::Bytes(data.to_vec()));
         }
     }
 }
@@ -204,7 +284,25 @@ impl ModexReply {
     /// Calls the cbfunc with `status` and a copy of `data` (freed by libpmix's release callback).
     pub fn complete(mut self, status: Status, data: &[u8]) {
         if let Some(p) = self.pending.take() {
-            p.fire(status, data.to_vec());
+            p.fire(status, Payload::Bytes(data.to_vec()));
+        }
+    }
+}
+
+impl SpawnReply {
+    /// Success with the new job's nspace, or an error status (`nspace` ignored).
+    pub fn complete(mut self, status: Status, nspace: &str) {
+        if let Some(p) = self.pending.take() {
+            p.fire(status, Payload::Nspace(nspace.to_owned()));
+        }
+    }
+}
+
+impl LookupReply {
+    /// The status and what was found (empty unless success).
+    pub fn complete(mut self, status: Status, found: Vec<Published>) {
+        if let Some(p) = self.pending.take() {
+            p.fire(status, Payload::Found(found));
         }
     }
 }

@@ -285,7 +285,9 @@ impl PmixServer {
     pub fn register_nspace(&self, nspace: &str, n_local: u32, job: &JobInfo) -> Result<Duration, PmixError> {
         const OP: &str = "PMIx_server_register_nspace";
         job.validate(OP, nspace)?;
-        if let Some(h) = &self.hostname {
+        // With no local procs (a job of other nodes, registered so that its procs can be
+        // named here) this node need not be in the map.
+        if let Some(h) = self.hostname.as_ref().filter(|_| n_local > 0) {
             let Some(idx) = job.node_map.iter().position(|n| n == h) else {
                 return Err(PmixError::InvalidArgument {
                     op: OP,

@@ -176,6 +176,9 @@ impl InfoValue {
         match u32::from(v.type_) {
             sys::PMIX_BOOL => InfoValue::Bool(d.flag),
             sys::PMIX_BYTE | sys::PMIX_UINT8 | sys::PMIX_PROC_STATE => InfoValue::U8(d.uint8),
+            // pmix_data_range_t and pmix_persistence_t are uint8_t.
+            sys::PMIX_DATA_RANGE => InfoValue::U8(d.range),
+            sys::PMIX_PERSIST => InfoValue::U8(d.persist),
             sys::PMIX_UINT16 => InfoValue::U16(d.uint16),
             sys::PMIX_UINT32 | sys::PMIX_UINT => InfoValue::U32(d.uint32),
             sys::PMIX_UINT64 => InfoValue::U64(d.uint64),
@@ -266,6 +269,26 @@ pub fn key_str(key: &'static [u8]) -> &'static str {
     std::str::from_utf8(k).expect("PMIx key constants are ASCII")
 }
 
+/// Copies a NULL-terminated C array of strings (NULL gives an empty vector).
+///
+/// # Safety
+/// `argv` must be NULL or point to a NULL-terminated array of valid C strings.
+pub(crate) unsafe fn argv_from_raw(argv: *const *mut c_char) -> Vec<String> {
+    let mut out = Vec::new();
+    if argv.is_null() {
+        return out;
+    }
+    let mut i = 0;
+    loop {
+        let s = *argv.add(i);
+        if s.is_null() {
+            return out;
+        }
+        out.push(CStr::from_ptr(s).to_string_lossy().into_owned());
+        i += 1;
+    }
+}
+
 /// An owned C array of `pmix_info_t`, loaded through `PMIx_Info_load` (which deep-copies)
 /// and destructed on drop. Must outlive any libpmix call that reads it asynchronously.
 pub(crate) struct InfoArray {
@@ -307,6 +330,11 @@ impl InfoArray {
 
     pub(crate) fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// The loaded items (their values stay owned by this array).
+    pub(crate) fn items(&self) -> &[sys::pmix_info_t] {
+        &self.items
     }
 }
 

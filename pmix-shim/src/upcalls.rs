@@ -8,12 +8,12 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Status, ERROR, ERR_NOT_SUPPORTED, SUCCESS};
-use crate::event::{FenceRequest, PmixEvent};
+use crate::event::{FenceRequest, PmixEvent, SpawnApp};
 use crate::logtext::log_text;
-use crate::reply::{FenceReply, InfoReply, ModexReply, Reply};
+use crate::reply::{FenceReply, InfoReply, LookupReply, ModexReply, Reply, SpawnReply};
 use crate::state::{self, UpcallGuard};
 use crate::sys;
-use crate::types::{Info, ProcId};
+use crate::types::{argv_from_raw, Info, ProcId};
 
 /// The module with our upcalls filled in; everything else NULL (libpmix answers NOT_SUPPORTED).
 pub(crate) fn module() -> sys::pmix_server_module_t {
@@ -26,6 +26,12 @@ pub(crate) fn module() -> sys::pmix_server_module_t {
     m.direct_modex = Some(direct_modex);
     m.log = Some(log);
     m.job_control = Some(job_control);
+    m.spawn = Some(spawn);
+    m.connect = Some(connect);
+    m.disconnect = Some(disconnect);
+    m.publish = Some(publish);
+    m.lookup = Some(lookup);
+    m.unpublish = Some(unpublish);
     m
 }
 
@@ -181,6 +187,126 @@ unsafe extern "C" fn job_control(
         targets: ProcId::from_raw_array(targets, ntargets),
         directives: Info::from_raw_array(directives, ndirs),
         reply: InfoReply::new(cbfunc, cbdata, g, "job_control"),
+    })
+}
+
+unsafe fn opt_str(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+unsafe extern "C" fn spawn(
+    proc_: *const sys::pmix_proc_t,
+    job_info: *const sys::pmix_info_t,
+    ninfo: usize,
+    apps: *const sys::pmix_app_t,
+    napps: usize,
+    cbfunc: sys::pmix_spawn_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("spawn", |g| {
+        let apps = if apps.is_null() {
+            Vec::new()
+        } else {
+            (0..napps)
+                .map(|i| {
+                    let a = &*apps.add(i);
+                    SpawnApp {
+                        cmd: opt_str(a.cmd),
+                        argv: argv_from_raw(a.argv),
+                        env: argv_from_raw(a.env),
+                        cwd: opt_str(a.cwd),
+                        maxprocs: a.maxprocs,
+                        info: Info::from_raw_array(a.info, a.ninfo),
+                    }
+                })
+                .collect()
+        };
+        PmixEvent::Spawn {
+            proc: ProcId::from_raw(proc_),
+            job_info: Info::from_raw_array(job_info, ninfo),
+            apps,
+            reply: SpawnReply::new(cbfunc, cbdata, g, "spawn"),
+        }
+    })
+}
+
+unsafe extern "C" fn connect(
+    procs: *const sys::pmix_proc_t,
+    nprocs: usize,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    cbfunc: sys::pmix_op_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("connect", |g| PmixEvent::Connect {
+        procs: ProcId::from_raw_array(procs, nprocs),
+        info: Info::from_raw_array(info, ninfo),
+        reply: Reply::new(cbfunc, cbdata, g, "connect"),
+    })
+}
+
+unsafe extern "C" fn disconnect(
+    procs: *const sys::pmix_proc_t,
+    nprocs: usize,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    cbfunc: sys::pmix_op_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("disconnect", |g| PmixEvent::Disconnect {
+        procs: ProcId::from_raw_array(procs, nprocs),
+        info: Info::from_raw_array(info, ninfo),
+        reply: Reply::new(cbfunc, cbdata, g, "disconnect"),
+    })
+}
+
+unsafe extern "C" fn publish(
+    proc_: *const sys::pmix_proc_t,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    cbfunc: sys::pmix_op_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("publish", |g| PmixEvent::Publish {
+        proc: ProcId::from_raw(proc_),
+        info: Info::from_raw_array(info, ninfo),
+        reply: Reply::new(cbfunc, cbdata, g, "publish"),
+    })
+}
+
+unsafe extern "C" fn lookup(
+    proc_: *const sys::pmix_proc_t,
+    keys: *mut *mut c_char,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    cbfunc: sys::pmix_lookup_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("lookup", |g| PmixEvent::Lookup {
+        proc: ProcId::from_raw(proc_),
+        keys: argv_from_raw(keys),
+        info: Info::from_raw_array(info, ninfo),
+        reply: LookupReply::new(cbfunc, cbdata, g, "lookup"),
+    })
+}
+
+unsafe extern "C" fn unpublish(
+    proc_: *const sys::pmix_proc_t,
+    keys: *mut *mut c_char,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    cbfunc: sys::pmix_op_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("unpublish", |g| PmixEvent::Unpublish {
+        proc: ProcId::from_raw(proc_),
+        keys: argv_from_raw(keys),
+        info: Info::from_raw_array(info, ninfo),
+        reply: Reply::new(cbfunc, cbdata, g, "unpublish"),
     })
 }
 

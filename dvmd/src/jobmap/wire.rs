@@ -157,6 +157,7 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         stdin_target: spec.stdin_target,
         stdin_rank: spec.stdin_rank,
         hnp_iof_window: 0,
+        report_launch: false,
     };
     let residuals = (0..placement.num_nodes())
         .map(|n| {

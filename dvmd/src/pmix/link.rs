@@ -64,6 +64,28 @@ pub(crate) enum HostEvent {
         status: Status,
         data: Bytes,
     },
+    /// PMIx_Spawn: the requesting proc and the request as the worker copied it.
+    Spawn {
+        proc: ProcId,
+        spawn: wire::Spawn,
+        reply: WorkerReplyHandle,
+    },
+    /// PMIx_Connect (`connect`) or PMIx_Disconnect: every participant; complete when all have
+    /// arrived everywhere.
+    Connect {
+        connect: bool,
+        procs: Vec<ProcId>,
+        timeout: Option<i32>,
+        reply: WorkerReplyHandle,
+    },
+    /// PMIx_Publish, PMIx_Lookup, PMIx_Unpublish: the data server's requests.
+    Data {
+        op: dvm_proto::daemon::DataOp,
+        proc: ProcId,
+        keys: Vec<String>,
+        info: Vec<pmix_shim::Info>,
+        reply: WorkerReplyHandle,
+    },
     NspaceDeregistered {
         nspace: String,
         status: Status,
@@ -85,6 +107,10 @@ impl HostEvent {
             HostEvent::Log { .. } => "log",
             HostEvent::JobControl { .. } => "job_control",
             HostEvent::DmodexData { .. } => "dmodex_data",
+            HostEvent::Spawn { .. } => "spawn",
+            HostEvent::Connect { connect: true, .. } => "connect",
+            HostEvent::Connect { connect: false, .. } => "disconnect",
+            HostEvent::Data { .. } => "data_server",
             HostEvent::NspaceDeregistered { .. } => "nspace_deregistered",
             HostEvent::Ended { .. } => "worker_ended",
         }
@@ -455,6 +481,40 @@ fn read_events(sock: UnixStream, link: Arc<WorkerLink>, gen: u64, tx: EventTx) {
             Some(Ev::JobControl(_)) => HostEvent::JobControl { reply },
             Some(Ev::DmodexData(d)) => HostEvent::DmodexData { request: d.request, status: d.status, data: d.data },
             Some(Ev::NspaceDeregistered(n)) => HostEvent::NspaceDeregistered { nspace: n.nspace, status: n.status },
+            Some(Ev::Spawn(sp)) => HostEvent::Spawn { proc: proc_from(sp.proc.clone()), spawn: sp, reply },
+            Some(Ev::Connect(set)) => HostEvent::Connect {
+                connect: true,
+                procs: set.procs.into_iter().map(|p| proc_from(Some(p))).collect(),
+                timeout: (set.timeout > 0).then_some(set.timeout),
+                reply,
+            },
+            Some(Ev::Disconnect(set)) => HostEvent::Connect {
+                connect: false,
+                procs: set.procs.into_iter().map(|p| proc_from(Some(p))).collect(),
+                timeout: (set.timeout > 0).then_some(set.timeout),
+                reply,
+            },
+            Some(Ev::Publish(p)) => HostEvent::Data {
+                op: dvm_proto::daemon::DataOp::DataPublish,
+                proc: proc_from(p.proc),
+                keys: Vec::new(),
+                info: super::value::infos_from_wire(&p.info),
+                reply,
+            },
+            Some(Ev::Lookup(l)) => HostEvent::Data {
+                op: dvm_proto::daemon::DataOp::DataLookup,
+                proc: proc_from(l.proc),
+                keys: l.keys,
+                info: super::value::infos_from_wire(&l.info),
+                reply,
+            },
+            Some(Ev::Unpublish(l)) => HostEvent::Data {
+                op: dvm_proto::daemon::DataOp::DataUnpublish,
+                proc: proc_from(l.proc),
+                keys: l.keys,
+                info: super::value::infos_from_wire(&l.info),
+                reply,
+            },
             None => {
                 // Unknown to this daemon: fail the upcall rather than leave a client waiting.
                 reply.complete(pmix_shim::ERR_NOT_SUPPORTED);

@@ -10,6 +10,7 @@
 //!   with `PMIx_server_dmodex_request`.
 //! - abort: reply first, then the job fails once the aborting rank has exited (the order that
 //!   keeps libpmix healthy); log: the text reaches prun.
+//! - spawn, connect/disconnect, publish/lookup/unpublish: [`dynamic`] (docs/dynamic-mpi.md).
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
@@ -33,8 +34,10 @@
 //! generation; a stale one is dropped, which fails its upcall); a worker is replaced only when
 //! idle (no namespace, no fence, no direct modex in flight), never under a running job.
 
+mod dynamic;
 mod frame;
 mod link;
+pub mod value;
 pub mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -88,6 +91,21 @@ pub(crate) struct PmixHost {
     next_id: u64,
     /// What this asks of the daemon core, in order (see [`PmixHost::drain`]).
     out: Vec<CoreInput>,
+    /// Every job of the DVM by nspace, hosted here or not, with its hosts ([`dynamic`]).
+    known: BTreeMap<String, (u32, Placement, Vec<String>)>,
+    /// Namespaces of jobs with no proc here that this daemon registered with its server
+    /// (participants of a connect or targets of a direct modex).
+    foreign: BTreeSet<String>,
+    /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer
+    /// can overtake its child's maps broadcast): retried as each job's maps arrive.
+    deferred: Vec<dynamic::Deferred>,
+    /// Connect barriers this daemon reports to the HNP when they complete (it is their lowest
+    /// participating daemon): fence key -> the jobs joined.
+    connects: BTreeMap<u64, Vec<u32>>,
+    /// Spawns asked of the HNP, by our id.
+    spawns: BTreeMap<u64, WorkerReplyHandle>,
+    /// Data server requests asked of the HNP, by our id.
+    data: BTreeMap<u64, (dvm_proto::daemon::DataOp, WorkerReplyHandle)>,
 }
 
 /// What the shell knows of a job when it starts its local procs.
@@ -126,6 +144,12 @@ pub fn nspace_of(dvm: &str, jobid: u32) -> String {
 /// far less (docs/soak.md).
 pub const CLIENT_GDS: &str = "hash";
 
+/// Open MPI settings a daemon gives its own ranks (its scratch directory). Open MPI 4.1's
+/// MPI_Comm_spawn copies every `OMPI_MCA_*` variable of the spawning rank into the child's
+/// environment: these are dropped from it, so each child rank gets its own daemon's (a child
+/// rank with another daemon's shared-memory directory crashes in its first collective).
+pub const PER_DAEMON_VARS: [&str; 2] = ["OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base"];
+
 /// The Open MPI setting that makes a waiting rank yield its core instead of busy-polling.
 pub const YIELD_VAR: &str = "OMPI_MCA_mpi_yield_when_idle";
 
@@ -153,6 +177,22 @@ pub fn share_topology() -> bool {
     std::env::var_os(NO_TOPO_VAR).is_none_or(|v| v.is_empty() || v == "0")
 }
 
+/// The job-level facts of a job as registered with a server (the maps; libpmix derives the
+/// rest).
+fn job_info(nspace: &str, placement: &Placement, hosts: &[String], nprocs: u32) -> JobInfo {
+    let proc_map: Vec<Vec<u32>> = placement.daemons().map(|d| placement.procs_on(d).iter().collect()).collect();
+    JobInfo {
+        node_map: hosts.to_vec(),
+        proc_map,
+        job_size: nprocs,
+        universe_size: nprocs,
+        appnum: 0,
+        jobid: Some(nspace.to_owned()),
+        max_procs: None,
+        extra: Vec::new(),
+    }
+}
+
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
     match e {
         FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
@@ -178,6 +218,12 @@ impl PmixHost {
             serving: BTreeMap::new(),
             next_id: 1,
             out: Vec::new(),
+            known: BTreeMap::new(),
+            foreign: BTreeSet::new(),
+            deferred: Vec::new(),
+            connects: BTreeMap::new(),
+            spawns: BTreeMap::new(),
+            data: BTreeMap::new(),
         }
     }
 
@@ -204,7 +250,13 @@ impl PmixHost {
 
     /// Nothing of any job is left in the worker, and nobody waits on it.
     fn idle(&self) -> bool {
-        self.jobs.is_empty() && self.fences.is_empty() && self.asked.is_empty() && self.serving.is_empty()
+        self.jobs.is_empty()
+            && self.fences.is_empty()
+            && self.asked.is_empty()
+            && self.serving.is_empty()
+            && self.spawns.is_empty()
+            && self.data.is_empty()
+            && self.deferred.is_empty()
     }
 
     fn config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
@@ -256,6 +308,7 @@ impl PmixHost {
 
     /// End the current worker in the background.
     fn retire_worker(&mut self) {
+        self.foreign.clear();
         if let Some(w) = self.worker.take() {
             self.retiring.retain(|h| !h.is_finished());
             self.retiring.push(w.retire(self.hurry.clone()));
@@ -296,17 +349,7 @@ impl PmixHost {
             return false;
         }
         let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal } = job;
-        let proc_map: Vec<Vec<u32>> = placement.daemons().map(|d| placement.procs_on(d).iter().collect()).collect();
-        let info = JobInfo {
-            node_map: hosts.to_vec(),
-            proc_map,
-            job_size: nprocs,
-            universe_size: nprocs,
-            appnum: 0,
-            jobid: Some(nspace.clone()),
-            max_procs: None,
-            extra: Vec::new(),
-        };
+        let info = job_info(&nspace, &placement, hosts, nprocs);
         let w = self.worker.as_ref().expect("ensured above");
         let registered = match w.register_nspace(&nspace, nlocal, &info) {
             Ok(()) => {
@@ -406,6 +449,9 @@ impl PmixHost {
 
     /// A fence this daemon runs for PMIx completed: answer libpmix.
     pub(crate) fn fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
+        if let (Some(jobids), true) = (self.connects.remove(&key), result.is_ok()) {
+            self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+        }
         let Some(reply) = self.fences.remove(&key) else {
             warn!(key, "a PMIx fence completed with no upcall waiting for it");
             return;
@@ -473,6 +519,12 @@ impl PmixHost {
                 debug!(%nspace, status, "PMIx namespace deregistered");
                 self.maybe_recycle();
             }
+            HostEvent::Spawn { proc, spawn, reply } => self.spawn(proc, spawn, reply),
+            HostEvent::Connect { connect, procs, timeout, reply } => {
+                let what = if connect { "connect" } else { "disconnect" };
+                self.union_fence(what, &procs, false, Bytes::new(), timeout, reply)
+            }
+            HostEvent::Data { op, proc, keys, info, reply } => self.data_request(op, proc, keys, info, reply),
             HostEvent::Ended { how } => self.worker_lost(&how),
         }
     }
@@ -498,6 +550,9 @@ impl PmixHost {
         self.fences.clear();
         self.asked.clear();
         self.serving.clear();
+        self.spawns.clear();
+        self.data.clear();
+        self.deferred.clear();
         self.retire_worker();
     }
 
@@ -513,6 +568,17 @@ impl PmixHost {
 
     fn fence(&mut self, req: FenceUpcall) {
         let nspace = req.procs.first().map(|p| p.nspace.clone()).unwrap_or_default();
+        if req.procs.iter().any(|p| p.nspace != nspace) {
+            // Across jobs (Open MPI's MPI_Comm_disconnect is such a fence).
+            if let Some(st) = req.local_status.filter(|&s| s != pmix_shim::SUCCESS) {
+                warn!(status = st, node = %self.host, "a local participant left a fence across jobs (status {st})");
+                req.reply.complete(st);
+                return;
+            }
+            let FenceUpcall { procs, collect, timeout, data, reply, .. } = req;
+            self.union_fence("fence", &procs, collect, data, timeout, reply);
+            return;
+        }
         let Some(jobid) = self.job_of(&nspace) else {
             warn!(%nspace, "fence for an unknown namespace");
             req.reply.complete(pmix_shim::ERR_NOT_FOUND);
@@ -548,10 +614,19 @@ impl PmixHost {
     }
 
     fn direct_modex(&mut self, proc: ProcId, reply: WorkerReplyHandle) {
+        // Any job of the DVM: after a connect, peers of another job are asked for too.
         let owner = match (self.job_of(&proc.nspace), proc_rank(&proc)) {
             (Some(jobid), Some(rank)) => self.jobs[&jobid].placement.node_of(rank).map(|o| (o, jobid, rank)),
-            _ => None,
+            _ => self.host_of_proc(&proc).map(|(jobid, rank, owner)| (owner, jobid, rank)),
         };
+        if owner.is_none() && proc_rank(&proc).is_some() && !self.known.contains_key(&proc.nspace) {
+            debug!(%proc, "direct modex for a job whose maps have not arrived yet: deferred");
+            self.deferred.push(dynamic::Deferred::Modex { proc, reply });
+            return;
+        }
+        if owner.is_some() {
+            self.register_foreign(std::slice::from_ref(&proc));
+        }
         let Some((owner, jobid, rank)) = owner else {
             reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
@@ -593,6 +668,7 @@ impl PmixHost {
 
     /// The answer to a direct modex this daemon asked for.
     pub(crate) fn on_dmodex_resp(&mut self, resp: DmodexResp) {
+        debug!(id = resp.id, status = resp.status, bytes = resp.data.len(), "direct modex answer");
         if let Some(reply) = self.asked.remove(&resp.id) {
             reply.complete_with(resp.status, &resp.data);
         }

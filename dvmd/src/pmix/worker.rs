@@ -26,7 +26,11 @@ use bytes::Bytes;
 use dvm_proto::pmixworker::{
     self as wire, worker_cmd::Body as Cmd, worker_event::Body as Ev, WorkerCmd, WorkerEvent, WorkerReply,
 };
-use pmix_shim::{FenceReply, InfoReply, JobInfo, ModexReply, PmixEvent, PmixServer, ProcId, Reply, ServerConfig};
+use pmix_shim::{
+    FenceReply, InfoReply, JobInfo, LookupReply, ModexReply, PmixEvent, PmixServer, ProcId, Published, Reply,
+    ServerConfig, SpawnReply,
+};
+use prost::Message;
 use tracing::{debug, error, info};
 
 use super::frame::{read_frame, write_frame};
@@ -37,15 +41,42 @@ enum Pending {
     Fence(FenceReply),
     Modex(ModexReply),
     Info(InfoReply),
+    Spawn(SpawnReply),
+    Lookup(LookupReply),
 }
 
 impl Pending {
+    /// `data`: a fence's or modex's bytes; a spawn's nspace (UTF-8); a lookup's
+    /// `LookupResult`.
     fn complete(self, status: pmix_shim::Status, data: &[u8]) {
         match self {
             Pending::Op(r) => r.complete(status),
             Pending::Info(r) => r.complete(status),
             Pending::Fence(r) => r.complete(status, data),
             Pending::Modex(r) => r.complete(status, data),
+            Pending::Spawn(r) => match std::str::from_utf8(data) {
+                Ok(ns) => r.complete(status, ns),
+                Err(_) => r.complete(pmix_shim::ERR_BAD_PARAM, ""),
+            },
+            Pending::Lookup(r) => match wire::LookupResult::decode(data) {
+                Ok(res) => {
+                    let found = res
+                        .found
+                        .iter()
+                        .filter_map(|p| {
+                            let info = super::value::from_wire(p.value.as_ref()?)?;
+                            let proc = p.proc.as_ref()?;
+                            let proc = ProcId::new(proc.nspace.clone(), pmix_shim::Rank::from_raw(proc.rank));
+                            Some(Published { proc, key: info.key, value: info.value })
+                        })
+                        .collect();
+                    r.complete(status, found)
+                }
+                Err(e) => {
+                    error!("PMIx worker: undecodable lookup result: {e}");
+                    r.complete(pmix_shim::ERR_BAD_PARAM, Vec::new())
+                }
+            },
         }
     }
 }
@@ -229,6 +260,11 @@ fn proc_of(p: &ProcId) -> wire::Proc {
     wire::Proc { nspace: p.nspace.clone(), rank: p.rank.to_raw() }
 }
 
+fn proc_set(procs: &[ProcId], info: &[pmix_shim::Info]) -> wire::ProcSet {
+    let timeout = pmix_shim::find_info(info, pmix_shim::sys::PMIX_TIMEOUT).and_then(|v| v.as_i64()).unwrap_or(0);
+    wire::ProcSet { procs: procs.iter().map(proc_of).collect(), timeout: i32::try_from(timeout).unwrap_or(0) }
+}
+
 /// An upcall as an event, and the reply it leaves waiting.
 fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
     match ev {
@@ -260,6 +296,37 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
         PmixEvent::JobControl { requestor, reply, .. } => {
             (Some(Pending::Info(reply)), Ev::JobControl(proc_of(&requestor)))
         }
+        PmixEvent::Spawn { proc, job_info, apps, reply } => {
+            let apps = apps
+                .into_iter()
+                .map(|a| wire::SpawnApp {
+                    cmd: a.cmd,
+                    argv: a.argv,
+                    env: a.env,
+                    cwd: a.cwd,
+                    maxprocs: a.maxprocs,
+                    info: super::value::infos_to_wire(&a.info),
+                })
+                .collect();
+            let job_info = super::value::infos_to_wire(&job_info);
+            (Some(Pending::Spawn(reply)), Ev::Spawn(wire::Spawn { proc: Some(proc_of(&proc)), job_info, apps }))
+        }
+        PmixEvent::Connect { procs, info, reply } => (Some(Pending::Op(reply)), Ev::Connect(proc_set(&procs, &info))),
+        PmixEvent::Disconnect { procs, info, reply } => {
+            (Some(Pending::Op(reply)), Ev::Disconnect(proc_set(&procs, &info)))
+        }
+        PmixEvent::Publish { proc, info, reply } => (
+            Some(Pending::Op(reply)),
+            Ev::Publish(wire::Publish { proc: Some(proc_of(&proc)), info: super::value::infos_to_wire(&info) }),
+        ),
+        PmixEvent::Lookup { proc, keys, info, reply } => (
+            Some(Pending::Lookup(reply)),
+            Ev::Lookup(wire::Lookup { proc: Some(proc_of(&proc)), keys, info: super::value::infos_to_wire(&info) }),
+        ),
+        PmixEvent::Unpublish { proc, keys, info, reply } => (
+            Some(Pending::Op(reply)),
+            Ev::Unpublish(wire::Lookup { proc: Some(proc_of(&proc)), keys, info: super::value::infos_to_wire(&info) }),
+        ),
         PmixEvent::DmodexData { request, proc, status, data } => (
             None,
             Ev::DmodexData(wire::DmodexData { request, proc: Some(proc_of(&proc)), status, data: Bytes::from(data) }),
