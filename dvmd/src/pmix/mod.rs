@@ -10,7 +10,7 @@
 //!   with `PMIx_server_dmodex_request`.
 //! - abort: reply first, then the job fails once the aborting rank has exited (the order that
 //!   keeps libpmix healthy); log: the text reaches prun.
-//! - spawn, connect/disconnect, publish/lookup/unpublish: [`dynamic`] (docs/dynamic-mpi.md).
+//! - spawn, connect/disconnect, publish/lookup/unpublish: `dynamic` (docs/dynamic-mpi.md).
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.

@@ -196,18 +196,25 @@ impl Exchange {
         }
     }
 
-    /// A ready message from daemon `from` for `step`: it awaits this participant's message
-    /// of that step. Checked against the schedule; call [`Exchange::advance`] after.
-    pub fn receive_ready(&mut self, from: Rank, step: u32) -> Result<Received, BlockError> {
+    /// Step `step` of this participant, if `from` is the daemon the schedule names for it: the
+    /// step's sender to us (`blocks`: a block message), or else its receiver (a ready).
+    fn partner_step(&self, from: Rank, step: u32, blocks: bool) -> Result<super::schedule::Step, BlockError> {
         let steps = self.sched.steps();
         if step >= steps {
             return Err(BlockError::StepOutOfRange { from, step, steps });
         }
         let st = self.sched.step(self.pos, step)?;
-        let expected = self.members[st.to as usize];
+        let expected = self.members[if blocks { st.from } else { st.to } as usize];
         if from != expected {
             return Err(BlockError::WrongSender { from, step, expected });
         }
+        Ok(st)
+    }
+
+    /// A ready message from daemon `from` for `step`: it awaits this participant's message
+    /// of that step. Checked against the schedule; call [`Exchange::advance`] after.
+    pub fn receive_ready(&mut self, from: Rank, step: u32) -> Result<Received, BlockError> {
+        self.partner_step(from, step, false)?;
         if self.was_sent(step) || !self.is_paced(step) || !self.ready.insert(step) {
             return Ok(Received::Duplicate);
         }
@@ -297,15 +304,7 @@ impl Exchange {
         first: Position,
         blocks: Vec<Bytes>,
     ) -> Result<Received, BlockError> {
-        let steps = self.sched.steps();
-        if step >= steps {
-            return Err(BlockError::StepOutOfRange { from, step, steps });
-        }
-        let st = self.sched.step(self.pos, step)?;
-        let expected = self.members[st.from as usize];
-        if from != expected {
-            return Err(BlockError::WrongSender { from, step, expected });
-        }
+        let st = self.partner_step(from, step, true)?;
         if first != st.recv.first() || blocks.len() != st.recv.len() as usize {
             return Err(BlockError::WrongBlocks {
                 from,
