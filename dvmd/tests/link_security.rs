@@ -25,7 +25,8 @@ fn dvm_via(name: &str, proxy: &Proxy, mode: &str) -> Dvm {
         Nodes::Local { daemons: 2, slots: 1 },
         2,
         &[("DVM_TEST_DIAL_VIA", &via)],
-        &["--heartbeat-ms", "0", "--link-security", mode],
+        // No link probe: the proxy's next frame after the boot must be the launch.
+        &["--heartbeat-ms", "0", "--link-security", mode, "--no-link-probe"],
     )
 }
 

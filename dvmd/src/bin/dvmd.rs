@@ -97,6 +97,10 @@ struct Args {
     /// Per-daemon link bandwidth for the broadcast choice, in MB/s (1 MB/s = 10^6 bytes/s).
     #[arg(long, value_name = "MBPS")]
     link_bandwidth_mbps: Option<f64>,
+    /// Do not measure the link once the DVM is ready (prun's one-shot DVMs: their job comes at
+    /// once, and the probe's traffic would share its links).
+    #[arg(long)]
+    no_link_probe: bool,
 
     // Internal: run as daemon `rank` of an existing DVM (the HNP passes these).
     #[arg(long, hide = true)]
@@ -488,7 +492,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
-    if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() {
+    if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() && !args.no_link_probe {
         daemon.measure_link();
     }
     start_pmix(&mut daemon, session.dir(), &args);

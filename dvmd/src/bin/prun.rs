@@ -334,6 +334,8 @@ impl Transient {
         }
         // A job is coming at once: PMIx servers start during the boot, not with the job.
         cmd.arg("--pmix-start").arg("eager").arg("--private");
+        // Nor should a link probe share the links with the job.
+        cmd.arg("--no-link-probe");
         // Extra dvmd options for one-shot DVMs (e.g. "--radix 2 --launch-agent ...").
         if let Ok(extra) = std::env::var("PRUN_DVMD_ARGS") {
             cmd.args(shell_words(&extra));
