@@ -160,8 +160,8 @@ impl LinkParams<'_> {
     pub fn keys(&self, max_frame: usize) -> (Sealer, Opener) {
         let send = self.key(self.role);
         let recv = self.key(self.role.peer());
-        let sealer = Sealer { mode: self.mode, key: send, seq: 0, scratch: Vec::new() };
-        let opener = Opener { mode: self.mode, key: recv, seq: 0, codec: FrameCodec::new(max_frame) };
+        let sealer = Sealer { key: send, seq: 0, scratch: Vec::new() };
+        let opener = Opener { key: recv, seq: 0, codec: FrameCodec::new(max_frame) };
         (sealer, opener)
     }
 
@@ -218,7 +218,6 @@ fn mac_tag(key: &[u8; 32], seq: u64, prefix: &[u8], body: &[&[u8]]) -> [u8; TAG_
 
 /// Seals the frames one side sends on one connection, in order.
 pub struct Sealer {
-    mode: LinkSecurity,
     key: Option<Key>,
     seq: u64,
     /// Reused buffer for the ciphertext of one frame (aead).
@@ -226,10 +225,6 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    pub fn mode(&self) -> LinkSecurity {
-        self.mode
-    }
-
     /// Write `frame` sealed to `w` (no flush). The frame's size was checked by the sender.
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, frame: &Frame) -> std::io::Result<()> {
         let Some(key) = &self.key else {
@@ -271,7 +266,6 @@ impl Sealer {
 
 /// Opens the frames one side receives on one connection: a `Decoder` of sealed frames.
 pub struct Opener {
-    mode: LinkSecurity,
     key: Option<Key>,
     seq: u64,
     codec: FrameCodec,
@@ -287,11 +281,6 @@ impl Opener {
     /// Frames verified so far.
     pub fn verified(&self) -> u64 {
         self.seq
-    }
-
-    /// The mode this opener verifies.
-    pub fn mode(&self) -> LinkSecurity {
-        self.mode
     }
 }
 

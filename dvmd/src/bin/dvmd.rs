@@ -251,18 +251,18 @@ fn other_movement(mode: dvm_grpcomm::FenceMovementMode, other: bool) -> dvm_grpc
 /// How long a daemon waits for the DVM secret its HNP writes to its stdin.
 const SECRET_WAIT: Duration = Duration::from_secs(10);
 
-/// The link model until the HNP has measured one (or when a flag pins half of it).
-const DEFAULT_LINK_LATENCY_US: f64 = 50.0;
-const DEFAULT_LINK_BANDWIDTH_MBPS: f64 = 1000.0;
-
 /// The collective configuration from the command line (the same on every daemon).
 fn grpcomm_config(args: &Args) -> dvm_grpcomm::Config {
     let mut cfg = dvm_grpcomm::Config {
         fence_movement: args.fence_movement,
         bcast_movement: args.bcast_movement,
-        link: dvm_grpcomm::LinkModel {
-            alpha_ns: args.link_latency_us.unwrap_or(DEFAULT_LINK_LATENCY_US) * 1e3,
-            beta_ns_per_byte: 1e3 / args.link_bandwidth_mbps.unwrap_or(DEFAULT_LINK_BANDWIDTH_MBPS),
+        // grpcomm's default stands for what is not given, until the HNP has measured a link.
+        link: {
+            let d = dvm_grpcomm::LinkModel::default();
+            dvm_grpcomm::LinkModel {
+                alpha_ns: args.link_latency_us.map_or(d.alpha_ns, |us| us * 1e3),
+                beta_ns_per_byte: args.link_bandwidth_mbps.map_or(d.beta_ns_per_byte, |mbps| 1e3 / mbps),
+            }
         },
         ..dvm_grpcomm::Config::default()
     };

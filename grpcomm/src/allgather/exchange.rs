@@ -153,34 +153,15 @@ impl Exchange {
         loop {
             // The ready first: it is one small message, and it must not wait behind a large one.
             if !self.is_complete() && self.announced <= self.step && self.awaits_paced(self.step) {
-                let st = self.sched.step(self.pos, self.step)?;
-                out.push(Outgoing {
-                    to: self.members[st.from as usize],
-                    step: self.step,
-                    first: st.recv.first(),
-                    blocks: Vec::new(),
-                    ready: true,
-                });
+                out.push(self.ready_message(self.step)?);
                 self.announced = self.step + 1;
             }
-            for k in 0..=self.step.min(self.sched.steps().saturating_sub(1)) {
-                if self.sched.steps() == 0 || self.was_sent(k) || (self.is_paced(k) && !self.ready.contains(&k)) {
+            // Every step whose blocks are held (k <= step) and whose receiver, if paced, is ready.
+            for k in 0..self.sched.steps().min(self.step + 1) {
+                if self.was_sent(k) || (self.is_paced(k) && !self.ready.contains(&k)) {
                     continue;
                 }
-                let st = self.sched.step(self.pos, k)?;
-                let mut blocks = Vec::with_capacity(st.send.len() as usize);
-                for p in st.send.positions() {
-                    let rank = self.members[p as usize];
-                    let b = self.blocks[p as usize].clone().ok_or(ScheduleError::MissingBlock { position: p, rank })?;
-                    blocks.push(b);
-                }
-                out.push(Outgoing {
-                    to: self.members[st.to as usize],
-                    step: k,
-                    first: st.send.first(),
-                    blocks,
-                    ready: false,
-                });
+                out.push(self.blocks_message(k)?);
                 self.ready.remove(&k);
                 self.sent |= 1 << k;
             }
@@ -194,6 +175,32 @@ impl Exchange {
             }
             self.step += 1;
         }
+    }
+
+    /// Step `k`'s block message to its receiver, from the blocks held (a missing one is named).
+    fn blocks_message(&self, k: u32) -> Result<Outgoing, BlockError> {
+        let st = self.sched.step(self.pos, k)?;
+        let blocks = st
+            .send
+            .positions()
+            .map(|p| {
+                let rank = self.members[p as usize];
+                self.blocks[p as usize].clone().ok_or(ScheduleError::MissingBlock { position: p, rank })
+            })
+            .collect::<Result<Vec<Bytes>, _>>()?;
+        Ok(Outgoing { to: self.members[st.to as usize], step: k, first: st.send.first(), blocks, ready: false })
+    }
+
+    /// The ready message for step `k`, to that step's sender.
+    fn ready_message(&self, k: u32) -> Result<Outgoing, BlockError> {
+        let st = self.sched.step(self.pos, k)?;
+        Ok(Outgoing {
+            to: self.members[st.from as usize],
+            step: k,
+            first: st.recv.first(),
+            blocks: Vec::new(),
+            ready: true,
+        })
     }
 
     /// Step `step` of this participant, if `from` is the daemon the schedule names for it: the
@@ -227,14 +234,7 @@ impl Exchange {
         if self.is_complete() || self.announced <= self.step {
             return None;
         }
-        let st = self.sched.step(self.pos, self.step).ok()?;
-        (self.members[st.from as usize] == peer).then(|| Outgoing {
-            to: peer,
-            step: self.step,
-            first: st.recv.first(),
-            blocks: Vec::new(),
-            ready: true,
-        })
+        self.ready_message(self.step).ok().filter(|o| o.to == peer)
     }
 
     /// This participant holds every block (from another source): take them, and send every
@@ -248,15 +248,7 @@ impl Exchange {
         self.blocks = blocks.into_iter().map(Some).collect();
         self.held.clear();
         for k in (0..self.sched.steps()).filter(|&k| !self.was_sent(k)) {
-            let st = self.sched.step(self.pos, k)?;
-            let blocks = st.send.positions().map(|p| self.blocks[p as usize].clone().unwrap_or_default()).collect();
-            out.push(Outgoing {
-                to: self.members[st.to as usize],
-                step: k,
-                first: st.send.first(),
-                blocks,
-                ready: false,
-            });
+            out.push(self.blocks_message(k)?);
         }
         self.sent = (1u64 << self.sched.steps()) - 1;
         self.step = self.sched.steps();
@@ -281,18 +273,11 @@ impl Exchange {
 
     /// Every message already sent to `peer`, rebuilt from the blocks held (to send again).
     pub fn sent_to(&self, peer: Rank) -> Vec<Outgoing> {
-        let mut out = Vec::new();
-        for k in (0..self.sched.steps()).filter(|&k| self.was_sent(k)) {
-            let Ok(st) = self.sched.step(self.pos, k) else { continue };
-            if self.members[st.to as usize] != peer {
-                continue;
-            }
-            let blocks: Option<Vec<Bytes>> = st.send.positions().map(|p| self.blocks[p as usize].clone()).collect();
-            if let Some(blocks) = blocks {
-                out.push(Outgoing { to: peer, step: k, first: st.send.first(), blocks, ready: false });
-            }
-        }
-        out
+        (0..self.sched.steps())
+            .filter(|&k| self.was_sent(k))
+            .filter_map(|k| self.blocks_message(k).ok())
+            .filter(|o| o.to == peer)
+            .collect()
     }
 
     /// A block message from daemon `from`. Checked against the schedule, then held for its
