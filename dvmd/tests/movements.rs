@@ -67,6 +67,30 @@ fn bulk_broadcast_survives_a_killed_daemon() {
     dvm.stop();
 }
 
+/// A relay frozen (SIGSTOP) for 2 s during back-to-back paced bulk broadcasts, then resumed:
+/// its partners' paced steps wait for it and the stream completes, every daemon holding every
+/// op byte for byte (if the freeze outlasted the heartbeat bound on a slow machine, the relay
+/// is declared lost and the survivors still complete: either way nothing hangs).
+#[test]
+fn bulk_broadcast_survives_a_frozen_daemon() {
+    let (daemons, victim) = (16, 5);
+    let dvm = bulk_dvm("bulkfreeze", daemons, 2);
+    let mut stream = dvm.bench(&["--check-xcast", "200", "--xcast-bytes", "1048576"]);
+    until(Duration::from_secs(60), "the broadcast stream to start", || {
+        dvm.log().matches("xcast op on scatter-allgather").count() >= 10
+    });
+    let pid = dvm.daemon_pid(victim);
+    signal(pid, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(pid, libc::SIGCONT);
+    let out = wait_output(&mut stream, Duration::from_secs(300), "the broadcast stream after a freeze");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "the stream across a frozen daemon {victim} failed: {o}{e}");
+    assert!(o.contains("identical, correct bytes"), "{o}");
+    dvm.assert_up();
+    dvm.stop();
+}
+
 /// One daemon runs the other fence movement: every participant fails the fence with an error
 /// naming both movements, nobody hangs, and the DVM stays up.
 #[test]

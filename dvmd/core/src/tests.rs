@@ -18,6 +18,8 @@ pub(crate) struct Net {
     now: u64,
     /// Effects other than Transmit, per daemon, in order.
     pub(crate) seen: Vec<Vec<Effect>>,
+    /// Virtual time a delivered frame adds per payload byte (0: size costs nothing).
+    ns_per_byte: u64,
 }
 
 pub(crate) fn epoch_of(r: Rank) -> u64 {
@@ -26,6 +28,12 @@ pub(crate) fn epoch_of(r: Rank) -> u64 {
 
 impl Net {
     pub(crate) fn boot(n: u32, radix: u32) -> Net {
+        Net::boot_with(n, radix, 0, |_| {})
+    }
+
+    /// As [`Net::boot`], with `setup` applied to every core before the first input, and every
+    /// delivered frame costing `ns_per_byte` of virtual time per payload byte.
+    pub(crate) fn boot_with(n: u32, radix: u32, ns_per_byte: u64, setup: impl Fn(&mut Core)) -> Net {
         let cores = (0..n)
             .map(|r| {
                 let cfg = CoreConfig {
@@ -43,7 +51,9 @@ impl Net {
                     addr: "127.0.0.1:1".into(),
                     ..Default::default()
                 });
-                Core::new(cfg, own).expect("valid geometry")
+                let mut core = Core::new(cfg, own).expect("valid geometry");
+                setup(&mut core);
+                core
             })
             .collect();
         let mut net = Net {
@@ -54,6 +64,7 @@ impl Net {
             frozen: BTreeSet::new(),
             now: 0,
             seen: (0..n).map(|_| Vec::new()).collect(),
+            ns_per_byte,
         };
         for r in 1..n {
             let own =
@@ -99,6 +110,7 @@ impl Net {
                 self.held.push_back((from, to, header, payload));
                 continue;
             }
+            self.now += payload.len() as u64 * self.ns_per_byte;
             self.input(to, Input::Frame { from_peer: from, header, payload });
         }
     }
@@ -388,4 +400,20 @@ proptest::proptest! {
         let r = replies.last().and_then(|r| r.as_ref().ok()).cloned();
         proptest::prop_assert!(r.as_ref().is_some_and(|r| r.errors == 0 && r.daemons == 8), "{r:?}");
     }
+}
+
+/// The HNP asked to measure its link does so once ready: from round trips of 1 µs per frame
+/// and 1 ns per payload byte, α is 1 µs (one frame each way, give or take frames of the boot
+/// still in flight) and β 1 ns/B; the broadcast choice then uses them. Not asked, it sends no
+/// probe and keeps the configured model.
+#[test]
+fn the_hnp_measures_its_link_only_when_asked() {
+    let net = Net::boot_with(4, 2, 1, |c| c.measure_link());
+    let link = net.cores[0].g.config().link;
+    assert!((1_000.0..=3_000.0).contains(&link.alpha_ns), "alpha {} ns", link.alpha_ns);
+    assert!((0.99..=1.01).contains(&link.beta_ns_per_byte), "beta {} ns/B", link.beta_ns_per_byte);
+
+    let quiet = Net::boot_with(4, 2, 1, |_| {});
+    assert_eq!(quiet.cores[0].g.config().link, Config::default().link);
+    assert!(quiet.cores[0].hnp.as_ref().is_some_and(|h| h.probe.is_none()), "a probe ran unasked");
 }
