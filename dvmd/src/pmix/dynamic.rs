@@ -143,6 +143,7 @@ impl PmixHost {
     /// from its maps broadcast.
     pub(crate) fn learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>) {
         self.known.insert(nspace, (jobid, placement, hosts));
+        self.highest_learned = self.highest_learned.max(Some(jobid));
         let waiting = std::mem::take(&mut self.deferred);
         for d in waiting {
             if d.procs().iter().any(|p| !self.known.contains_key(&p.nspace)) {
@@ -237,9 +238,21 @@ impl PmixHost {
         timeout: Option<i32>,
         reply: WorkerReplyHandle,
     ) {
+        if let Some(p) = procs
+            .iter()
+            .find(|p| !self.known.contains_key(&p.nspace) && !may_still_come(&p.nspace, self.highest_learned))
+        {
+            // A client may name any nspace: one that is no job still to come fails now.
+            warn!(
+                "{what} on daemon {} refused: it names namespace {}, which is no running job of this DVM",
+                self.me, p.nspace
+            );
+            reply.complete(pmix_shim::ERR_NOT_FOUND);
+            return;
+        }
         if procs.iter().any(|p| !self.known.contains_key(&p.nspace)) {
-            // Every nspace a client names is a job of this DVM (clients learn nspaces only
-            // from it), and a job's maps reach every daemon before its cleanup: they come.
+            // A job of this DVM whose maps have not come yet (a spawn's answer can overtake
+            // its child's maps broadcast): they come, in job order, before its cleanup.
             debug!(what, "{what} naming a job whose maps have not arrived yet: deferred");
             let procs = procs.to_vec();
             self.deferred.push(Deferred::Fence { what, procs, collect, data, timeout, reply });
@@ -424,6 +437,28 @@ impl PmixHost {
     }
 }
 
+/// Jobs whose maps may still be on their way to a daemon that has learned job `highest`: the
+/// HNP numbers jobs in order and broadcasts their maps in order, so a job not yet learned is
+/// a later one, and no more than this many are launched while one daemon lags.
+const MAX_JOBS_AHEAD: u32 = 64;
+
+/// Whether `nspace` may name a job of this DVM whose maps have not reached this daemon yet:
+/// a job namespace (`nspace_of`) numbered above the highest job learned, by at most
+/// [`MAX_JOBS_AHEAD`]. Anything else (a job that ended, or a name no job of this DVM has)
+/// never comes, and a request waiting for it would wait forever.
+pub(crate) fn may_still_come(nspace: &str, highest_learned: Option<u32>) -> bool {
+    let Some(jobid) = nspace
+        .rsplit_once("-job")
+        .and_then(|(dvm, n)| (dvm.starts_with("dvm-") && !n.starts_with('+')).then(|| n.parse::<u32>().ok()).flatten())
+    else {
+        return false;
+    };
+    match highest_learned {
+        Some(h) => jobid > h && jobid - h <= MAX_JOBS_AHEAD,
+        None => jobid <= MAX_JOBS_AHEAD,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,5 +487,21 @@ mod tests {
         assert_eq!(canonical_procs(&a), canonical_procs(&b));
         let w = vec![p("a", 2), ProcId::new("a", PRank::Wildcard), p("c", 5)];
         assert_eq!(canonical_procs(&w), "a:*;c:5");
+    }
+
+    #[test]
+    fn only_a_later_job_of_this_dvm_may_still_come() {
+        let ns = |j: u32| super::super::nspace_of("abc", j);
+        // Later jobs, within reach, may come; the last one learned and earlier ones never do.
+        assert!(may_still_come(&ns(8), Some(7)));
+        assert!(may_still_come(&ns(7 + MAX_JOBS_AHEAD), Some(7)));
+        assert!(!may_still_come(&ns(7), Some(7)));
+        assert!(!may_still_come(&ns(3), Some(7)));
+        assert!(!may_still_come(&ns(8 + MAX_JOBS_AHEAD), Some(7)));
+        // Names that are no job namespace at all.
+        for bad in ["", "bogus", "dvm-abc-job", "dvm-abc-jobx", "dvm-abc-job+9", "other-job9", "dvm-abc-job99999999999"]
+        {
+            assert!(!may_still_come(bad, Some(7)), "{bad:?}");
+        }
     }
 }

@@ -99,6 +99,9 @@ pub(crate) struct PmixHost {
     /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer
     /// can overtake its child's maps broadcast): retried as each job's maps arrive.
     deferred: Vec<dynamic::Deferred>,
+    /// The highest job id whose maps reached this daemon: a request naming a job at or below
+    /// it that is not known names a job that ended or never was, and is refused at once.
+    highest_learned: Option<u32>,
     /// Connect barriers this daemon reports to the HNP when they complete (it is their lowest
     /// participating daemon): fence key -> the jobs joined.
     connects: BTreeMap<u64, Vec<u32>>,
@@ -221,6 +224,7 @@ impl PmixHost {
             known: BTreeMap::new(),
             foreign: BTreeSet::new(),
             deferred: Vec::new(),
+            highest_learned: None,
             connects: BTreeMap::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
@@ -619,7 +623,11 @@ impl PmixHost {
             (Some(jobid), Some(rank)) => self.jobs[&jobid].placement.node_of(rank).map(|o| (o, jobid, rank)),
             _ => self.host_of_proc(&proc).map(|(jobid, rank, owner)| (owner, jobid, rank)),
         };
-        if owner.is_none() && proc_rank(&proc).is_some() && !self.known.contains_key(&proc.nspace) {
+        if owner.is_none()
+            && proc_rank(&proc).is_some()
+            && !self.known.contains_key(&proc.nspace)
+            && dynamic::may_still_come(&proc.nspace, self.highest_learned)
+        {
             debug!(%proc, "direct modex for a job whose maps have not arrived yet: deferred");
             self.deferred.push(dynamic::Deferred::Modex { proc, reply });
             return;
