@@ -77,7 +77,10 @@ impl Host {
             .map(|r| {
                 let took = self.server().register_client(nspace, r, uid, gid).expect("register_client");
                 let t0 = Instant::now();
-                let env = self.server().setup_fork(nspace, r).expect("setup_fork");
+                let mut env = self.server().setup_fork(nspace, r).expect("setup_fork");
+                // Open MPI's session directories go under this test's tmpdir (removed by
+                // `stop`), not /tmp: a rank that aborts leaves its own behind.
+                env.push(("OMPI_MCA_orte_tmpdir_base".into(), self.tmp.path().display().to_string()));
                 eprintln!(
                     "timing: register_client {:.2} ms, setup_fork {:.2} ms ({} vars)",
                     took.as_secs_f64() * 1e3,
