@@ -31,6 +31,7 @@ mod compress;
 pub mod fence;
 pub mod movement;
 pub mod scatter;
+pub mod testnet;
 pub mod xcast;
 
 pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};

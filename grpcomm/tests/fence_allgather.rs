@@ -53,7 +53,7 @@ fn every_participant_count_and_subset_matches_the_oracle() {
                     assert!(net.dropped.is_empty(), "n {n} radix {radix}: {:?}", net.dropped);
                     assert!(net.all_quiescent(), "n {n} radix {radix}: state left behind");
                     let p = members(sig, n).len() as u64;
-                    assert_eq!(net.direct_sends > 0, p > 1, "n {n}: lateral sends only when there is a peer");
+                    assert_eq!(net.direct_sends() > 0, p > 1, "n {n}: lateral sends only when there is a peer");
                 }
             }
         }
@@ -68,11 +68,11 @@ fn no_tree_message_moves_a_clean_allgather() {
         let p = plans(&net, &[&sig], &[true, true, false, true]);
         net.drive(p, true);
         check(&net, &sig, &[true, true, false, true], true);
-        let total = net.delivered;
-        assert_eq!(total, net.direct_sends, "n {n}: every message was a lateral block");
+        let total = net.hops;
+        assert_eq!(total, net.direct_sends(), "n {n}: every message was a lateral block");
         // Recursive doubling sends log2 N messages per daemon per fence; Bruck ceil(log2 N).
         let steps = u64::from(32 - (n - 1).leading_zeros());
-        assert_eq!(net.direct_sends, 4 * u64::from(n) * steps, "n {n}");
+        assert_eq!(net.direct_sends(), 4 * u64::from(n) * steps, "n {n}");
     }
 }
 
@@ -84,12 +84,12 @@ fn auto_puts_barriers_on_the_tree_and_modex_on_the_allgather() {
     let p = plans(&barrier, &[&sig], &[false]);
     barrier.drive(p, true);
     check(&barrier, &sig, &[false], true);
-    assert_eq!(barrier.direct_sends, 0);
+    assert_eq!(barrier.direct_sends(), 0);
     let mut modex = net(n, 2, 1, FenceMovementMode::Auto);
     let p = plans(&modex, &[&sig], &[true]);
     modex.drive(p, true);
     check(&modex, &sig, &[true], true);
-    assert_eq!(modex.direct_sends, modex.delivered);
+    assert_eq!(modex.direct_sends(), modex.hops);
 }
 
 #[test]
@@ -384,8 +384,8 @@ fn a_success_release_does_not_cut_a_running_exchange_short() {
     let want = oracle(&sig, 4, 0, true);
     let wire_sig = dvm_proto::grpcomm::FenceSignature { key: sig.key.clone(), all_daemons: true, daemons: vec![] };
     let release = FenceRelease { sig: Some(wire_sig), seq: 0, status: 0, error: String::new(), data: want.clone() };
-    net.node(3).handle(1, GrpcommMsg { body: Some(Body::Release(release)) });
-    let fx: Vec<Effect> = net.node(3).drain().collect();
+    net.node_mut(3).handle(1, GrpcommMsg { body: Some(Body::Release(release)) });
+    let fx: Vec<Effect> = net.node_mut(3).drain().collect();
     assert!(fx.is_empty(), "ignored: {fx:?}");
     net.run();
     for r in 0..4 {

@@ -1,240 +1,46 @@
-//! xcast over a small in-memory network: FIFO per link, seeded interleaving across links.
-//! (The simulator in `sim` runs the same machines at scale with timing; this is the unit-level
-//! check kept next to the code.)
+//! xcast on grpcomm's shared test network (`dvm_grpcomm::testnet::Links`: FIFO per link,
+//! seeded interleaving across links, process-first confirmations held as steps of their own).
+//! The simulator runs the same network at scale with a timed carrier.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, BcastMovementMode, Config, Effect, Grpcomm, LinkModel, Topology, Via, XcastId};
+use dvm_grpcomm::testnet::{Frame, Links as Net};
+use dvm_grpcomm::{tags, BcastMovementMode, Config, LinkModel, XcastId};
 use dvm_proto::grpcomm::grpcomm_msg::Body;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+/// A link model where every scatter-allgather step is paced (waits for its receiver's
+/// ready): latency negligible against any message.
+const PACED: LinkModel = LinkModel { alpha_ns: 1.0, beta_ns_per_byte: 1_000.0 };
+
+/// Slow links and quick messages: auto takes the lateral movement for the larger payloads
+/// here (a few hundred bytes once compressed) and the tree for 8 bytes.
+const SLOW: LinkModel = LinkModel { alpha_ns: 1_000.0, beta_ns_per_byte: 10.0 };
+
+/// Every daemon broadcasts with `mode` over `link`; USER tags are bulk-capable.
+fn net_with_link(n: u32, radix: u32, seed: u64, mode: BcastMovementMode, link: LinkModel) -> Net {
+    let cfg = Config {
+        compress_threshold: 64,
+        bcast_movement: mode,
+        link,
+        bulk_tags: [tags::LAUNCH, tags::USER].into_iter().collect(),
+        ..Config::default()
+    };
+    Net::with_configs(n, radix, seed, |_| cfg.clone())
 }
 
-type Msg = dvm_proto::grpcomm::GrpcommMsg;
-
-/// One delivered hop, for tests that check who sent what when.
-#[derive(Debug, Clone)]
-struct Hop {
-    from: u32,
-    to: u32,
-    msg: Msg,
+fn net_with(n: u32, radix: u32, seed: u64, mode: BcastMovementMode) -> Net {
+    net_with_link(n, radix, seed, mode, SLOW)
 }
 
-struct Net {
-    nodes: Vec<Grpcomm>,
-    dead: BTreeSet<u32>,
-    links: BTreeMap<(u32, u32), VecDeque<(u32, Msg)>>,
-    delivered: Vec<Vec<(u64, Bytes)>>,
-    completed: Vec<Vec<XcastId>>,
-    /// A process-first op delivered to the driver and not confirmed yet, per daemon. The
-    /// driver confirms it later, as a step of its own, so the network moves in between.
-    unconfirmed: Vec<Option<u64>>,
-    /// Process-first ops each daemon's driver has confirmed.
-    confirmed: Vec<BTreeSet<u64>>,
-    /// Confirmations that were held while at least one message reached that daemon.
-    held_across_traffic: usize,
-    /// Broken rules seen by the driver (a forward before the confirmation, a delivery while
-    /// a process-first op waits).
-    violations: Vec<String>,
-    /// Every hop handed to a daemon, in order, when tracing is on.
-    trace: Option<Vec<Hop>>,
-    /// Messages sent over lateral links (scatter-allgather blocks).
-    direct_sends: usize,
-    /// Daemons that can use no lateral link (their tree links work, and a send to a tree
-    /// neighbour takes the tree link, as in the daemon).
-    no_lateral: BTreeSet<u32>,
-    rng: Rng,
+fn tree_net(n: u32, radix: u32, seed: u64) -> Net {
+    net_with(n, radix, seed, BcastMovementMode::Tree)
 }
 
-impl Net {
-    fn new(n: u32, radix: u32, seed: u64) -> Self {
-        Self::with_movement(n, radix, seed, BcastMovementMode::Tree)
-    }
-
-    /// Every daemon broadcasts with `mode`; USER tags are bulk-capable.
-    fn with_movement(n: u32, radix: u32, seed: u64, mode: BcastMovementMode) -> Self {
-        // Slow links and quick messages: auto takes the lateral movement for the larger
-        // payloads here (a few hundred bytes once compressed) and the tree for 8 bytes.
-        Self::with_link(n, radix, seed, mode, LinkModel { alpha_ns: 1_000.0, beta_ns_per_byte: 10.0 })
-    }
-
-    /// A link model where every scatter-allgather step is paced (waits for its receiver's
-    /// ready): latency negligible against any message.
-    const PACED: LinkModel = LinkModel { alpha_ns: 1.0, beta_ns_per_byte: 1_000.0 };
-
-    fn with_link(n: u32, radix: u32, seed: u64, mode: BcastMovementMode, link: LinkModel) -> Self {
-        let cfg = Config {
-            compress_threshold: 64,
-            bcast_movement: mode,
-            link,
-            bulk_tags: [tags::LAUNCH, tags::USER].into_iter().collect(),
-            ..Config::default()
-        };
-        Net {
-            nodes: (0..n).map(|r| Grpcomm::new(Topology::new(r, radix, n).unwrap(), cfg.clone())).collect(),
-            dead: BTreeSet::new(),
-            links: BTreeMap::new(),
-            delivered: vec![Vec::new(); n as usize],
-            completed: vec![Vec::new(); n as usize],
-            unconfirmed: vec![None; n as usize],
-            confirmed: vec![BTreeSet::new(); n as usize],
-            held_across_traffic: 0,
-            violations: Vec::new(),
-            trace: None,
-            direct_sends: 0,
-            no_lateral: BTreeSet::new(),
-            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
-        }
-    }
-
-    /// Every daemon here runs `Config::default()`'s process-first tags.
-    fn process_first(&self, _r: u32, tag: u32) -> bool {
-        Config::default().process_first.contains(&tag)
-    }
-
-    fn pump(&mut self, r: u32) {
-        let effects: Vec<Effect> = self.nodes[r as usize].drain().collect();
-        for e in effects {
-            match e {
-                Effect::Send { to, msg, via: Via::Direct } => {
-                    // A lateral link: straight to the peer; lost with it.
-                    self.direct_sends += 1;
-                    let t = self.nodes[r as usize].topology();
-                    let neighbour = t.parent() == Some(to) || t.children().contains(&to);
-                    let cut = !neighbour && (self.no_lateral.contains(&to) || self.no_lateral.contains(&r));
-                    if self.dead.contains(&to) || cut {
-                        self.nodes[r as usize].peer_unreachable(to);
-                        self.pump(r);
-                    } else {
-                        self.links.entry((r, to)).or_default().push_back(msg_with_dst(msg, to));
-                    }
-                }
-                Effect::Send { to, msg, via: Via::Tree } => {
-                    if let Some(Body::Forward(f)) = &msg.body {
-                        if self.process_first(r, f.tag) && !self.confirmed[r as usize].contains(&f.op_id) {
-                            self.violations.push(format!(
-                                "daemon {r} forwarded process-first op {} (tag {}) to {to} before its driver confirmed it",
-                                f.op_id, f.tag
-                            ));
-                        }
-                    }
-                    // Route hop by hop with the sender's own topology.
-                    let hop = self.nodes[r as usize].topology().route_to(to).next_hop().unwrap_or(to);
-                    if self.dead.contains(&hop) {
-                        self.nodes[r as usize].peer_unreachable(hop);
-                        self.pump(r);
-                    } else {
-                        self.links.entry((r, hop)).or_default().push_back(msg_with_dst(msg, to));
-                    }
-                }
-                Effect::Deliver { op_id, tag, payload, .. } => {
-                    if let Some(waiting) = self.unconfirmed[r as usize] {
-                        self.violations.push(format!(
-                            "daemon {r} delivered op {op_id} while process-first op {waiting} awaited its driver"
-                        ));
-                    }
-                    self.delivered[r as usize].push((op_id, payload));
-                    if self.process_first(r, tag) {
-                        // Held: confirmed by a later step, not inside this pump.
-                        self.unconfirmed[r as usize] = Some(op_id);
-                    }
-                }
-                Effect::XcastComplete { id, .. } => self.completed[r as usize].push(id),
-                Effect::Dropped { reason, .. } => panic!("daemon {r} dropped a message: {reason}"),
-                _ => {}
-            }
-        }
-    }
-
-    /// The driver of daemon `r` confirms the process-first op it holds.
-    fn confirm(&mut self, r: u32) {
-        if let Some(op) = self.unconfirmed[r as usize].take() {
-            self.confirmed[r as usize].insert(op);
-            self.nodes[r as usize].xcast_processed(op);
-            self.pump(r);
-        }
-    }
-
-    /// Deliver one message from a random non-empty link, or let one driver confirm its held
-    /// process-first op. Returns false when idle.
-    fn step(&mut self) -> bool {
-        let live: Vec<(u32, u32)> = self.links.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
-        let waiting: Vec<u32> = (0..self.nodes.len() as u32)
-            .filter(|r| self.unconfirmed[*r as usize].is_some() && !self.dead.contains(r))
-            .collect();
-        if live.is_empty() && waiting.is_empty() {
-            return false;
-        }
-        let pick = self.rng.below((live.len() + waiting.len()) as u64) as usize;
-        if pick >= live.len() {
-            self.confirm(waiting[pick - live.len()]);
-            return true;
-        }
-        let (from, to) = live[pick];
-        self.deliver_hop(from, to);
-        true
-    }
-
-    /// Deliver the next message queued on link `from -> to`.
-    fn deliver_hop(&mut self, from: u32, to: u32) {
-        let (dst, msg) = self.links.get_mut(&(from, to)).unwrap().pop_front().unwrap();
-        if self.dead.contains(&to) {
-            return;
-        }
-        if dst != to {
-            // Relay: forward along this hop's route.
-            let hop = self.nodes[to as usize].topology().route_to(dst).next_hop().unwrap_or(dst);
-            self.links.entry((to, hop)).or_default().push_back((dst, msg));
-            return;
-        }
-        if self.unconfirmed[to as usize].is_some() {
-            self.held_across_traffic += 1;
-        }
-        if let Some(t) = self.trace.as_mut() {
-            t.push(Hop { from, to, msg: msg.clone() });
-        }
-        self.nodes[to as usize].handle(from, msg);
-        self.pump(to);
-    }
-
-    fn run(&mut self) {
-        let mut steps = 0;
-        while self.step() {
-            steps += 1;
-            assert!(steps < 5_000_000, "no quiescence");
-        }
-    }
-
-    fn crash(&mut self, victim: u32) {
-        self.dead.insert(victim);
-        self.unconfirmed[victim as usize] = None;
-        let failed = self.dead.clone();
-        for r in 0..self.nodes.len() as u32 {
-            if !self.dead.contains(&r) {
-                self.nodes[r as usize].topology_changed(&failed).unwrap();
-                self.pump(r);
-            }
-        }
-    }
-
-    fn assert_driver_rules_kept(&self) {
-        assert!(self.violations.is_empty(), "{} violation(s):\n{}", self.violations.len(), self.violations.join("\n"));
-    }
-}
-
-fn msg_with_dst(msg: Msg, dst: u32) -> (u32, Msg) {
-    (dst, msg)
+/// Crash `victim`; every survivor repairs at once.
+fn crash(net: &mut Net, victim: u32) {
+    net.crash(victim);
+    net.repair_all();
 }
 
 fn payload(i: u64, big: bool) -> Bytes {
@@ -244,16 +50,17 @@ fn payload(i: u64, big: bool) -> Bytes {
 
 fn check_in_order(net: &Net, expect_ops: u64) {
     net.assert_driver_rules_kept();
+    assert!(net.dropped.is_empty(), "dropped: {:?}", net.dropped);
     let reference = &net.delivered[0];
     assert_eq!(reference.len() as u64, expect_ops);
     for (r, d) in net.delivered.iter().enumerate() {
-        if net.dead.contains(&(r as u32)) {
+        if !net.is_alive(r as u32) {
             continue;
         }
         let ids: Vec<u64> = d.iter().map(|(op, _)| *op).collect();
         assert_eq!(ids, (0..expect_ops).collect::<Vec<_>>(), "daemon {r} delivered out of order or twice");
         assert_eq!(d, reference, "daemon {r} delivered different payloads");
-        assert!(net.nodes[r].is_quiescent(), "daemon {r} not quiescent");
+        assert!(net.node(r as u32).is_quiescent(), "daemon {r} not quiescent");
     }
 }
 
@@ -267,7 +74,7 @@ fn every_daemon_delivers_every_op_once_in_order() {
 /// The same with every scatter-allgather exchange step paced (ready messages in any order).
 #[test]
 fn paced_scatter_allgather_delivers_every_op_once_in_order() {
-    every_op_once_in_order(BcastMovementMode::Bulk, Some(Net::PACED));
+    every_op_once_in_order(BcastMovementMode::Bulk, Some(PACED));
 }
 
 fn every_op_once_in_order(mode: BcastMovementMode, link: Option<LinkModel>) {
@@ -276,15 +83,14 @@ fn every_op_once_in_order(mode: BcastMovementMode, link: Option<LinkModel>) {
         for n in [1, 2, 7, 16, 65] {
             for seed in 0..6 {
                 let mut net = match link {
-                    Some(l) => Net::with_link(n, radix, seed, mode, l),
-                    None => Net::with_movement(n, radix, seed, mode),
+                    Some(l) => net_with_link(n, radix, seed, mode, l),
+                    None => net_with(n, radix, seed, mode),
                 };
                 let mut started = Vec::new();
                 for i in 0..20u64 {
-                    let origin = net.rng.below(n as u64) as u32;
-                    let id = net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 5 == 0));
+                    let origin = net.rng.below(n as usize) as u32;
+                    let id = net.xcast(origin, tags::USER, payload(i, i % 5 == 0));
                     started.push(id);
-                    net.pump(origin);
                     for _ in 0..net.rng.below(8) {
                         net.step();
                     }
@@ -295,7 +101,7 @@ fn every_op_once_in_order(mode: BcastMovementMode, link: Option<LinkModel>) {
                 done.sort();
                 started.sort();
                 assert_eq!(done, started, "{mode} n={n} radix={radix} seed={seed}: completions");
-                lateral += net.direct_sends;
+                lateral += net.direct_sends();
             }
         }
     }
@@ -312,12 +118,11 @@ fn every_op_once_in_order(mode: BcastMovementMode, link: Option<LinkModel>) {
 #[test]
 fn scatter_allgather_sends_each_child_its_subtree_share_only() {
     for (n, radix) in [(16, 64), (16, 2), (13, 3), (64, 4)] {
-        let mut net = Net::with_movement(n, radix, 5, BcastMovementMode::Bulk);
+        let mut net = net_with(n, radix, 5, BcastMovementMode::Bulk);
         net.trace = Some(Vec::new());
         let big: Bytes = (0..65_536u32).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>().into();
         // Incompressible enough: deflate leaves most of it.
-        net.nodes[0].xcast(tags::USER, big.clone());
-        net.pump(0);
+        net.xcast(0, tags::USER, big.clone());
         net.run();
         check_in_order(&net, 1);
         for d in &net.delivered {
@@ -334,7 +139,7 @@ fn scatter_allgather_sends_each_child_its_subtree_share_only() {
             .unwrap();
         // The root's first child at radix 2 holds half the DVM below it.
         assert!(widest * 2 <= big.len() + 2 * n as usize, "n={n} radix={radix}: a forward carried {widest} bytes");
-        assert!(net.direct_sends > 0);
+        assert!(net.direct_sends() > 0);
     }
 }
 
@@ -345,14 +150,12 @@ fn scatter_allgather_sends_each_child_its_subtree_share_only() {
 fn process_first_tags_wait_for_the_driver() {
     // Directed: the root holds WIREUP unconfirmed; nothing goes down the tree until it
     // confirms, and then it goes to every child.
-    let mut net = Net::new(7, 2, 3);
-    net.nodes[0].xcast(tags::WIREUP, Bytes::from_static(b"contacts"));
-    net.pump(0);
-    assert_eq!(net.unconfirmed[0], Some(0), "the root delivered WIREUP to its driver");
-    let queued: usize = net.links.values().map(VecDeque::len).sum();
-    assert_eq!(queued, 0, "the root sent before its driver confirmed WIREUP: {:?}", net.links);
+    let mut net = tree_net(7, 2, 3);
+    net.xcast(0, tags::WIREUP, Bytes::from_static(b"contacts"));
+    assert_eq!(net.net.unconfirmed(0), Some(0), "the root delivered WIREUP to its driver");
+    assert_eq!(net.pending_messages(), 0, "the root sent before its driver confirmed WIREUP: {:?}", net.busy_links());
     net.confirm(0);
-    let mut sent_to: Vec<u32> = net.links.iter().filter(|(_, q)| !q.is_empty()).map(|((_, to), _)| *to).collect();
+    let mut sent_to: Vec<u32> = net.busy_links().into_iter().map(|(_, to)| to).collect();
     sent_to.sort();
     assert_eq!(sent_to, vec![1, 2], "after the confirmation WIREUP goes to each child");
     net.run();
@@ -363,16 +166,15 @@ fn process_first_tags_wait_for_the_driver() {
     for radix in [2, 3] {
         for seed in 0..40 {
             let n = 16;
-            let mut net = Net::new(n, radix, seed);
+            let mut net = tree_net(n, radix, seed);
             for i in 0..12u64 {
-                let origin = net.rng.below(n as u64) as u32;
+                let origin = net.rng.below(n as usize) as u32;
                 let tag = match net.rng.below(3) {
                     0 => tags::WIREUP,
                     1 => tags::DAEMON_DIED,
                     _ => tags::USER,
                 };
-                net.nodes[origin as usize].xcast(tag, payload(i, false));
-                net.pump(origin);
+                net.xcast(origin, tag, payload(i, false));
                 for _ in 0..net.rng.below(6) {
                     net.step();
                 }
@@ -397,15 +199,13 @@ fn process_first_tags_wait_for_the_driver() {
 fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
     const K: u64 = 4;
     for seed in 0..30 {
-        let mut net = Net::new(15, 2, seed);
+        let mut net = tree_net(15, 2, seed);
         for i in 0..K {
-            net.nodes[0].xcast(tags::USER, payload(i, false));
-            net.pump(0);
+            net.xcast(0, tags::USER, payload(i, false));
         }
         net.run();
         // Op K: 0 -> 1 -> 3 only, then 3's subtree (7, 11) acknowledges it to 3.
-        net.nodes[0].xcast(tags::USER, payload(K, true));
-        net.pump(0);
+        net.xcast(0, tags::USER, payload(K, true));
         net.deliver_hop(0, 1);
         net.deliver_hop(1, 3);
         for (from, to) in [(3, 7), (3, 11), (7, 3), (11, 3)] {
@@ -414,14 +214,13 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
         assert!(net.delivered[3].iter().any(|(op, _)| *op == K));
         assert!(!net.delivered[5].iter().any(|(op, _)| *op == K));
         // 1 dies with the forward to 5 unsent (and 3's ack to it unread).
-        net.links.retain(|&(from, to), _| from != 1 && to != 1);
-        net.dead.insert(1);
-        let failed = net.dead.clone();
+        // (Its queued frames are dropped as stale by receivers that applied the repair.)
+        net.crash(1);
+        let failed = net.failed.clone();
         net.trace = Some(Vec::new());
         let mut deltas = BTreeMap::new();
         for r in (0..15).filter(|r| *r != 1) {
-            deltas.insert(r, net.nodes[r as usize].topology_changed(&failed).unwrap());
-            net.pump(r);
+            deltas.insert(r, net.with(r, |g| g.topology_changed(&failed)).unwrap());
         }
         let d3 = &deltas[&3];
         assert!(d3.promoted, "daemon 3 takes slot 1");
@@ -430,8 +229,7 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
         // Ops started inside the subtree that lacks K, while the repair settles.
         let mut started = Vec::new();
         for (i, origin) in [5u32, 13, 9].into_iter().enumerate() {
-            started.push(net.nodes[origin as usize].xcast(tags::USER, payload(K + 1 + i as u64, i == 1)));
-            net.pump(origin);
+            started.push(net.xcast(origin, tags::USER, payload(K + 1 + i as u64, i == 1)));
             for _ in 0..net.rng.below(5) {
                 net.step();
             }
@@ -447,7 +245,7 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
             assert_eq!(net.delivered[r as usize], reference, "seed {seed}: daemon {r} payloads");
         }
         for r in (0..15u32).filter(|r| *r != 1) {
-            assert!(net.nodes[r as usize].is_quiescent(), "seed {seed}: daemon {r} not quiescent");
+            assert!(net.node(r).is_quiescent(), "seed {seed}: daemon {r} not quiescent");
         }
         let done: BTreeSet<XcastId> = net.completed.iter().flatten().copied().collect();
         for id in &started {
@@ -458,7 +256,7 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
         // Where 5 got K from: its new parent 3, only after 3's new parent (the root) replayed
         // K to it; 3 never sent K to 5 from a copy of its own.
         let trace = net.trace.take().unwrap();
-        let is_fwd = |h: &Hop, from: u32, to: u32| {
+        let is_fwd = |h: &Frame, from: u32, to: u32| {
             h.from == from && h.to == to && matches!(&h.msg.body, Some(Body::Forward(f)) if f.op_id == K)
         };
         let replay_in = trace.iter().position(|h| is_fwd(h, 0, 3)).expect("the root replays K to 3");
@@ -487,20 +285,19 @@ fn a_promoted_daemon_holds_replays_until_its_new_parent_replays_in_order() {
 fn scatter_allgather_without_lateral_links_detours_along_the_tree() {
     for (n, radix) in [(16, 64), (16, 2), (13, 3)] {
         for seed in 0..10 {
-            let mut net = Net::with_movement(n, radix, seed, BcastMovementMode::Bulk);
-            net.no_lateral = [3, n - 1].into_iter().collect();
+            let mut net = net_with(n, radix, seed, BcastMovementMode::Bulk);
+            net.net.no_lateral = [3, n - 1].into_iter().collect();
             for i in 0..10u64 {
-                let origin = net.rng.below(n as u64) as u32;
-                net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 2 == 0));
-                net.pump(origin);
+                let origin = net.rng.below(n as usize) as u32;
+                net.xcast(origin, tags::USER, payload(i, i % 2 == 0));
                 for _ in 0..net.rng.below(8) {
                     net.step();
                 }
             }
             net.run();
             check_in_order(&net, 10);
-            for node in &net.nodes {
-                assert!(node.topology().failed().is_empty(), "a lateral loss repaired the tree");
+            for r in net.live() {
+                assert!(net.node(r).topology().failed().is_empty(), "a lateral loss repaired the tree");
             }
         }
     }
@@ -517,7 +314,7 @@ fn crash_mid_stream_keeps_survivors_in_order() {
 /// before it said it was ready never leaves a survivor waiting (the degrade delivers).
 #[test]
 fn crash_mid_paced_stream_keeps_survivors_in_order() {
-    crash_mid_stream(BcastMovementMode::Bulk, Some(Net::PACED));
+    crash_mid_stream(BcastMovementMode::Bulk, Some(PACED));
 }
 
 fn crash_mid_stream(mode: BcastMovementMode, link: Option<LinkModel>) {
@@ -526,33 +323,32 @@ fn crash_mid_stream(mode: BcastMovementMode, link: Option<LinkModel>) {
         for n in [7, 16, 40] {
             for seed in 0..150 {
                 let mut net = match link {
-                    Some(l) => Net::with_link(n, radix, seed, mode, l),
-                    None => Net::with_movement(n, radix, seed, mode),
+                    Some(l) => net_with_link(n, radix, seed, mode, l),
+                    None => net_with(n, radix, seed, mode),
                 };
-                let victim = 1 + net.rng.below(n as u64 - 1) as u32;
-                let crash_at = net.rng.below(30);
+                let victim = 1 + net.rng.below(n as usize - 1) as u32;
+                let crash_at = net.rng.below(30) as u64;
                 // Half the runs lose a second daemon: the victim's parent slot or a child.
                 let second = (seed % 2 == 1).then(|| {
-                    let t = net.nodes[victim as usize].topology();
+                    let t = net.node(victim).topology();
                     t.parent().filter(|&p| p != 0).or_else(|| t.children().first().copied())
                 });
-                let second_at = net.rng.below(30);
+                let second_at = net.rng.below(30) as u64;
                 let mut started: Vec<XcastId> = Vec::new();
                 for i in 0..30u64 {
                     if i == crash_at {
-                        net.crash(victim);
+                        crash(&mut net, victim);
                     }
                     if let Some(Some(v2)) = second {
-                        if i == second_at && !net.dead.contains(&v2) {
-                            net.crash(v2);
+                        if i == second_at && net.is_alive(v2) {
+                            crash(&mut net, v2);
                         }
                     }
-                    let mut origin = net.rng.below(n as u64) as u32;
-                    if net.dead.contains(&origin) {
+                    let mut origin = net.rng.below(n as usize) as u32;
+                    if !net.is_alive(origin) {
                         origin = 0;
                     }
-                    started.push(net.nodes[origin as usize].xcast(tags::USER, payload(i, i % 7 == 0)));
-                    net.pump(origin);
+                    started.push(net.xcast(origin, tags::USER, payload(i, i % 7 == 0)));
                     for _ in 0..net.rng.below(12) {
                         net.step();
                     }
@@ -561,19 +357,19 @@ fn crash_mid_stream(mode: BcastMovementMode, link: Option<LinkModel>) {
                 net.assert_driver_rules_kept();
                 let reference: Vec<u64> = net.delivered[0].iter().map(|(op, _)| *op).collect();
                 for r in 0..n {
-                    if net.dead.contains(&r) {
+                    if !net.is_alive(r) {
                         continue;
                     }
                     let ids: Vec<u64> = net.delivered[r as usize].iter().map(|(op, _)| *op).collect();
-                    if ids != reference || !net.nodes[r as usize].is_quiescent() {
+                    if ids != reference || !net.node(r).is_quiescent() {
                         violations += 1;
-                        eprintln!("{mode} n={n} radix={radix} seed={seed} victim={victim}: daemon {r} delivered {ids:?}, root {reference:?}, quiescent {}", net.nodes[r as usize].is_quiescent());
+                        eprintln!("{mode} n={n} radix={radix} seed={seed} victim={victim}: daemon {r} delivered {ids:?}, root {reference:?}, quiescent {}", net.node(r).is_quiescent());
                     }
                 }
                 assert_eq!(reference, (0..reference.len() as u64).collect::<Vec<_>>());
                 // Every xcast started by a survivor completed.
                 let done: BTreeSet<XcastId> = net.completed.iter().flatten().copied().collect();
-                for id in started.iter().filter(|id| !net.dead.contains(&id.origin)) {
+                for id in started.iter().filter(|id| net.is_alive(id.origin)) {
                     if !done.contains(id) {
                         violations += 1;
                         eprintln!(

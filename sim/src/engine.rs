@@ -1,14 +1,15 @@
-//! The discrete-event engine: N `Grpcomm` instances, the carrier that routes `Effect::Send`
-//! hop by hop with each hop's own `Topology::route_to`, crashes, staggered repairs and timers.
-//! One seeded RNG, one event queue (`queue::EventQueue`, ordered by `(time, insertion)`): the
-//! same scenario always produces the same trace.
+//! The discrete-event engine: N `Grpcomm` daemons on grpcomm's shared test network
+//! (`dvm_grpcomm::testnet::Net`: routing hop by hop with each hop's own `Topology::route_to`,
+//! lateral links, the daemon's stale-frame and answer-on-the-same-link rules), carried by the
+//! timed carrier (`net::Carrier`), with crashes, staggered repairs and timers. One seeded RNG,
+//! one event queue (`queue::EventQueue`, ordered by `(time, insertion)`): the same scenario
+//! always produces the same trace.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::{Effect, FenceId, FenceRequest, FenceSignature, Grpcomm, Rank, Topology, Via};
-use dvm_proto::grpcomm::GrpcommMsg;
-use dvm_rml::Route;
+use dvm_grpcomm::testnet::{Event, Frame, Net};
+use dvm_grpcomm::{FenceId, FenceRequest, FenceSignature, Rank};
 use prost::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,22 +21,14 @@ use crate::trace::{Delivery, FenceCall, ScatterGot, ScatterStart, Trace, XcastSt
 
 #[derive(Debug)]
 enum Kind {
-    /// A message reached `to`'s NIC (this hop); `dst` is its final destination.
+    /// A frame reached the NIC at the far end of its link.
     Arrive {
-        from: Rank,
-        to: Rank,
-        dst: Rank,
-        msg: GrpcommMsg,
-        hops: u32,
+        frame: Frame,
         sent_at: u64,
     },
-    /// `to` has processed the receive and hands the message on (or up to grpcomm).
+    /// The receiver has processed the receive: relay it, or hand it to grpcomm.
     Handle {
-        from: Rank,
-        to: Rank,
-        dst: Rank,
-        msg: GrpcommMsg,
-        hops: u32,
+        frame: Frame,
     },
     Tick {
         daemon: Rank,
@@ -69,9 +62,8 @@ enum Kind {
     },
 }
 
+/// What the engine keeps per daemon beside the network's own state.
 struct Node {
-    g: Grpcomm,
-    alive: bool,
     crashed_at: Option<u64>,
     armed: BTreeSet<u64>,
     last_repair_at: u64,
@@ -84,6 +76,7 @@ pub struct Engine<'s> {
     sc: &'s Scenario,
     /// Pending events; timer ticks are idle.
     q: EventQueue<Kind>,
+    net: Net,
     nodes: Vec<Node>,
     rng: StdRng,
     carrier: Carrier,
@@ -91,7 +84,6 @@ pub struct Engine<'s> {
     sig_chain: BTreeMap<FenceSignature, usize>,
     /// `(daemon, chain) -> index in trace.fence_calls` of the fence pending there.
     pending_fence: BTreeMap<(Rank, usize), usize>,
-    hop_limit: u32,
     /// The first payload recorded per op id: an equal one delivered elsewhere is recorded as a
     /// clone of it (a scatter-allgather op is reassembled by each daemon into its own buffer;
     /// 4096 copies of 4 MiB would not fit).
@@ -99,91 +91,30 @@ pub struct Engine<'s> {
     pub trace: Trace,
 }
 
-/// One line describing a message, without payload bytes.
-pub fn describe(msg: &GrpcommMsg) -> String {
-    use dvm_proto::grpcomm::grpcomm_msg::Body;
-    match &msg.body {
-        Some(Body::Relay(m)) => format!("Relay{{origin {} id {} tag {}}}", m.origin, m.origin_id, m.tag),
-        Some(Body::Forward(m)) => format!(
-            "Forward{{op {} origin {} id {} tag {} mv {} chunks {:?} {} bytes}}",
-            m.op_id,
-            m.origin,
-            m.origin_id,
-            m.tag,
-            m.movement,
-            m.chunks.iter().map(|c| c.owner).collect::<Vec<_>>(),
-            m.payload.len()
-        ),
-        Some(Body::Xblock(m)) => format!(
-            "XBlock{{op {} step {} first {} from {} {} blocks}}",
-            m.op_id,
-            m.step,
-            m.first,
-            m.sender,
-            m.blocks.len()
-        ),
-        Some(Body::Ack(m)) => format!("Ack{{held {} ack_id {} request {}}}", m.held, m.ack_id, m.is_request),
-        Some(Body::Done(m)) => format!("Done{{id {} op {}}}", m.origin_id, m.op_id),
-        Some(Body::Contrib(m)) => format!(
-            "Contrib{{key {:?} seq {} mv {} epoch {} count {} entries {:?} status {} {}}}",
-            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
-            m.seq,
-            m.movement,
-            m.topo_epoch,
-            m.count,
-            m.entries.iter().map(|e| e.daemon).collect::<Vec<_>>(),
-            m.status,
-            m.error
-        ),
-        Some(Body::Release(m)) => format!(
-            "Release{{key {:?} seq {} status {} {} {} bytes}}",
-            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
-            m.seq,
-            m.status,
-            m.error,
-            m.data.len()
-        ),
-        Some(Body::Scatter(m)) => format!("Scatter{{{}:{} {} slices}}", m.origin, m.scatter_id, m.slices.len()),
-        Some(Body::Block(m)) => format!(
-            "Block{{key {:?} seq {} mv {} step {} first {} {} blocks}}",
-            m.sig.as_ref().map(|s| String::from_utf8_lossy(&s.key).into_owned()),
-            m.seq,
-            m.movement,
-            m.step,
-            m.first,
-            m.blocks.len()
-        ),
-        None => "empty".into(),
-    }
-}
+pub use dvm_grpcomm::testnet::describe;
 
 impl<'s> Engine<'s> {
     pub fn new(sc: &'s Scenario) -> Self {
-        let nodes: Vec<Node> = (0..sc.n)
-            .map(|r| Node {
-                g: Grpcomm::new(Topology::new(r, sc.radix, sc.n).expect("scenario geometry is valid"), sc.cfg.clone()),
-                alive: true,
-                crashed_at: None,
-                armed: BTreeSet::new(),
-                last_repair_at: 0,
-            })
-            .collect();
+        let mut net = Net::new(sc.n, sc.radix, |_| sc.cfg.clone());
+        net.hop_limit = 4 * (sc.height() + 2) + 8;
+        let nodes: Vec<Node> =
+            (0..sc.n).map(|_| Node { crashed_at: None, armed: BTreeSet::new(), last_repair_at: 0 }).collect();
         let trace = Trace {
             deliveries: vec![Vec::new(); sc.n as usize],
-            initial_next_op: nodes.iter().map(|n| n.g.xcast_next_op()).collect(),
+            initial_next_op: (0..sc.n).map(|r| net.node(r).xcast_next_op()).collect(),
             ..Trace::default()
         };
         let sig_chain = sc.chains.iter().enumerate().map(|(i, c)| (c.sig.clone(), i)).collect();
         let mut e = Engine {
             sc,
             q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
+            net,
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
             carrier: Carrier::new(sc.n),
             failed: BTreeSet::new(),
             sig_chain,
             pending_fence: BTreeMap::new(),
-            hop_limit: 4 * (sc.height() + 2) + 8,
             first_payload: BTreeMap::new(),
             trace,
         };
@@ -221,58 +152,58 @@ impl<'s> Engine<'s> {
     pub fn run_logged(mut self) -> (Trace, Vec<String>) {
         while let Some(kind) = self.q.pop() {
             self.step(kind);
-            if self.q.only_idle_left() && self.nodes.iter().all(|n| !n.alive || n.g.is_quiescent()) {
+            if self.q.only_idle_left() && self.net.live().into_iter().all(|r| self.net.node(r).is_quiescent()) {
                 break;
             }
         }
+        let net = &self.net.stats;
+        let stats = &mut self.trace.stats;
+        (stats.direct, stats.refused, stats.unroutable, stats.looped, stats.stale) =
+            (net.direct, net.refused, net.unroutable, net.looped, net.stale);
+        self.trace.engine_errors.extend(self.net.violations.iter().cloned());
         self.trace.stats.events = self.q.handled();
         self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
         self.trace.end_ns = self.q.now();
-        self.trace.final_alive = self.nodes.iter().map(|n| n.alive).collect();
-        self.trace.final_quiescent = self.nodes.iter().map(|n| n.g.is_quiescent()).collect();
-        self.trace.final_next_op = self.nodes.iter().map(|n| n.g.xcast_next_op()).collect();
+        let all = 0..self.sc.n;
+        self.trace.final_alive = all.clone().map(|r| self.net.is_alive(r)).collect();
+        self.trace.final_quiescent = all.clone().map(|r| self.net.node(r).is_quiescent()).collect();
+        self.trace.final_next_op = all.map(|r| self.net.node(r).xcast_next_op()).collect();
         let log = self.q.take_log();
         (self.trace, log)
     }
 
     fn step(&mut self, kind: Kind) {
         match kind {
-            Kind::Arrive { from, to, dst, msg, hops, sent_at } => {
-                if self.nodes[from as usize].crashed_at.is_some_and(|c| c <= sent_at) {
+            Kind::Arrive { frame, sent_at } => {
+                if self.nodes[frame.from as usize].crashed_at.is_some_and(|c| c <= sent_at) {
                     return; // still queued on the sender's NIC when it died: never left
                 }
-                if !self.nodes[to as usize].alive {
-                    self.refuse(from, to);
+                if !self.net.is_alive(frame.to) {
+                    self.q.note(|| format!("d{} -> d{} REFUSED (crashed)", frame.from, frame.to));
+                    self.net.refuse(frame.from, frame.to);
+                    self.settle(frame.from);
                     return;
                 }
-                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), to);
-                self.q.push(at, Kind::Handle { from, to, dst, msg, hops });
+                let at = self.carrier.handled_at(&self.sc.net, self.q.now(), frame.to);
+                self.q.push(at, Kind::Handle { frame });
             }
-            Kind::Handle { from, to, dst, msg, hops } => {
-                if !self.nodes[to as usize].alive {
-                    return; // in the dead daemon's receive buffer
+            Kind::Handle { frame } => {
+                let to = frame.to;
+                if frame.dst == to && self.net.is_alive(to) {
+                    self.q.note(|| format!("d{to} <- d{} {}", frame.origin, describe(&frame.msg)));
                 }
-                if dst == to {
-                    self.q.note(|| format!("d{to} <- d{from} {}", describe(&msg)));
-                    self.nodes[to as usize].g.handle(from, msg);
-                    self.pump(to);
-                } else {
-                    self.forward(to, dst, msg, hops);
-                }
+                self.net.arrive(frame);
+                self.settle(to);
             }
             Kind::Tick { daemon, at } => {
-                let n = &mut self.nodes[daemon as usize];
-                n.armed.remove(&at);
-                if n.alive {
-                    n.g.tick(self.q.now());
-                    self.pump(daemon);
-                }
+                self.nodes[daemon as usize].armed.remove(&at);
+                self.net.tick(daemon, self.q.now());
+                self.settle(daemon);
             }
             Kind::Crash { daemon, detect_after } => {
-                let n = &mut self.nodes[daemon as usize];
-                if n.alive {
-                    n.alive = false;
-                    n.crashed_at = Some(self.q.now());
+                if self.net.is_alive(daemon) {
+                    self.net.crash(daemon);
+                    self.nodes[daemon as usize].crashed_at = Some(self.q.now());
                     self.trace.crashes.push((daemon, self.q.now()));
                     self.q.note(|| format!("CRASH d{daemon}"));
                     self.q.push(self.q.now() + detect_after, Kind::Detect { daemon });
@@ -282,10 +213,7 @@ impl<'s> Engine<'s> {
                 self.failed.insert(daemon);
                 let epoch = self.trace.epochs.len();
                 self.trace.epochs.push((self.q.now(), self.failed.clone()));
-                for r in 0..self.sc.n {
-                    if !self.nodes[r as usize].alive {
-                        continue;
-                    }
+                for r in self.net.live() {
                     let stagger = self.rng.gen_range(0..=self.sc.repair_stagger_ns);
                     let n = &mut self.nodes[r as usize];
                     let at = (self.q.now() + stagger).max(n.last_repair_at);
@@ -294,36 +222,34 @@ impl<'s> Engine<'s> {
                 }
             }
             Kind::Repair { daemon, epoch } => {
-                if !self.nodes[daemon as usize].alive {
-                    return;
-                }
                 let failed = self.trace.epochs[epoch].1.clone();
-                match self.nodes[daemon as usize].g.topology_changed(&failed) {
-                    Err(e) => self
+                match self.net.repair(daemon, &failed) {
+                    None => return,
+                    Some(Err(e)) => self
                         .trace
                         .engine_errors
                         .push(format!("daemon {daemon}: topology_changed({failed:?}) failed: {e}")),
-                    Ok(delta) => self.q.note(|| format!("d{daemon} REPAIR epoch {epoch} failed {failed:?}: {delta:?}")),
+                    Some(Ok(delta)) => {
+                        self.q.note(|| format!("d{daemon} REPAIR epoch {epoch} failed {failed:?}: {delta:?}"))
+                    }
                 }
                 self.trace.repairs_applied.insert((daemon, epoch), self.q.now());
-                self.pump(daemon);
+                self.settle(daemon);
             }
             Kind::Unreachable { daemon, peer } => {
-                let n = &mut self.nodes[daemon as usize];
-                // A carrier that already applied the repair knows the peer is gone.
-                if n.alive && n.g.topology().is_alive(peer) {
-                    n.g.peer_unreachable(peer);
+                if self.net.is_alive(daemon) && self.net.node(daemon).topology().is_alive(peer) {
                     self.q.note(|| format!("d{daemon} peer_unreachable({peer})"));
-                    self.pump(daemon);
                 }
+                self.net.unreachable(daemon, peer);
+                self.settle(daemon);
             }
             Kind::Xcast { plan } => {
                 let p = &self.sc.xcasts[plan];
                 let daemon = p.origin;
-                if !self.nodes[daemon as usize].alive {
+                if !self.net.is_alive(daemon) {
                     return;
                 }
-                let id = self.nodes[daemon as usize].g.xcast(p.tag, p.payload.clone());
+                let id = self.net.xcast(daemon, p.tag, p.payload.clone());
                 let tag = p.tag;
                 self.q.note(|| format!("d{daemon} XCAST {id:?} tag {tag}"));
                 self.trace.xcast_starts.push(XcastStart {
@@ -333,15 +259,15 @@ impl<'s> Engine<'s> {
                     payload: p.payload.clone(),
                     at: self.q.now(),
                 });
-                self.pump(daemon);
+                self.settle(daemon);
             }
             Kind::Scatter { plan } => {
                 let p = &self.sc.scatters[plan];
                 let daemon = p.origin;
-                if !self.nodes[daemon as usize].alive {
+                if !self.net.is_alive(daemon) {
                     return;
                 }
-                let scatter_id = self.nodes[daemon as usize].g.scatter(p.tag, p.slices.clone());
+                let scatter_id = self.net.scatter(daemon, p.tag, p.slices.clone());
                 self.trace.scatter_starts.push(ScatterStart {
                     daemon,
                     scatter_id,
@@ -349,21 +275,21 @@ impl<'s> Engine<'s> {
                     slices: p.slices.clone(),
                     at: self.q.now(),
                 });
-                self.pump(daemon);
+                self.settle(daemon);
             }
             Kind::FenceStep { daemon, chain, step } => self.fence_step(daemon, chain, step),
         }
     }
 
     fn fence_step(&mut self, daemon: Rank, chain: usize, step: usize) {
-        if !self.nodes[daemon as usize].alive {
+        if !self.net.is_alive(daemon) {
             return;
         }
         let c: &FenceChain = &self.sc.chains[chain];
         let s = &c.steps[step];
         let data = c.contribution(chain, step, daemon);
         let req = FenceRequest { sig: c.sig.clone(), collect: s.collect, data: data.clone(), timeout: s.timeout };
-        let id = self.nodes[daemon as usize].g.fence(req, self.q.now());
+        let id = self.net.fence(daemon, req, self.q.now());
         self.q.note(|| format!("d{daemon} FENCE chain {chain} step {step} seq {}", id.seq));
         self.pending_fence.insert((daemon, chain), self.trace.fence_calls.len());
         self.trace.fence_calls.push(FenceCall {
@@ -376,42 +302,40 @@ impl<'s> Engine<'s> {
             at: self.q.now(),
             done: None,
         });
-        self.pump(daemon);
+        self.settle(daemon);
     }
 
-    /// Carry out every effect `daemon` produced, including those produced while doing so.
-    fn pump(&mut self, daemon: Rank) {
-        loop {
-            let effects: Vec<Effect> = self.nodes[daemon as usize].g.drain().collect();
-            if effects.is_empty() {
-                break;
-            }
-            for e in effects {
-                self.apply(daemon, e);
-            }
+    /// Carry out everything the network reported after an input to `daemon`: frames onto
+    /// the timed carrier, refusals noticed one latency later, outcomes into the trace.
+    fn settle(&mut self, daemon: Rank) {
+        while let Some(ev) = self.net.pop_event() {
+            self.event(ev);
         }
-        let sb = self.nodes[daemon as usize].g.state_bytes();
-        let peak = &mut self.trace.stats.peak_state_bytes;
-        *peak = (*peak).max(sb);
+        if self.net.is_alive(daemon) {
+            let sb = self.net.node(daemon).state_bytes();
+            let peak = &mut self.trace.stats.peak_state_bytes;
+            *peak = (*peak).max(sb);
+        }
     }
 
-    fn apply(&mut self, daemon: Rank, e: Effect) {
-        match e {
-            Effect::Send { to, msg, via: Via::Tree } => {
-                self.q.note(|| format!("d{daemon} -> d{to} {}", describe(&msg)));
-                self.forward(daemon, to, msg, 0)
-            }
-            // A lateral link: one hop straight to the destination, costed like a tree link.
-            Effect::Send { to, msg, via: Via::Direct } => {
-                self.q.note(|| format!("d{daemon} => d{to} {}", describe(&msg)));
-                if to == daemon || to >= self.sc.n {
-                    self.trace.engine_errors.push(format!("daemon {daemon}: direct send to {to}"));
-                    return;
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Carry(frame) => {
+                if frame.hops == 1 && frame.from == frame.origin {
+                    let arrow = if frame.via == dvm_grpcomm::Via::Direct { "=>" } else { "->" };
+                    self.q.note(|| format!("d{} {arrow} d{} {}", frame.from, frame.dst, describe(&frame.msg)));
                 }
-                self.trace.stats.direct += 1;
-                self.transmit(daemon, to, to, msg, 1)
+                let bytes = frame.msg.encoded_len();
+                let now = self.q.now();
+                let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, now, frame.from, frame.to, bytes);
+                self.trace.stats.messages += 1;
+                self.trace.stats.bytes += bytes as u64;
+                self.q.push(arrive, Kind::Arrive { frame, sent_at: start });
             }
-            Effect::Deliver { op_id, origin, tag, payload } => {
+            Event::Refused { from, to } => {
+                self.q.push(self.q.now() + self.sc.net.alpha_ns, Kind::Unreachable { daemon: from, peer: to });
+            }
+            Event::Deliver { daemon, op_id, origin, tag, payload } => {
                 self.q.note(|| format!("d{daemon} DELIVER op {op_id} origin {origin} tag {tag}"));
                 let payload = match self.first_payload.get(&op_id) {
                     Some(p) if *p == payload => p.clone(),
@@ -422,27 +346,26 @@ impl<'s> Engine<'s> {
                     }
                 };
                 self.trace.deliveries[daemon as usize].push(Delivery { op_id, origin, tag, payload, at: self.q.now() });
-                if self.sc.cfg.process_first.contains(&tag) {
-                    self.nodes[daemon as usize].g.xcast_processed(op_id);
-                }
+                // The driver applies a process-first payload at once.
+                self.net.confirm(daemon);
             }
-            Effect::XcastComplete { id, op_id } => {
+            Event::XcastComplete { daemon, id, op_id } => {
                 self.q.note(|| format!("d{daemon} XCAST_COMPLETE {id:?} op {op_id}"));
                 self.trace.xcast_completes.push((daemon, id, op_id, self.q.now()))
             }
-            Effect::FenceComplete { id, result } => {
+            Event::FenceComplete { daemon, id, result } => {
                 self.q.note(|| format!("d{daemon} FENCE_COMPLETE seq {} {result:?}", id.seq));
                 self.fence_done(daemon, id, result)
             }
-            Effect::ScatterDeliver { origin, scatter_id, tag, data } => {
+            Event::ScatterDeliver { daemon, origin, scatter_id, tag, data } => {
                 self.trace.scatter_got.push(ScatterGot { daemon, origin, scatter_id, tag, data, at: self.q.now() })
             }
-            Effect::ArmTimer { at } => {
+            Event::ArmTimer { daemon, at } => {
                 if self.nodes[daemon as usize].armed.insert(at) {
                     self.q.push(at, Kind::Tick { daemon, at });
                 }
             }
-            Effect::Dropped { from, reason } => {
+            Event::Dropped { daemon, from, reason } => {
                 self.q.note(|| format!("d{daemon} DROPPED from {from}: {reason}"));
                 self.trace.dropped.push((daemon, from, reason))
             }
@@ -475,46 +398,6 @@ impl<'s> Engine<'s> {
         if next < self.sc.chains[chain].steps.len() {
             let think = self.rng.gen_range(0..=self.sc.think_ns);
             self.q.push(self.q.now() + think, Kind::FenceStep { daemon, chain, step: next });
-        }
-    }
-
-    /// Move `msg` one hop from `at` toward `dst`, or hand it to grpcomm if `at` is `dst`.
-    fn forward(&mut self, at: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
-        match self.nodes[at as usize].g.topology().route_to(dst) {
-            Route::Local => self.q.push(self.q.now(), Kind::Handle { from: at, to: at, dst, msg, hops }),
-            Route::Unreachable => {
-                self.q.note(|| format!("d{at} -> d{dst} UNROUTABLE {}", describe(&msg)));
-                self.trace.stats.unroutable += 1
-            }
-            Route::Up(next) | Route::Down(next) => {
-                if hops >= self.hop_limit {
-                    self.trace.stats.looped += 1;
-                    return;
-                }
-                self.transmit(at, next, dst, msg, hops + 1);
-            }
-        }
-    }
-
-    fn transmit(&mut self, from: Rank, to: Rank, dst: Rank, msg: GrpcommMsg, hops: u32) {
-        if !self.nodes[to as usize].alive {
-            self.refuse(from, to);
-            return;
-        }
-        let bytes = msg.encoded_len();
-        let (start, arrive) = self.carrier.send(&self.sc.net, &mut self.rng, self.q.now(), from, to, bytes);
-        self.trace.stats.messages += 1;
-        self.trace.stats.bytes += bytes as u64;
-        self.q.push(arrive, Kind::Arrive { from, to, dst, msg, hops, sent_at: start });
-    }
-
-    /// A send toward a crashed daemon: dropped, and the sender hears of it like a refused or
-    /// reset connection.
-    fn refuse(&mut self, from: Rank, to: Rank) {
-        self.trace.stats.refused += 1;
-        self.q.note(|| format!("d{from} -> d{to} REFUSED (crashed)"));
-        if self.nodes[from as usize].alive {
-            self.q.push(self.q.now() + self.sc.net.alpha_ns, Kind::Unreachable { daemon: from, peer: to });
         }
     }
 }

@@ -70,6 +70,8 @@ pub struct Stats {
     pub unroutable: u64,
     /// Messages that exceeded the hop limit (routing loop during a repair).
     pub looped: u64,
+    /// Frames a receiver dropped because it holds their last hop or origin failed.
+    pub stale: u64,
     /// Largest `state_bytes()` seen on any daemon.
     pub peak_state_bytes: usize,
 }
