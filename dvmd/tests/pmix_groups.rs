@@ -39,19 +39,26 @@ fn repeat() -> u32 {
 fn members(kind: &str, round: u32) -> BTreeSet<u32> {
     match kind {
         "same" | "named" => (0..RANKS).collect(),
-        "sub" if round % 2 == 0 => (0..RANKS).filter(|r| r % 2 == 0).collect(),
-        "sub" => (1..RANKS).collect(),
+        "sub" => match round % 3 {
+            0 => (0..RANKS).filter(|r| r % 2 == 0).collect(),
+            1 => (0..RANKS).filter(|r| r % 2 == 1).collect(),
+            _ => (1..RANKS).collect(),
+        },
         _ => panic!("unknown kind {kind}"),
     }
 }
 
+/// What members reported for one construct: (rank, context id, member count) each.
+type Reports = Vec<(u32, u64, usize)>;
+
 /// Parse every "GRP <round> <kind> rank <r> ctx <id> members <n>" line and check it.
 fn check_groups(stdout: &str, used: &mut BTreeSet<u64>) {
-    let mut seen: BTreeMap<(u32, String), Vec<(u32, u64, usize)>> = BTreeMap::new();
+    let mut seen: BTreeMap<(u32, String), Reports> = BTreeMap::new();
     for l in stdout.lines().filter(|l| l.starts_with("GRP ")) {
         let w: Vec<&str> = l.split_whitespace().collect();
         assert_eq!(w.len(), 9, "malformed line {l:?}");
-        let (round, rank, ctx, n) = (w[1].parse().unwrap(), w[4].parse().unwrap(), w[6].parse().unwrap(), w[8].parse().unwrap());
+        let (round, rank, ctx, n) =
+            (w[1].parse().unwrap(), w[4].parse().unwrap(), w[6].parse().unwrap(), w[8].parse().unwrap());
         seen.entry((round, w[2].to_string())).or_default().push((rank, ctx, n));
     }
     for round in 0..ROUNDS {
@@ -69,7 +76,9 @@ fn check_groups(stdout: &str, used: &mut BTreeSet<u64>) {
         }
     }
     assert!(seen.is_empty(), "constructs nobody asked for: {seen:?}");
-    let ep = stdout.lines().filter(|l| l.starts_with("GRPEP ") && l.ends_with(&format!("saw {RANKS} members' endpoint data")));
+    let ep = stdout
+        .lines()
+        .filter(|l| l.starts_with("GRPEP ") && l.ends_with(&format!("saw {RANKS} members' endpoint data")));
     assert_eq!(ep.count(), RANKS as usize, "endpoint data checks:\n{stdout}");
 }
 

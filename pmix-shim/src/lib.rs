@@ -64,7 +64,8 @@ pub use error::{
 pub use event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
 pub use logtext::{last_dss_string, log_text};
 pub use reply::{
-    reply_buffers_in_flight, reply_infos_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply, SpawnReply,
+    reply_buffers_in_flight, reply_infos_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply,
+    SpawnReply,
 };
 pub use server::{JobInfo, PmixServer, ServerConfig, DEFAULT_OP_TIMEOUT};
 pub use types::{find_info, key_str, nspace_buf, Info, InfoValue, ProcId, Rank, NSPACE_LEN};

@@ -3,9 +3,10 @@
  * (PMIX_GROUP_ASSIGN_CONTEXT_ID):
  *   same   id "dvm-grp-same"      every rank, listed in reverse order
  *   named  id "dvm-grp-<round>"   every rank
- *   sub    id "dvm-grp-sub"       even rounds: the even ranks; odd rounds: every rank but 0
- *          (one id, a different member set each round: a member list libpmix kept from an
- *          earlier round would show here)
+ *   sub    id "dvm-grp-sub"       round % 3 == 0: the even ranks; 1: the odd ranks; 2: every
+ *          rank but 0 (one id, a different member set each round: a member list libpmix
+ *          kept from an earlier round would show here; with `--map-by node` on 4 daemons
+ *          the even and the odd ranks are on two daemons each, the odd ones not the HNP)
  * Each member prints "GRP <round> <kind> rank <r> ctx <id> members <n>"; the test checks that
  * every member printed the same id and that ids never repeat. After the first construct each
  * rank checks that the group's endpoint data reached its server: every member's key
@@ -127,7 +128,7 @@ int main(int argc, char **argv)
         size_t n = 0;
         int member = 0;
         for (uint32_t r = 0; r < size; r++) {
-            int in = (0 == round % 2) ? (0 == r % 2) : (0 != r);
+            int in = (0 == round % 3) ? (0 == r % 2) : (1 == round % 3) ? (1 == r % 2) : (0 != r);
             if (in) {
                 PMIX_LOAD_PROCID(&sub[n], me.nspace, r);
                 n++;

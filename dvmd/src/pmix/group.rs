@@ -118,13 +118,11 @@ impl PmixHost {
             reply.complete(st as pmix_shim::Status);
             return;
         }
-        if let Some(p) =
-            procs.iter().find(|p| !self.known.contains_key(&p.nspace) && !may_still_come(&p.nspace, self.highest_learned))
+        if let Some(p) = procs
+            .iter()
+            .find(|p| !self.known.contains_key(&p.nspace) && !may_still_come(&p.nspace, self.highest_learned))
         {
-            warn!(
-                "group {what} of {id:?} on daemon {} refused: member {p} is of no running job of this DVM",
-                self.me
-            );
+            warn!("group {what} of {id:?} on daemon {} refused: member {p} is of no running job of this DVM", self.me);
             reply.complete(pmix_shim::ERR_NOT_FOUND);
             return;
         }

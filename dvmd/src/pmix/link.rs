@@ -410,15 +410,23 @@ impl Worker {
         self.link.call(Cmd::RegisterNspace(cmd)).map(drop)
     }
 
-    /// `register_client` + `setup_fork` of one local rank: its PMIx environment.
+    /// `register_client` of every local rank of a job, before any of them starts.
+    pub fn register_clients(&self, nspace: &str, ranks: Vec<u32>, uid: u32, gid: u32) -> Result<(), WorkerError> {
+        let cmd = wire::RegisterClients { nspace: nspace.into(), ranks, uid, gid };
+        self.link.call(Cmd::RegisterClients(cmd)).map(drop)
+    }
+
+    /// `register_client` (unless `registered` by [`Worker::register_clients`]) + `setup_fork`
+    /// of one local rank: its PMIx environment.
     pub fn prepare_client(
         &self,
         nspace: &str,
         rank: u32,
         uid: u32,
         gid: u32,
+        registered: bool,
     ) -> Result<Vec<(String, String)>, WorkerError> {
-        let cmd = wire::PrepareClient { nspace: nspace.into(), rank, uid, gid };
+        let cmd = wire::PrepareClient { nspace: nspace.into(), rank, uid, gid, registered };
         let reply = self.link.call(Cmd::PrepareClient(cmd))?;
         Ok(reply.env.into_iter().map(|v| (v.key, v.value)).collect())
     }

@@ -63,6 +63,8 @@ struct PmixJob {
     nspace: String,
     placement: Placement,
     registered: bool,
+    /// Every local rank was registered with `register_client` when the job started.
+    clients_registered: bool,
     connected: BTreeSet<u32>,
     finalized: BTreeSet<u32>,
     sigs: BTreeSet<FenceSignature>,
@@ -381,11 +383,25 @@ impl PmixHost {
                 false
             }
         };
+        // Every local client is registered before the first one starts: libpmix 4.2.2 drops
+        // a group construct that a fast client sends while another local client of its
+        // namespace is still unregistered (its re-check of pending collectives knows fences
+        // and connects only), and the construct then never completes.
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let clients_registered = registered
+            && match w.register_clients(&nspace, placement.procs_on(self.me).iter().collect(), uid, gid) {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(jobid, %nspace, "cannot register the local PMIx clients at once: {e}");
+                    false
+                }
+            };
         self.by_nspace.insert(nspace.clone(), jobid);
         let job = PmixJob {
             nspace,
             placement,
             registered,
+            clients_registered,
             connected: BTreeSet::new(),
             finalized: BTreeSet::new(),
             sigs: BTreeSet::new(),
@@ -410,7 +426,7 @@ impl PmixHost {
             return Vec::new();
         };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        let mut env = match w.prepare_client(&job.nspace, rank, uid, gid) {
+        let mut env = match w.prepare_client(&job.nspace, rank, uid, gid, job.clients_registered) {
             Ok(env) => env,
             Err(e) => {
                 warn!(jobid, rank, "cannot prepare the PMIx client: {e}");

@@ -242,16 +242,23 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
                 Err(e) => failed(e),
             }
         }
-        Cmd::PrepareClient(c) => match s.register_client(&c.nspace, c.rank, c.uid, c.gid) {
-            Err(e) => failed(e),
-            Ok(_) => match s.setup_fork(&c.nspace, c.rank) {
+        Cmd::PrepareClient(c) => {
+            let registered =
+                if c.registered { Ok(()) } else { s.register_client(&c.nspace, c.rank, c.uid, c.gid).map(drop) };
+            match registered.and_then(|()| s.setup_fork(&c.nspace, c.rank)) {
                 Ok(env) => WorkerReply {
                     env: env.into_iter().map(|(key, value)| wire::EnvVar { key, value }).collect(),
                     ..Default::default()
                 },
                 Err(e) => failed(e),
-            },
-        },
+            }
+        }
+        Cmd::RegisterClients(r) => {
+            match r.ranks.iter().try_for_each(|&rank| s.register_client(&r.nspace, rank, r.uid, r.gid).map(drop)) {
+                Ok(()) => WorkerReply::default(),
+                Err(e) => failed(e),
+            }
+        }
         Cmd::DeregisterNspace(d) => match s.deregister_nspace_nb(&d.nspace) {
             Ok(()) => WorkerReply::default(),
             Err(e) => failed(e),
