@@ -1,5 +1,6 @@
 //! PMIx groups and queries hosted by the DVM (docs/dynamic-mpi.md), with plain PMIx test
-//! clients (tests/pmix/group.c, query.c) on 4-daemon local DVMs at radix 2 and 64.
+//! clients (tests/pmix/group.c, query.c) on 4-daemon DVMs at radix 2 and 64, local and on
+//! netns fake nodes (root).
 //!
 //! Groups: 8 ranks, 2 on each daemon, construct and destruct three groups per round (the same
 //! id every round, a new id every round, and one id whose members change every round), 20
@@ -18,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::{pmix_bin, text as out, Dvm, Nodes};
+use dvm_tests::{require_netns, FakeCluster};
 
 /// Only guards against a hang; never what decides pass or fail.
 const GUARD: Duration = Duration::from_secs(180);
@@ -82,9 +84,9 @@ fn check_groups(stdout: &str, used: &mut BTreeSet<u64>) {
     assert_eq!(ep.count(), RANKS as usize, "endpoint data checks:\n{stdout}");
 }
 
-fn group_suite(name: &str, radix: u32) {
+fn group_suite(name: &str, nodes: Nodes, radix: u32) {
     let env = [("DVM_LOG", "warn,dvmd::pmix=info")];
-    let dvm = Dvm::start(name, Nodes::Local { daemons: 4, slots: 4 }, radix, &env);
+    let dvm = Dvm::start(name, nodes, radix, &env);
     let group = pmix_bin("group");
     let mut used = BTreeSet::new();
     for i in 0..repeat() {
@@ -163,10 +165,22 @@ fn query_check(dvm: &Dvm) {
 
 #[test]
 fn pmix_groups_local_radix_2() {
-    group_suite("grpr2", 2);
+    group_suite("grpr2", Nodes::Local { daemons: 4, slots: 4 }, 2);
 }
 
 #[test]
 fn pmix_groups_local_radix_64() {
-    group_suite("grpr64", 64);
+    group_suite("grpr64", Nodes::Local { daemons: 4, slots: 4 }, 64);
+}
+
+#[test]
+fn pmix_groups_netns_radix_2() {
+    require_netns!();
+    group_suite("grpnetr2", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 2);
+}
+
+#[test]
+fn pmix_groups_netns_radix_64() {
+    require_netns!();
+    group_suite("grpnetr64", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 64);
 }
