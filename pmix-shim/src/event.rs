@@ -56,6 +56,23 @@ pub struct SpawnApp {
     pub info: Vec<Info>,
 }
 
+/// One query of a `PMIx_Query_info` that libpmix could not answer from its own store
+/// (`pmix_query_t`, copied): its keys and their qualifiers (e.g. `PMIX_NSPACE`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    pub keys: Vec<String>,
+    pub qualifiers: Vec<Info>,
+}
+
+/// Which group operation a `group` upcall asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupOp {
+    /// `PMIx_Group_construct`: every local member arrived.
+    Construct,
+    /// `PMIx_Group_destruct`: every local member arrived.
+    Destruct,
+}
+
 /// Everything libpmix asks of the host, plus the answers to the host's own async requests.
 #[derive(Debug)]
 pub enum PmixEvent {
@@ -91,6 +108,19 @@ pub enum PmixEvent {
     Lookup { proc: ProcId, keys: Vec<String>, info: Vec<Info>, reply: LookupReply },
     /// A client unpublishes `keys` (none: everything it published).
     Unpublish { proc: ProcId, keys: Vec<String>, info: Vec<Info>, reply: Reply },
+    /// A client's `PMIx_Query_info` reached the host: libpmix 4.2.2 resolves a query from its
+    /// own store first (job-level keys of a registered nspace, ABI versions, attribute
+    /// support) and calls the host with every query of the request when any key is not there.
+    /// The upcall does not say which client asked. Complete with one info per answered key.
+    Query { queries: Vec<Query>, reply: InfoReply },
+    /// Every local member of a `PMIx_Group_construct` / `_destruct` over `procs` arrived
+    /// (libpmix sorted `procs` on the first construct of `id` and keeps that list until a
+    /// destruct of `id` completes). `directives` hold the client's info (e.g.
+    /// `PMIX_GROUP_ASSIGN_CONTEXT_ID`) plus libpmix's own: `PMIX_GROUP_ENDPT_DATA` (this
+    /// server's members' modex, to be concatenated with every other server's) and
+    /// `pmix.loc.col.st`. Complete once every member on every server arrived, with
+    /// `PMIX_GROUP_CONTEXT_ID` and the concatenated `PMIX_GROUP_ENDPT_DATA` for a construct.
+    Group { op: GroupOp, id: String, procs: Vec<ProcId>, directives: Vec<Info>, reply: InfoReply },
     /// Answer to `PmixServer::dmodex_request(request)`: `proc`'s data blob on this server.
     DmodexData { request: u64, proc: ProcId, status: Status, data: Vec<u8> },
     /// `PmixServer::deregister_nspace_nb(nspace)` completed.
@@ -114,6 +144,9 @@ impl PmixEvent {
             PmixEvent::Publish { .. } => "publish",
             PmixEvent::Lookup { .. } => "lookup",
             PmixEvent::Unpublish { .. } => "unpublish",
+            PmixEvent::Query { .. } => "query",
+            PmixEvent::Group { op: GroupOp::Construct, .. } => "group_construct",
+            PmixEvent::Group { op: GroupOp::Destruct, .. } => "group_destruct",
             PmixEvent::DmodexData { .. } => "dmodex_data",
             PmixEvent::NspaceDeregistered { .. } => "nspace_deregistered",
         }

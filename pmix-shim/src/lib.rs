@@ -5,7 +5,7 @@
 //! [`PmixEvent`]s carrying reply objects ([`Reply`], [`FenceReply`], [`ModexReply`],
 //! [`InfoReply`], [`SpawnReply`], [`LookupReply`]). Hosted upcalls: client connected/finalized,
 //! abort, fence, direct modex, log, job control, spawn, connect, disconnect, publish, lookup,
-//! unpublish (docs/dynamic-mpi.md has the table).
+//! unpublish, query, group (docs/dynamic-mpi.md has the table).
 //!
 //! **Never**: makes a protocol decision (what a fence collects, who answers a direct modex,
 //! whether an abort kills the job: all the daemon's), and never calls a cbfunc inside an upcall
@@ -61,10 +61,11 @@ pub use error::{
     status_name, PmixError, Status, ERROR, ERR_BAD_PARAM, ERR_DUPLICATE_KEY, ERR_JOB_FAILED_TO_LAUNCH,
     ERR_JOB_FAILED_TO_MAP, ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_PARTIAL_SUCCESS, ERR_TIMEOUT, SUCCESS,
 };
-pub use event::{FenceRequest, PmixEvent, SpawnApp};
+pub use event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
 pub use logtext::{last_dss_string, log_text};
 pub use reply::{
-    reply_buffers_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply, SpawnReply,
+    reply_buffers_in_flight, reply_infos_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply,
+    SpawnReply,
 };
 pub use server::{JobInfo, PmixServer, ServerConfig, DEFAULT_OP_TIMEOUT};
 pub use types::{find_info, key_str, nspace_buf, Info, InfoValue, ProcId, Rank, NSPACE_LEN};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Status, ERROR};
 use crate::state;
 use crate::sys;
-use crate::types::{nspace_buf, InfoArray, InfoValue, ProcId};
+use crate::types::{nspace_buf, Info, InfoArray, InfoValue, ProcId};
 
 type OpCb = unsafe extern "C" fn(sys::pmix_status_t, *mut c_void);
 type ModexCb = unsafe extern "C" fn(
@@ -50,6 +50,7 @@ enum Payload {
     Bytes(Vec<u8>),
     Nspace(String),
     Found(Vec<Published>),
+    Infos(Vec<Info>),
 }
 
 /// Byte buffers handed to a modex cbfunc that libpmix has not released yet.
@@ -59,6 +60,44 @@ static BUFFERS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// libpmix's release callback). For leak checks in tests.
 pub fn reply_buffers_in_flight() -> usize {
     BUFFERS_IN_FLIGHT.load(Ordering::SeqCst)
+}
+
+/// Result arrays handed to an info cbfunc that libpmix has not released yet.
+static INFOS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// How many result arrays given to info cbfuncs (query, group) libpmix still holds. For leak
+/// checks in tests.
+pub fn reply_infos_in_flight() -> usize {
+    INFOS_IN_FLIGHT.load(Ordering::SeqCst)
+}
+
+unsafe extern "C" fn release_infos(cbdata: *mut c_void) {
+    if !cbdata.is_null() {
+        // SAFETY: cbdata is the Box<InfoArray> leaked in `call_info`, released exactly once.
+        drop(Box::from_raw(cbdata as *mut InfoArray));
+        INFOS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Calls an info cbfunc with `infos` as a `pmix_info_t` array that stays valid until libpmix
+/// calls the release function it is given (libpmix reads a group's result after a thread
+/// shift, so the array must outlive the call).
+///
+/// # Safety
+/// `cb`/`cbdata` are libpmix's pair for one upcall that takes a `pmix_info_cbfunc_t`.
+unsafe fn call_info(cb: InfoCb, status: Status, infos: &[Info], cbdata: *mut c_void) {
+    let mut arr = InfoArray::new();
+    for i in infos {
+        if let Err(e) = arr.push("info reply", &i.key, &i.value) {
+            tracing::error!("info reply: {e}");
+            cb(crate::error::ERR_BAD_PARAM, std::ptr::null_mut(), 0, cbdata, None, std::ptr::null_mut());
+            return;
+        }
+    }
+    let mut arr = Box::new(arr);
+    let (ptr, len) = (arr.as_mut_ptr(), arr.len());
+    INFOS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    cb(status, ptr, len, cbdata, Some(release_infos), Box::into_raw(arr) as *mut c_void);
 }
 
 unsafe extern "C" fn release_bytes(cbdata: *mut c_void) {
@@ -111,6 +150,9 @@ impl Pending {
     unsafe fn call(self, status: Status, payload: Payload) {
         match (self.cb, payload) {
             (Callback::Op(cb), _) => cb(status, self.cbdata),
+            (Callback::Info(cb), Payload::Infos(infos)) if !infos.is_empty() => {
+                call_info(cb, status, &infos, self.cbdata)
+            }
             (Callback::Info(cb), _) => cb(status, std::ptr::null_mut(), 0, self.cbdata, None, std::ptr::null_mut()),
             (Callback::Spawn(cb), Payload::Nspace(ns)) if status == crate::error::SUCCESS => {
                 match nspace_buf("spawn reply", &ns) {
@@ -234,7 +276,8 @@ reply_type!(
     ModexCb
 );
 reply_type!(
-    /// Completion of a `job_control` upcall (status only; no result info).
+    /// Completion of an upcall answered with an info array: `job_control` (status only),
+    /// `query` (one info per answered key), `group` (context id, endpoint data).
     InfoReply,
     Info,
     InfoCb
@@ -266,6 +309,14 @@ impl InfoReply {
     pub fn complete(mut self, status: Status) {
         if let Some(p) = self.pending.take() {
             p.fire(status, Payload::None);
+        }
+    }
+
+    /// Calls the cbfunc with `status` and `infos` (kept alive until libpmix releases them). A
+    /// value libpmix cannot load fails the upcall with `PMIX_ERR_BAD_PARAM` instead.
+    pub fn complete_with_info(mut self, status: Status, infos: Vec<Info>) {
+        if let Some(p) = self.pending.take() {
+            p.fire(status, Payload::Infos(infos));
         }
     }
 }

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Status, ERROR, ERR_NOT_SUPPORTED, SUCCESS};
-use crate::event::{FenceRequest, PmixEvent, SpawnApp};
+use crate::event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
 use crate::logtext::log_text;
 use crate::reply::{FenceReply, InfoReply, LookupReply, ModexReply, Reply, SpawnReply};
 use crate::state::{self, UpcallGuard};
@@ -32,6 +32,8 @@ pub(crate) fn module() -> sys::pmix_server_module_t {
     m.publish = Some(publish);
     m.lookup = Some(lookup);
     m.unpublish = Some(unpublish);
+    m.query = Some(query);
+    m.group = Some(group);
     m
 }
 
@@ -307,6 +309,54 @@ unsafe extern "C" fn unpublish(
         keys: argv_from_raw(keys),
         info: Info::from_raw_array(info, ninfo),
         reply: Reply::new(cbfunc, cbdata, g, "unpublish"),
+    })
+}
+
+unsafe extern "C" fn query(
+    _proct: *mut sys::pmix_proc_t,
+    queries: *mut sys::pmix_query_t,
+    nqueries: usize,
+    cbfunc: sys::pmix_info_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post("query", |g| {
+        let queries = if queries.is_null() {
+            Vec::new()
+        } else {
+            (0..nqueries)
+                .map(|i| {
+                    let q = &*queries.add(i);
+                    Query { keys: argv_from_raw(q.keys), qualifiers: Info::from_raw_array(q.qualifiers, q.nqual) }
+                })
+                .collect()
+        };
+        PmixEvent::Query { queries, reply: InfoReply::new(cbfunc, cbdata, g, "query") }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn group(
+    op: sys::pmix_group_operation_t,
+    grp: *mut c_char,
+    procs: *const sys::pmix_proc_t,
+    nprocs: usize,
+    directives: *const sys::pmix_info_t,
+    ndirs: usize,
+    cbfunc: sys::pmix_info_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    let op = match op {
+        sys::pmix_group_operation_t_PMIX_GROUP_CONSTRUCT => GroupOp::Construct,
+        sys::pmix_group_operation_t_PMIX_GROUP_DESTRUCT => GroupOp::Destruct,
+        // No reply object exists yet: libpmix answers the client with this status itself.
+        _ => return ERR_NOT_SUPPORTED,
+    };
+    post("group", |g| PmixEvent::Group {
+        op,
+        id: opt_str(grp),
+        procs: ProcId::from_raw_array(procs, nprocs),
+        directives: Info::from_raw_array(directives, ndirs),
+        reply: InfoReply::new(cbfunc, cbdata, g, "group"),
     })
 }
 

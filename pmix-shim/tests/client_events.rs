@@ -1,13 +1,13 @@
 //! Real libpmix server + real clients: PMIx_Log reaches the host as a Log event with its text,
 //! PMIx_Abort as an Abort event (the client stays blocked until the reply, then exits with its
 //! status), and a fence reply the host drops uncompleted fails the client's PMIx_Fence instead of
-//! hanging it.
+//! hanging it; the group and query upcalls' info answers reach the client and are released.
 //! One server for the whole file (libpmix's server is a process singleton).
 
 mod common;
 
 use common::{drive, Host, Proc};
-use pmix_shim::{PmixEvent, Rank, SUCCESS};
+use pmix_shim::{find_info, key_str, sys, GroupOp, Info, InfoValue, PmixEvent, Rank, SUCCESS};
 
 fn client() -> &'static str {
     env!("CARGO_BIN_EXE_pmix-test-client")
@@ -125,11 +125,70 @@ fn dropped_reply_fails_the_client(host: &Host) {
     );
 }
 
+/// The group and query upcalls answered with infos: the client receives them (a context id,
+/// a process-set count chosen here), and libpmix releases every array it was handed.
+fn infos_reach_the_client(host: &Host) {
+    const NS: &str = "dvm-test-infos";
+    const CTXID: usize = (7 << 32) | 3;
+    const PSETS: usize = 5;
+    for mode in ["group", "query"] {
+        let envs = host.launch_job(NS, 1);
+        let mut procs = vec![Proc::spawn(client(), &[mode], &envs[0], 0)];
+        let mut ops = Vec::new();
+        drive(
+            &host.rx,
+            &mut procs,
+            mode,
+            |ev| match ev {
+                PmixEvent::ClientConnected { reply, .. } | PmixEvent::ClientFinalized { reply, .. } => {
+                    reply.complete(SUCCESS)
+                }
+                PmixEvent::Group { op, id, procs, directives, reply } => {
+                    assert_eq!(id, "dvm-test-group");
+                    assert_eq!(procs, vec![pmix_shim::ProcId::new(NS, Rank::Id(0))]);
+                    let answer = match op {
+                        GroupOp::Construct => {
+                            let asked = find_info(&directives, sys::PMIX_GROUP_ASSIGN_CONTEXT_ID);
+                            assert_eq!(asked, Some(&InfoValue::Bool(true)), "{directives:?}");
+                            vec![Info::new(key_str(sys::PMIX_GROUP_CONTEXT_ID), InfoValue::Size(CTXID))]
+                        }
+                        GroupOp::Destruct => Vec::new(),
+                    };
+                    ops.push(op);
+                    reply.complete_with_info(SUCCESS, answer);
+                }
+                PmixEvent::Query { queries, reply } => {
+                    assert_eq!(queries.len(), 1);
+                    assert_eq!(queries[0].keys, vec![key_str(sys::PMIX_QUERY_NUM_PSETS).to_string()]);
+                    let answer = Info::new(key_str(sys::PMIX_QUERY_NUM_PSETS), InfoValue::Size(PSETS));
+                    reply.complete_with_info(SUCCESS, vec![answer]);
+                }
+                other => panic!("unexpected event {other:?}"),
+            },
+            |p| p[0].exit.is_some(),
+        );
+        let (out, err) = procs[0].output();
+        assert_eq!(procs[0].exit, Some(0), "{mode}: stdout:\n{out}\nstderr:\n{err}");
+        let v = Proc::values(&out);
+        match mode {
+            "group" => {
+                assert_eq!(v["ctxid"], CTXID.to_string());
+                assert_eq!(v["destruct"], "ok");
+                assert_eq!(ops, vec![GroupOp::Construct, GroupOp::Destruct]);
+            }
+            _ => assert_eq!(v["psets"], PSETS.to_string()),
+        }
+        host.finish_job(NS, 1);
+    }
+    assert_eq!(pmix_shim::reply_infos_in_flight(), 0, "result arrays libpmix never released");
+}
+
 #[test]
 fn log_abort_and_dropped_reply() {
     let host = Host::start();
     log_request(&host);
     abort_request(&host);
+    infos_reach_the_client(&host);
     dropped_reply_fails_the_client(&host);
     host.stop();
 }

@@ -47,12 +47,19 @@ pub(crate) enum Deferred {
         proc: ProcId,
         reply: WorkerReplyHandle,
     },
+    Group {
+        op: pmix_shim::GroupOp,
+        id: String,
+        procs: Vec<ProcId>,
+        directives: Vec<Info>,
+        reply: WorkerReplyHandle,
+    },
 }
 
 impl Deferred {
     fn procs(&self) -> &[ProcId] {
         match self {
-            Deferred::Fence { procs, .. } => procs,
+            Deferred::Fence { procs, .. } | Deferred::Group { procs, .. } => procs,
             Deferred::Modex { proc, .. } => std::slice::from_ref(proc),
         }
     }
@@ -155,6 +162,7 @@ impl PmixHost {
                     self.union_fence(what, &procs, collect, data, timeout, reply)
                 }
                 Deferred::Modex { proc, reply } => self.direct_modex(proc, reply),
+                Deferred::Group { op, id, procs, directives, reply } => self.group(op, id, procs, directives, reply),
             }
         }
     }
@@ -276,7 +284,7 @@ impl PmixHost {
         }
         let key = self.next_id;
         self.next_id += 1;
-        self.fences.insert(key, reply);
+        self.fences.insert(key, super::FenceWaiter::Upcall(reply));
         if what == "connect" && daemons.first() == Some(&self.me) {
             let mut jobids: Vec<u32> = procs.iter().filter_map(|p| self.known.get(&p.nspace).map(|k| k.0)).collect();
             jobids.sort_unstable();

@@ -86,6 +86,20 @@ pub(crate) enum HostEvent {
         info: Vec<pmix_shim::Info>,
         reply: WorkerReplyHandle,
     },
+    /// PMIx_Query_info that libpmix could not answer itself; complete with an `InfoResult`.
+    Query {
+        queries: Vec<pmix_shim::Query>,
+        reply: WorkerReplyHandle,
+    },
+    /// PMIx_Group_construct / _destruct: every local member arrived (see
+    /// [`pmix_shim::PmixEvent::Group`]).
+    Group {
+        op: pmix_shim::GroupOp,
+        id: String,
+        procs: Vec<ProcId>,
+        directives: Vec<pmix_shim::Info>,
+        reply: WorkerReplyHandle,
+    },
     NspaceDeregistered {
         nspace: String,
         status: Status,
@@ -111,6 +125,9 @@ impl HostEvent {
             HostEvent::Connect { connect: true, .. } => "connect",
             HostEvent::Connect { connect: false, .. } => "disconnect",
             HostEvent::Data { .. } => "data_server",
+            HostEvent::Query { .. } => "query",
+            HostEvent::Group { op: pmix_shim::GroupOp::Construct, .. } => "group_construct",
+            HostEvent::Group { op: pmix_shim::GroupOp::Destruct, .. } => "group_destruct",
             HostEvent::NspaceDeregistered { .. } => "nspace_deregistered",
             HostEvent::Ended { .. } => "worker_ended",
         }
@@ -210,6 +227,13 @@ impl WorkerReplyHandle {
     /// Complete with a status.
     pub fn complete(self, status: Status) {
         self.complete_with(status, &[]);
+    }
+
+    /// Complete with a status and infos (a query's answers, a group's context id).
+    pub fn complete_with_info(self, status: Status, infos: &[pmix_shim::Info]) {
+        use dvm_proto::Message;
+        let result = wire::InfoResult { infos: super::value::infos_to_wire(infos) };
+        self.complete_with(status, &result.encode_to_vec());
     }
 
     /// Complete with a status and data (a fence's result, a peer's modex blob).
@@ -386,15 +410,23 @@ impl Worker {
         self.link.call(Cmd::RegisterNspace(cmd)).map(drop)
     }
 
-    /// `register_client` + `setup_fork` of one local rank: its PMIx environment.
+    /// `register_client` of every local rank of a job, before any of them starts.
+    pub fn register_clients(&self, nspace: &str, ranks: Vec<u32>, uid: u32, gid: u32) -> Result<(), WorkerError> {
+        let cmd = wire::RegisterClients { nspace: nspace.into(), ranks, uid, gid };
+        self.link.call(Cmd::RegisterClients(cmd)).map(drop)
+    }
+
+    /// `register_client` (unless `registered` by [`Worker::register_clients`]) + `setup_fork`
+    /// of one local rank: its PMIx environment.
     pub fn prepare_client(
         &self,
         nspace: &str,
         rank: u32,
         uid: u32,
         gid: u32,
+        registered: bool,
     ) -> Result<Vec<(String, String)>, WorkerError> {
-        let cmd = wire::PrepareClient { nspace: nspace.into(), rank, uid, gid };
+        let cmd = wire::PrepareClient { nspace: nspace.into(), rank, uid, gid, registered };
         let reply = self.link.call(Cmd::PrepareClient(cmd))?;
         Ok(reply.env.into_iter().map(|v| (v.key, v.value)).collect())
     }
@@ -513,6 +545,24 @@ fn read_events(sock: UnixStream, link: Arc<WorkerLink>, gen: u64, tx: EventTx) {
                 proc: proc_from(l.proc),
                 keys: l.keys,
                 info: super::value::infos_from_wire(&l.info),
+                reply,
+            },
+            Some(Ev::Query(q)) => HostEvent::Query {
+                queries: q
+                    .queries
+                    .into_iter()
+                    .map(|q| pmix_shim::Query {
+                        keys: q.keys,
+                        qualifiers: super::value::infos_from_wire(&q.qualifiers),
+                    })
+                    .collect(),
+                reply,
+            },
+            Some(Ev::Group(g)) => HostEvent::Group {
+                op: if g.construct { pmix_shim::GroupOp::Construct } else { pmix_shim::GroupOp::Destruct },
+                id: g.id,
+                procs: g.procs.into_iter().map(|p| proc_from(Some(p))).collect(),
+                directives: super::value::infos_from_wire(&g.directives),
                 reply,
             },
             None => {

@@ -11,6 +11,8 @@
 //! - abort: reply first, then the job fails once the aborting rank has exited (the order that
 //!   keeps libpmix healthy); log: the text reaches prun.
 //! - spawn, connect/disconnect, publish/lookup/unpublish: `dynamic` (docs/dynamic-mpi.md).
+//! - group construct/destruct (a grpcomm allgather / barrier over the members' daemons) and
+//!   query: `group`.
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
@@ -36,6 +38,7 @@
 
 mod dynamic;
 mod frame;
+mod group;
 mod link;
 pub mod value;
 pub mod worker;
@@ -60,9 +63,20 @@ struct PmixJob {
     nspace: String,
     placement: Placement,
     registered: bool,
+    /// Every local rank was registered with `register_client` when the job started.
+    clients_registered: bool,
     connected: BTreeSet<u32>,
     finalized: BTreeSet<u32>,
     sigs: BTreeSet<FenceSignature>,
+}
+
+/// Who waits for a fence this daemon runs for libpmix (recorded when the fence starts).
+#[derive(Debug)]
+pub(crate) enum FenceWaiter {
+    /// A fence, connect or disconnect upcall: completed with the fence's bytes.
+    Upcall(WorkerReplyHandle),
+    /// A group construct or destruct: its answer is derived from the fence's bytes.
+    Group(group::GroupWait),
 }
 
 /// This daemon's PMIx hosting: its worker, the namespaces registered there and the upcalls
@@ -83,7 +97,10 @@ pub(crate) struct PmixHost {
     jobs: BTreeMap<u32, PmixJob>,
     by_nspace: BTreeMap<String, u32>,
     /// Fences this daemon runs for libpmix, by the key the core returns them with.
-    fences: BTreeMap<u64, WorkerReplyHandle>,
+    fences: BTreeMap<u64, FenceWaiter>,
+    /// Context ids this daemon offered so far (or the highest chosen, if larger): see
+    /// [`group`].
+    ctx_counter: u64,
     /// Direct modex requests this daemon asked of others (by our id).
     asked: BTreeMap<u64, WorkerReplyHandle>,
     /// Requests this daemon serves: worker request id -> (asking daemon, its id).
@@ -217,6 +234,7 @@ impl PmixHost {
             jobs: BTreeMap::new(),
             by_nspace: BTreeMap::new(),
             fences: BTreeMap::new(),
+            ctx_counter: 0,
             asked: BTreeMap::new(),
             serving: BTreeMap::new(),
             next_id: 1,
@@ -365,11 +383,25 @@ impl PmixHost {
                 false
             }
         };
+        // Every local client is registered before the first one starts: libpmix 4.2.2 drops
+        // a group construct that a fast client sends while another local client of its
+        // namespace is still unregistered (its re-check of pending collectives knows fences
+        // and connects only), and the construct then never completes.
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let clients_registered = registered
+            && match w.register_clients(&nspace, placement.procs_on(self.me).iter().collect(), uid, gid) {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(jobid, %nspace, "cannot register the local PMIx clients at once: {e}");
+                    false
+                }
+            };
         self.by_nspace.insert(nspace.clone(), jobid);
         let job = PmixJob {
             nspace,
             placement,
             registered,
+            clients_registered,
             connected: BTreeSet::new(),
             finalized: BTreeSet::new(),
             sigs: BTreeSet::new(),
@@ -394,7 +426,7 @@ impl PmixHost {
             return Vec::new();
         };
         let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
-        let mut env = match w.prepare_client(&job.nspace, rank, uid, gid) {
+        let mut env = match w.prepare_client(&job.nspace, rank, uid, gid, job.clients_registered) {
             Ok(env) => env,
             Err(e) => {
                 warn!(jobid, rank, "cannot prepare the PMIx client: {e}");
@@ -456,9 +488,17 @@ impl PmixHost {
         if let (Some(jobids), true) = (self.connects.remove(&key), result.is_ok()) {
             self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
         }
-        let Some(reply) = self.fences.remove(&key) else {
-            warn!(key, "a PMIx fence completed with no upcall waiting for it");
-            return;
+        let reply = match self.fences.remove(&key) {
+            Some(FenceWaiter::Upcall(reply)) => reply,
+            Some(FenceWaiter::Group(wait)) => {
+                self.group_done(wait, result);
+                self.maybe_recycle();
+                return;
+            }
+            None => {
+                warn!(key, "a PMIx fence completed with no upcall waiting for it");
+                return;
+            }
         };
         match result {
             Ok(data) => reply.complete_with(pmix_shim::SUCCESS, &data),
@@ -529,6 +569,8 @@ impl PmixHost {
                 self.union_fence(what, &procs, false, Bytes::new(), timeout, reply)
             }
             HostEvent::Data { op, proc, keys, info, reply } => self.data_request(op, proc, keys, info, reply),
+            HostEvent::Query { queries, reply } => self.query(queries, reply),
+            HostEvent::Group { op, id, procs, directives, reply } => self.group(op, id, procs, directives, reply),
             HostEvent::Ended { how } => self.worker_lost(&how),
         }
     }
@@ -611,7 +653,7 @@ impl PmixHost {
         let timeout = req.timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
         let key = self.next_id;
         self.next_id += 1;
-        self.fences.insert(key, req.reply);
+        self.fences.insert(key, FenceWaiter::Upcall(req.reply));
         debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
         let fence = GFence { sig, collect: req.collect, data: req.data, timeout };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });

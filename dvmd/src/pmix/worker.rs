@@ -47,11 +47,19 @@ enum Pending {
 
 impl Pending {
     /// `data`: a fence's or modex's bytes; a spawn's nspace (UTF-8); a lookup's
-    /// `LookupResult`.
+    /// `LookupResult`; a query's or group's `InfoResult` (empty: no infos).
     fn complete(self, status: pmix_shim::Status, data: &[u8]) {
         match self {
             Pending::Op(r) => r.complete(status),
-            Pending::Info(r) => r.complete(status),
+            // A job control's status alone; a query's or group's infos as an `InfoResult`.
+            Pending::Info(r) if data.is_empty() => r.complete(status),
+            Pending::Info(r) => match wire::InfoResult::decode(data) {
+                Ok(res) => r.complete_with_info(status, super::value::infos_from_wire(&res.infos)),
+                Err(e) => {
+                    error!("PMIx worker: undecodable info result: {e}");
+                    r.complete(pmix_shim::ERR_BAD_PARAM)
+                }
+            },
             Pending::Fence(r) => r.complete(status, data),
             Pending::Modex(r) => r.complete(status, data),
             Pending::Spawn(r) => match std::str::from_utf8(data) {
@@ -234,16 +242,23 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
                 Err(e) => failed(e),
             }
         }
-        Cmd::PrepareClient(c) => match s.register_client(&c.nspace, c.rank, c.uid, c.gid) {
-            Err(e) => failed(e),
-            Ok(_) => match s.setup_fork(&c.nspace, c.rank) {
+        Cmd::PrepareClient(c) => {
+            let registered =
+                if c.registered { Ok(()) } else { s.register_client(&c.nspace, c.rank, c.uid, c.gid).map(drop) };
+            match registered.and_then(|()| s.setup_fork(&c.nspace, c.rank)) {
                 Ok(env) => WorkerReply {
                     env: env.into_iter().map(|(key, value)| wire::EnvVar { key, value }).collect(),
                     ..Default::default()
                 },
                 Err(e) => failed(e),
-            },
-        },
+            }
+        }
+        Cmd::RegisterClients(r) => {
+            match r.ranks.iter().try_for_each(|&rank| s.register_client(&r.nspace, rank, r.uid, r.gid).map(drop)) {
+                Ok(()) => WorkerReply::default(),
+                Err(e) => failed(e),
+            }
+        }
         Cmd::DeregisterNspace(d) => match s.deregister_nspace_nb(&d.nspace) {
             Ok(()) => WorkerReply::default(),
             Err(e) => failed(e),
@@ -326,6 +341,22 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
         PmixEvent::Unpublish { proc, keys, info, reply } => (
             Some(Pending::Op(reply)),
             Ev::Unpublish(wire::Lookup { proc: Some(proc_of(&proc)), keys, info: super::value::infos_to_wire(&info) }),
+        ),
+        PmixEvent::Query { queries, reply } => {
+            let queries = queries
+                .into_iter()
+                .map(|q| wire::Query { keys: q.keys, qualifiers: super::value::infos_to_wire(&q.qualifiers) })
+                .collect();
+            (Some(Pending::Info(reply)), Ev::Query(wire::QueryRequest { queries }))
+        }
+        PmixEvent::Group { op, id, procs, directives, reply } => (
+            Some(Pending::Info(reply)),
+            Ev::Group(wire::Group {
+                construct: op == pmix_shim::GroupOp::Construct,
+                id,
+                procs: procs.iter().map(proc_of).collect(),
+                directives: super::value::infos_to_wire(&directives),
+            }),
         ),
         PmixEvent::DmodexData { request, proc, status, data } => (
             None,

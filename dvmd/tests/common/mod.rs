@@ -327,6 +327,26 @@ pub fn mpi_bin(name: &str) -> String {
     dir.join(name).display().to_string()
 }
 
+/// The PMIx test clients (`tests/pmix/*.c`, plain libpmix built with cc and pkg-config), built
+/// once per test binary; the path of program `name`.
+pub fn pmix_bin(name: &str) -> String {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/pmix");
+        let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pmix-bin-{}", std::process::id()));
+        let st = Command::new("make")
+            .arg("-s")
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("OUT={}", out.display()))
+            .status()
+            .expect("make, cc and pkg-config (with Debian's libpmix-dev) are needed to build tests/pmix");
+        assert!(st.success(), "building tests/pmix failed");
+        out
+    });
+    dir.join(name).display().to_string()
+}
+
 /// kill(2) on a pid this test started.
 pub fn signal(pid: u32, sig: i32) {
     // SAFETY: plain kill(2); the caller names a process it started.

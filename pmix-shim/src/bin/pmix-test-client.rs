@@ -1,5 +1,5 @@
 //! A tiny PMIx client for this crate's integration tests (the client half of libpmix through
-//! the same bindings). Usage: `pmix-test-client fence|getremote|abort|log`. It prints `key=value` lines
+//! the same bindings). Usage: `pmix-test-client fence|getremote|abort|log|group|query`. It prints `key=value` lines
 //! the tests check and exits non-zero on any PMIx failure.
 
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -134,6 +134,53 @@ fn main() {
                 let rc = sys::PMIx_Log(&info, 1, std::ptr::null(), 0);
                 println!("log_rc={rc}");
                 sys::PMIx_Value_destruct(&mut info.value);
+            }
+            "group" => {
+                // A group of this proc alone that asks for a context id: libpmix must call the
+                // host (an all-local group without one it completes itself).
+                let mut info: sys::pmix_info_t = std::mem::zeroed();
+                let t = true;
+                check(
+                    "PMIx_Info_load",
+                    sys::PMIx_Info_load(
+                        &mut info,
+                        key(sys::PMIX_GROUP_ASSIGN_CONTEXT_ID),
+                        &t as *const bool as *const c_void,
+                        sys::PMIX_BOOL as u16,
+                    ),
+                );
+                let grp = CString::new("dvm-test-group").unwrap();
+                let (mut results, mut n): (*mut sys::pmix_info_t, usize) = (std::ptr::null_mut(), 0);
+                check(
+                    "PMIx_Group_construct",
+                    sys::PMIx_Group_construct(grp.as_ptr(), &me, 1, &info, 1, &mut results, &mut n),
+                );
+                for i in 0..n {
+                    let r = &*results.add(i);
+                    if CStr::from_ptr(r.key.as_ptr()).to_bytes_with_nul() == sys::PMIX_GROUP_CONTEXT_ID {
+                        println!("ctxid={}", r.value.data.size);
+                    }
+                    sys::PMIx_Value_destruct(&mut (*results.add(i)).value);
+                }
+                libc::free(results as *mut c_void);
+                check("PMIx_Group_destruct", sys::PMIx_Group_destruct(grp.as_ptr(), std::ptr::null(), 0));
+                println!("destruct=ok");
+            }
+            "query" => {
+                // PMIX_QUERY_NUM_PSETS: not in libpmix's own store, so the host answers.
+                let mut keys = [key(sys::PMIX_QUERY_NUM_PSETS) as *mut c_char, std::ptr::null_mut()];
+                let mut q: sys::pmix_query_t = std::mem::zeroed();
+                q.keys = keys.as_mut_ptr();
+                let (mut results, mut n): (*mut sys::pmix_info_t, usize) = (std::ptr::null_mut(), 0);
+                check("PMIx_Query_info", sys::PMIx_Query_info(&mut q, 1, &mut results, &mut n));
+                for i in 0..n {
+                    let r = &*results.add(i);
+                    if CStr::from_ptr(r.key.as_ptr()).to_bytes_with_nul() == sys::PMIX_QUERY_NUM_PSETS {
+                        println!("psets={}", r.value.data.size);
+                    }
+                    sys::PMIx_Value_destruct(&mut (*results.add(i)).value);
+                }
+                libc::free(results as *mut c_void);
             }
             m => {
                 eprintln!("pmix-test-client: unknown mode {m}");
