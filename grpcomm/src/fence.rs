@@ -368,15 +368,28 @@ impl FenceState {
         let seq = rec.started;
         rec.started += 1;
         let id = FenceId { sig: sig.clone(), seq };
+        // Decided at the start (below). A tracker that early blocks or children's contributions
+        // opened for this sequence is retired with the error, which also passes it to those
+        // children: left, it would wait for a start that has passed (an allgather has no
+        // release to end it), and a child whose contribution it holds would never hear.
         if let Some(err) = rec.early_errors.remove(&seq) {
+            if rec.trackers.contains_key(&seq) {
+                retire(ctx, &sig, seq, rec, Err(err.clone()), None);
+            }
             emit(ctx, &sig, seq, Err(err));
             return id;
         }
         // A participant already failed: this fence can never succeed anywhere.
         let lost = lost(ctx.topo, &self.repairs, &sig.participants);
         if !lost.is_empty() {
+            // Every daemon derives the same list, and no success can have been released for a
+            // fence this participant had not started: passing the error down is safe here.
             let result = Err(FenceError::LostConnection { lost });
-            rec.remember(seq, result.clone());
+            if rec.trackers.contains_key(&seq) {
+                retire(ctx, &sig, seq, rec, result.clone(), None);
+            } else {
+                rec.remember(seq, result.clone());
+            }
             emit(ctx, &sig, seq, result);
             return id;
         }
@@ -508,7 +521,7 @@ impl FenceState {
             Ok(s) => s,
             Err(reason) => return dropped(ctx, from, format!("allgather block (seq {}): {reason}", m.seq)),
         };
-        // `from` is the last hop (a relay, when the block took a detour along the tree).
+        // `from` sent the frame; the block names the participant whose blocks it carries.
         let (me, seq, sender) = (ctx.topo.me(), m.seq, m.sender);
         if !sig.participants.contains(me) || !sig.participants.contains(sender) || sender == me {
             let reason = format!(

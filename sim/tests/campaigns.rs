@@ -210,3 +210,17 @@ fn ten_thousand_back_to_back_fences_on_the_allgather() {
         assert_eq!(t.stats.messages, t.stats.direct, "n {n}: nothing moved on the tree");
     }
 }
+
+/// Seeds that once failed, replayed with the movements they failed with.
+#[test]
+fn regression_seeds() {
+    use dvm_sim::{campaign_with, BcastMovementMode as B, FenceMovementMode as F, Movements};
+    // A daemon held blocks of a fence it had not started when it learned of a participant's
+    // loss; its start then failed the fence at once and left that tracker waiting forever.
+    let rep = campaign_with(303_965..303_966, 40, 3, Profile::Crash, Movements::new(F::Allgather, B::Bulk));
+    assert_no_failures(&rep.failures, rep.runs, "regression seeds");
+    // Dropping that tracker without a word hung this one: a relay's tree tracker held its
+    // child's contribution, and the child never heard the fence had failed.
+    let rep = campaign_with(100_184..100_185, 7, 2, Profile::Crash, Movements::new(F::Auto, B::Auto));
+    assert_no_failures(&rep.failures, rep.runs, "regression seeds");
+}
