@@ -37,7 +37,7 @@ mod tracker;
 mod tree;
 mod wire;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock, FenceContrib, FenceRelease};
@@ -239,6 +239,11 @@ pub(crate) struct FenceState {
     /// Daemons newly failed by each repair, in the order applied (identical on every daemon):
     /// the source of a deterministic `LostConnection` list.
     repairs: Vec<Vec<Rank>>,
+    /// Daemons whose lateral link from here was lost: every later exchange sends them its
+    /// blocks along the tree from the start. A block sent straight to such a partner is lost
+    /// until the loss is noticed again, and by then this daemon may have finished, and
+    /// forgotten, the exchange that owed it.
+    lateral_lost: BTreeSet<Rank>,
 }
 
 fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
@@ -410,7 +415,7 @@ impl FenceState {
             // A barrier carries no data on any movement (a real one arrives with 8 bytes).
             Movement::Allgather => {
                 let data = if req.collect { req.data } else { Bytes::new() };
-                allgather::start(ctx, &sig, seq, rec, data)
+                allgather::start(ctx, &sig, seq, rec, data, &self.lateral_lost)
             }
             m => {
                 let data = if m == Movement::TreeGatherRelease { req.data } else { Bytes::new() };
@@ -668,6 +673,7 @@ impl FenceState {
         if peer >= topo.size() || !topo.is_alive(peer) || peer == topo.me() || neighbour {
             return;
         }
+        self.lateral_lost.insert(peer);
         for (sig, rec) in self.sigs.iter_mut() {
             if !sig.participants.contains(peer) {
                 continue;

@@ -29,6 +29,8 @@
 //! others fail with the `LostConnection` every survivor derives alike — there is no release to
 //! make them agree, and the simulator's checks say so.
 
+use std::collections::BTreeSet;
+
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock};
 use dvm_rml::topology::Rank;
@@ -53,8 +55,16 @@ fn mismatch(expected: u32, got: u32, daemon: Rank) -> FenceError {
     FenceError::MovementMismatch { expected: Movement::name_of(expected), got: Movement::name_of(got), daemon }
 }
 
-/// This daemon starts fence `seq` on the allgather with its own block `data`.
-pub(super) fn start(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord, data: Bytes) {
+/// This daemon starts fence `seq` on the allgather with its own block `data`; blocks for a
+/// partner in `lateral_lost` take the tree from the start.
+pub(super) fn start(
+    ctx: &mut Ctx<'_>,
+    sig: &FenceSignature,
+    seq: u64,
+    rec: &mut SigRecord,
+    data: Bytes,
+    lateral_lost: &BTreeSet<Rank>,
+) {
     let me = ctx.topo.me();
     let list = members(ctx, &sig.participants);
     let Some(t) = rec.trackers.get_mut(&seq) else { return };
@@ -65,7 +75,12 @@ pub(super) fn start(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut
         return fail(ctx, sig, seq, rec, err);
     }
     let ex = match Exchange::new(list, me, data) {
-        Ok(ex) => ex,
+        Ok(mut ex) => {
+            lateral_lost.iter().for_each(|&p| {
+                ex.detour(p);
+            });
+            ex
+        }
         Err(e) => return fail(ctx, sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {e}"))),
     };
     debug!(rank = me, seq, schedule = ex.schedule().kind().name(), steps = ex.schedule().steps(), "allgather started");

@@ -22,8 +22,10 @@
 //! and drops its exchange, and each daemon that holds it passes it to children that lack it.
 //! A lateral link lost to a live partner (`peer_unreachable`) is never a tree loss: that
 //! partner's blocks go again along the tree (`XcastBlock.sender` names the member), and so do
-//! later ones; finished exchanges are kept for the last [`KEEP_FINISHED`] ops, and at most
-//! [`FINISHED_KEEP_NS`], to do the same (they hold the chunks: an idle daemon keeps none).
+//! later ones, including those of every later op; finished exchanges are kept for
+//! [`FINISHED_KEEP_NS`] (far longer than a lost link takes to notice), as long as they hold no
+//! more than [`KEEP_FINISHED_BYTES`] together, to do the same (they hold the chunks: an idle
+//! daemon keeps none).
 //!
 //! Traps:
 //! - The member list is the root's view at assignment, carried as the failed ranks
@@ -32,7 +34,7 @@
 //! - A chunk forward never replays: a duplicate is dropped; whatever a changed child lacks
 //!   reaches it as a whole forward.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, XcastBlock, XcastChunk, XcastForward};
@@ -45,9 +47,15 @@ use crate::{Ctx, Effect, Movement};
 
 pub(super) const BULK: u32 = Movement::ScatterAllgather as u32;
 
-/// Finished exchanges kept per daemon (to re-send blocks along the tree to a partner whose
-/// lateral link was lost just before this daemon finished).
-pub(super) const KEEP_FINISHED: usize = 4;
+/// Finished exchanges are kept (to re-send blocks along the tree to a partner whose lateral
+/// link was lost before this daemon finished) up to this many bytes of blocks together, and
+/// at least the last [`KEEP_FINISHED_MIN`]. A count alone was too few: a stream of small ops
+/// finishes dozens here before a silent link is noticed, and the partner of one forgotten
+/// waited forever (simulator, faults profile, seed 2001176 at n 10 radix 2).
+pub(super) const KEEP_FINISHED_BYTES: usize = 64 << 20;
+
+/// Finished exchanges always kept, whatever their size.
+pub(super) const KEEP_FINISHED_MIN: usize = 4;
 
 /// How long a finished exchange is kept for detours (a partner still missing blocks after
 /// this has lost more than a lateral link, and the repair's degrade delivers to it).
@@ -84,6 +92,11 @@ pub(super) struct BulkState {
     early: BTreeMap<u64, Vec<XcastBlock>>,
     /// (op, exchange, when it finished).
     finished: VecDeque<(u64, Exchange, u64)>,
+    /// Partners whose lateral link from here was lost: every later exchange sends them its
+    /// blocks along the tree from the start. Sent straight, a block is lost until the loss is
+    /// noticed again, and by then the exchange that owed it may be finished and forgotten
+    /// here, leaving the partner waiting with no repair to degrade the op.
+    lateral_lost: BTreeSet<Rank>,
 }
 
 impl BulkState {
@@ -92,6 +105,14 @@ impl BulkState {
         self.ops.values().map(|o| ex(&o.ex) + 64).sum::<usize>()
             + self.finished.iter().map(|(_, e, _)| ex(e)).sum::<usize>()
             + self.early.values().flatten().map(|b| b.blocks.iter().map(Bytes::len).sum::<usize>() + 32).sum::<usize>()
+    }
+
+    /// A new exchange, sending along the tree to every partner whose lateral link was lost.
+    fn with_detours(&self, mut ex: Exchange) -> Exchange {
+        for &p in &self.lateral_lost {
+            ex.detour(p);
+        }
+        ex
     }
 
     /// Nothing in flight (finished exchanges are history, kept only to answer detours).
@@ -204,7 +225,7 @@ impl XcastState {
             }
         };
         let ex = match Exchange::new(list, me, own) {
-            Ok(ex) => ex.paced(m.pace_blocks),
+            Ok(ex) => self.bulk.with_detours(ex.paced(m.pace_blocks)),
             Err(e) => return ctx.out.push(Effect::Dropped { from, reason: format!("xcast op {op}: {e}") }),
         };
         self.bulk.ops.insert(op, BulkOp { meta: m, ex, passed });
@@ -272,7 +293,7 @@ impl XcastState {
         let blocks = blocks();
         let ex = match self.bulk.ops.remove(&op) {
             Some(b) => Ok(b.ex),
-            None => Exchange::new(list, me, blocks[pos].clone()),
+            None => Exchange::new(list, me, blocks[pos].clone()).map(|ex| self.bulk.with_detours(ex)),
         };
         self.bulk.early.remove(&op);
         let mut ex = match ex {
@@ -396,9 +417,12 @@ impl XcastState {
         // Past the bound, forget the oldest exchange that owes nothing: one that still owes a
         // paced step's message stays until a ready takes it (or for FINISHED_KEEP_NS, after
         // which its partner has had the whole payload from a repair's degrade).
-        if self.bulk.finished.len() >= KEEP_FINISHED {
-            if let Some(i) = self.bulk.finished.iter().position(|(_, e, _)| !e.owes_sends()) {
-                self.bulk.finished.remove(i);
+        let mut held: usize =
+            ex.state_bytes() + self.bulk.finished.iter().map(|(_, e, _)| e.state_bytes()).sum::<usize>();
+        while held > KEEP_FINISHED_BYTES && self.bulk.finished.len() >= KEEP_FINISHED_MIN {
+            let Some(i) = self.bulk.finished.iter().position(|(_, e, _)| !e.owes_sends()) else { break };
+            if let Some((_, e, _)) = self.bulk.finished.remove(i) {
+                held -= e.state_bytes();
             }
         }
         self.bulk.finished.push_back((op, ex, ctx.now));
@@ -441,6 +465,7 @@ impl XcastState {
 
     /// The lateral link to `peer` was lost: its blocks, sent and to come, take the tree.
     pub(super) fn bulk_detour(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
+        self.bulk.lateral_lost.insert(peer);
         let running = self.bulk.ops.iter_mut().map(|(op, b)| (*op, &mut b.ex));
         let finished = self.bulk.finished.iter_mut().map(|(op, ex, _)| (*op, ex));
         for (op, ex) in running.chain(finished) {
