@@ -568,6 +568,7 @@ impl XcastState {
             self.bulk_degrade(ctx);
         } else {
             self.bulk_repass(ctx);
+            self.bulk_resend_detours(ctx);
         }
         self.update_rollup(ctx);
     }

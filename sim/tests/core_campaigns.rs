@@ -134,12 +134,17 @@ fn core_regression_seeds() {
     // A lateral link cut silently under a stream of scatter-allgather broadcasts: the blocks
     // sent on it before the loss was noticed were owed by exchanges already finished and
     // forgotten (only four were kept), and ops started after the loss sent on it again.
-    let cases: [(u64, u32, u32, Movements); 5] = [
+    let cases: [(u64, u32, u32, Movements); 8] = [
         (2_000_363, 10, 2, Movements::new(F::Tree, B::Bulk)),
         (2_000_709, 10, 2, Movements::new(F::Allgather, B::Bulk)),
         (2_000_719, 10, 2, Movements::new(F::Allgather, B::Bulk)),
         (2_001_176, 10, 2, Movements::new(F::Allgather, B::Bulk)),
         (2_000_078, 16, 2, Movements::new(F::Allgather, B::Bulk)),
+        // A detoured block sent to a parent that had just died: nothing sent it again after
+        // the repair, and no degrade reached the partner (it held its chunk, not the whole).
+        (3_000_193, 7, 2, Movements::new(F::Tree, B::Bulk)),
+        (3_001_104, 7, 2, Movements::new(F::Tree, B::Bulk)),
+        (3_001_720, 7, 2, Movements::new(F::Tree, B::Bulk)),
     ];
     for (seed, n, radix, mode) in cases {
         let rep = campaign_with(seed..seed + 1, n, radix, CoreProfile::Faults, mode);

@@ -463,6 +463,24 @@ impl XcastState {
         }
     }
 
+    /// A repair reached this (non-root) daemon: blocks on a detour may have died with a relay
+    /// (or gone to a parent that was already dead); send them again by the new routes, for
+    /// running and finished exchanges alike (receivers drop what they hold).
+    pub(super) fn bulk_resend_detours(&mut self, ctx: &mut Ctx<'_>) {
+        let running = self.bulk.ops.iter().map(|(op, b)| (*op, &b.ex));
+        let finished = self.bulk.finished.iter().map(|(op, ex, _)| (*op, ex));
+        for (op, ex) in running.chain(finished) {
+            for peer in ex.detours().filter(|&p| ctx.topo.is_alive(p)).collect::<Vec<_>>() {
+                let mut out = ex.sent_to(peer);
+                out.extend(ex.ready_sent_to(peer));
+                if !out.is_empty() {
+                    debug!(op_id = op, peer, "repair: scatter-allgather blocks on a detour sent again");
+                }
+                Self::bulk_send(ctx, op, ex, out);
+            }
+        }
+    }
+
     /// The lateral link to `peer` was lost: its blocks, sent and to come, take the tree.
     pub(super) fn bulk_detour(&mut self, ctx: &mut Ctx<'_>, peer: Rank) {
         self.bulk.lateral_lost.insert(peer);
