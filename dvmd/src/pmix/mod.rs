@@ -13,6 +13,8 @@
 //! - spawn, connect/disconnect, publish/lookup/unpublish: `dynamic` (docs/dynamic-mpi.md).
 //! - group construct/destruct (a grpcomm allgather / barrier over the members' daemons) and
 //!   query: `group`.
+//! - events: a client's event for other servers, and the DVM's own (a rank or a daemon
+//!   lost), reach every daemon hosting a proc in range as one xcast: `events`.
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
@@ -37,6 +39,7 @@
 //! idle (no namespace, no fence, no direct modex in flight), never under a running job.
 
 mod dynamic;
+mod events;
 mod frame;
 mod group;
 mod link;
@@ -55,6 +58,7 @@ use pmix_shim::{JobInfo, ProcId, ServerConfig};
 use tracing::{debug, error, info, warn};
 
 use crate::jobmap::Placement;
+pub use events::{event_payload, FROM_DVM};
 pub(crate) use link::{EventTx, HostEvent};
 use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
@@ -571,6 +575,12 @@ impl PmixHost {
             HostEvent::Data { op, proc, keys, info, reply } => self.data_request(op, proc, keys, info, reply),
             HostEvent::Query { queries, reply } => self.query(queries, reply),
             HostEvent::Group { op, id, procs, directives, reply } => self.group(op, id, procs, directives, reply),
+            HostEvent::Notify { event } => self.client_event(event),
+            HostEvent::RegisterEvents { codes } => {
+                // Nothing to set up: the DVM raises its events whoever listens, and libpmix
+                // delivers them to the clients that registered.
+                debug!(?codes, "a client registered for system events");
+            }
             HostEvent::Ended { how } => self.worker_lost(&how),
         }
     }
