@@ -123,9 +123,14 @@ pub(crate) struct PmixHost {
     /// The highest job id whose maps reached this daemon: a request naming a job at or below
     /// it that is not known names a job that ended or never was, and is refused at once.
     highest_learned: Option<u32>,
-    /// Connect barriers this daemon reports to the HNP when they complete (it is their lowest
-    /// participating daemon): fence key -> the jobs joined.
+    /// Connect barriers this daemon reports to the HNP when they complete: fence key -> the
+    /// jobs joined. Every participating daemon reports, before its clients return from the
+    /// connect, so the HNP knows the jobs are joined before it can hear of any failure of
+    /// theirs from this daemon (a report from one daemon raced with a failure reported by
+    /// another, and the joined job was never told: docs/dynamic-mpi.md, "Events").
     connects: BTreeMap<u64, Vec<u32>>,
+    /// The sets of jobs this daemon reported joined (each once), until one of them ends.
+    reported_connects: BTreeSet<Vec<u32>>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -248,6 +253,7 @@ impl PmixHost {
             deferred: Vec::new(),
             highest_learned: None,
             connects: BTreeMap::new(),
+            reported_connects: BTreeSet::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
@@ -490,7 +496,9 @@ impl PmixHost {
     /// A fence this daemon runs for PMIx completed: answer libpmix.
     pub(crate) fn fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
         if let (Some(jobids), true) = (self.connects.remove(&key), result.is_ok()) {
-            self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+            if self.reported_connects.insert(jobids.clone()) {
+                self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+            }
         }
         let reply = match self.fences.remove(&key) {
             Some(FenceWaiter::Upcall(reply)) => reply,
