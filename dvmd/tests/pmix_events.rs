@@ -15,6 +15,10 @@
 //!   before), or is SIGKILLed (its job also under `--enable-recovery`: its own ranks are told
 //!   too). Every rank of the other job (`--enable-recovery`) must get `PMIX_ERR_PROC_ABORTED`
 //!   from it, and that job must end with status 0.
+//! - group: a recovering 4-rank job (one rank per daemon) whose last rank dies while the
+//!   others construct a group of every rank: each construct must fail with
+//!   `PMIX_ERR_PROC_ABORTED` (libpmix never tells the host of the dead member; the DVM's event
+//!   does), not wait for ever.
 //! - lost daemon: daemon 1 (a relay at radix 2) is killed with SIGKILL under an 8-rank job
 //!   (`--enable-recovery`); every rank elsewhere must get `PMIX_ERR_LOST_CONNECTION` and
 //!   `PMIX_EVENT_NODE_DOWN` (a system event: its registration goes through the host) naming
@@ -219,12 +223,33 @@ fn connected_job(dvm: &Dvm, name: &str, i: u32) {
     }
 }
 
+/// A group construct over every rank of a recovering job whose last rank dies: the others'
+/// constructs fail instead of waiting for it (each member is alone on its daemon).
+fn group_member_dies(dvm: &Dvm, i: u32) {
+    let events = pmix_bin("events");
+    const N: u32 = DAEMONS;
+    let o = run(
+        dvm,
+        &["--enable-recovery", "-n", &N.to_string(), "--map-by", "node", &events, "group"],
+        "a group construct whose member died",
+    );
+    let (stdout, stderr) = out(&o);
+    assert_eq!(o.status.code(), Some(9), "run {i}:\n{stdout}\n{stderr}\n{}", dvm.log());
+    let mut got = BTreeMap::new();
+    for w in lines(&stdout, "EVG ") {
+        got.insert(w[1].parse::<u32>().unwrap(), w[3].to_string());
+    }
+    let want: BTreeMap<u32, String> = (0..N - 1).map(|r| (r, "PROC-ABORTED".to_string())).collect();
+    assert_eq!(got, want, "run {i}: constructs:\n{stdout}\n{stderr}");
+}
+
 fn events_suite(name: &str, place: Place, radix: u32) {
     let dvm = start(name, place, radix);
     for i in 0..repeat() {
         custom(&dvm, i);
         own_job(&dvm, i);
         connected_job(&dvm, name, i);
+        group_member_dies(&dvm, i);
     }
     dvm.assert_up();
     let left = dvm.leftover_procs();

@@ -23,6 +23,10 @@
  *       PMIX_ERR_PROC_ABORTED from the peer job and prints "EVA rank <r> peer source <rank>
  *       code <c>", then finalizes; the other ranks of peer-die stay until the DVM ends them,
  *       or (when their job survives) finalize once they got the same event as "own".
+ *   events group
+ *       A group whose member dies: after a fence the last rank exits (_exit(9)) and every other
+ *       rank constructs a group of every rank; the construct must fail (the DVM tells the
+ *       daemons of the other members): each prints "EVG rank <r> construct <status name>".
  *   events lost
  *       PMIX_ERR_LOST_CONNECTION and PMIX_EVENT_NODE_DOWN (a system event: its registration
  *       reaches the host): after a fence each rank prints "EVREADY rank <r>"; the test kills
@@ -275,6 +279,28 @@ static void peer(const char *token, int dying, const char *how)
     finalize();
 }
 
+static void group(void)
+{
+    fence();
+    if (me.rank == size - 1) {
+        fflush(stdout);
+        _exit(9);
+    }
+    pmix_proc_t *all = calloc(size, sizeof(pmix_proc_t));
+    for (uint32_t r = 0; r < size; r++) {
+        PMIX_LOAD_PROCID(&all[r], me.nspace, r);
+    }
+    pmix_info_t *results = NULL;
+    size_t nresults = 0;
+    pmix_status_t rc = PMIx_Group_construct("dvm-ev-grp", all, size, NULL, 0, &results, &nresults);
+    if (NULL != results) {
+        PMIX_INFO_FREE(results, nresults);
+    }
+    free(all);
+    printf("EVG rank %u construct %s\n", me.rank, PMIX_SUCCESS == rc ? "SUCCESS" : PMIx_Error_string(rc));
+    finalize();
+}
+
 static void lost(void)
 {
     pmix_status_t codes[2] = {PMIX_ERR_LOST_CONNECTION, PMIX_EVENT_NODE_DOWN};
@@ -292,7 +318,7 @@ static void lost(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: events custom ROUNDS | self HOW | peer-wait TOKEN | peer-die TOKEN HOW | lost\n");
+        fprintf(stderr, "usage: events custom ROUNDS | self HOW | peer-wait TOKEN | peer-die TOKEN HOW | group | lost\n");
         return 2;
     }
     pmix_status_t rc = PMIx_Init(&me, NULL, 0);
@@ -317,6 +343,8 @@ int main(int argc, char **argv)
         peer(argv[2], 0, NULL);
     } else if (0 == strcmp(mode, "peer-die") && argc > 3) {
         peer(argv[2], 1, argv[3]);
+    } else if (0 == strcmp(mode, "group")) {
+        group();
     } else if (0 == strcmp(mode, "lost")) {
         lost();
     } else {

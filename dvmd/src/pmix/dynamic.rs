@@ -174,6 +174,7 @@ impl PmixHost {
         let gone: Vec<String> = self.known.iter().filter(|(_, k)| k.0 == jobid).map(|(n, _)| n.clone()).collect();
         for nspace in gone {
             self.known.remove(&nspace);
+            self.dead.remove(&nspace);
             if self.foreign.remove(&nspace) {
                 if let Some(w) = self.worker.as_ref() {
                     if let Err(e) = w.deregister_nspace_nb(&nspace) {

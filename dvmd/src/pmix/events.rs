@@ -115,6 +115,11 @@ impl PmixHost {
             return;
         }
         let Some(mut event) = msg.event else { return };
+        if msg.origin == FROM_DVM && event.status == pmix_shim::ERR_PROC_ABORTED {
+            if let Some(p) = &event.source {
+                self.member_died(ProcId::new(p.nspace.clone(), Rank::from_raw(p.rank)));
+            }
+        }
         let targets: Vec<ProcId> =
             msg.targets.iter().map(|p| ProcId::new(p.nspace.clone(), Rank::from_raw(p.rank))).collect();
         let hosted = |ns: &str| self.by_nspace.get(ns).is_some_and(|j| self.jobs.get(j).is_some_and(|j| j.registered));

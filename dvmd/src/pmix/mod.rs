@@ -131,6 +131,9 @@ pub(crate) struct PmixHost {
     connects: BTreeMap<u64, Vec<u32>>,
     /// The sets of jobs this daemon reported joined (each once), until one of them ends.
     reported_connects: BTreeSet<Vec<u32>>,
+    /// Ranks the DVM reported dead (`PMIX_ERR_PROC_ABORTED`), by namespace, while their job
+    /// runs: a group operation naming one fails ([`group`]).
+    dead: BTreeMap<String, BTreeSet<u32>>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -254,6 +257,7 @@ impl PmixHost {
             highest_learned: None,
             connects: BTreeMap::new(),
             reported_connects: BTreeSet::new(),
+            dead: BTreeMap::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
