@@ -61,7 +61,8 @@ pub(crate) struct HnpJob {
     stdin: Option<Option<u32>>,
     spec_timeout: f64,
     pub(crate) reported: BTreeSet<u32>,
-    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited.
+    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited, or
+    /// after `recovery::ABORT_GRACE` if it has not.
     pub(crate) aborts: BTreeMap<u32, (i32, String)>,
     first_failure: Option<(i32, String)>,
     killing: bool,
