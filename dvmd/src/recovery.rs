@@ -4,7 +4,7 @@
 //! - A rank that dies abnormally (non-zero exit, a signal, an exit without finalizing) or
 //!   calls PMIx_Abort (MPI_Abort): `PMIX_ERR_PROC_ABORTED` from that rank, with its exit code
 //!   and the sentence prun shows, to every rank of its job and of the jobs joined to it
-//!   (connected, spawning or spawned, transitively: [`Daemon::related_jobs`]).
+//!   (connected, spawning or spawned, transitively: `Daemon::related_jobs`).
 //! - A daemon lost: `PMIX_ERR_LOST_CONNECTION` and `PMIX_EVENT_NODE_DOWN` from the daemon
 //!   (namespace `dvm-<dvm>`, its rank), with the node's name and every rank lost there
 //!   (`PMIX_EVENT_AFFECTED_PROCS`), to the jobs that had ranks there and the jobs joined to
