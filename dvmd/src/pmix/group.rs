@@ -19,7 +19,8 @@
 //! Traps (libpmix 4.2.2, read in its server and checked by tests/mpi/group.c): libpmix keeps a
 //! group's record, member list included, from its first construct until a destruct of that
 //! id completes, and a construct naming a recorded id reuses the recorded members (the
-//! members the client passes are dropped); it answers a construct without the host only when
+//! members the client passes are dropped) — even a construct by a later job, which then waits
+//! for the earlier job's members (so a worker left with a record is replaced when idle); it answers a construct without the host only when
 //! every member is local and no context id is asked for. A query reaches the host only when
 //! libpmix's own store lacks some key of it (the job-level keys of any namespace registered
 //! with this server are answered there), and the upcall does not name the asking client.
@@ -107,6 +108,10 @@ impl PmixHost {
         reply: WorkerReplyHandle,
     ) {
         let what = if op == GroupOp::Construct { "construct" } else { "destruct" };
+        if op == GroupOp::Construct {
+            // libpmix recorded it (with its members) when its first local member arrived.
+            self.group_records.insert(id.clone());
+        }
         if procs.is_empty() {
             warn!("group {what} of {id:?} on daemon {} refused: it names no member", self.me);
             reply.complete(pmix_shim::ERR_BAD_PARAM);
@@ -196,6 +201,7 @@ impl PmixHost {
         };
         if op == GroupOp::Destruct {
             debug!(%id, "group destructed");
+            self.group_records.remove(&id);
             reply.complete(pmix_shim::SUCCESS);
             return;
         }

@@ -134,6 +134,11 @@ pub(crate) struct PmixHost {
     /// Ranks the DVM reported dead (`PMIX_ERR_PROC_ABORTED`), by namespace, while their job
     /// runs: a group operation naming one fails ([`group`]).
     dead: BTreeMap<String, BTreeSet<u32>>,
+    /// Group ids the current worker's libpmix keeps a record of: constructed (whatever the
+    /// outcome) and not destructed since. libpmix 4.2.2 reuses a recorded id's member list
+    /// for any later construct of that id, even by another job, which then waits for members
+    /// that are gone; so a worker holding any is replaced once no job uses it.
+    group_records: BTreeSet<String>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -258,6 +263,7 @@ impl PmixHost {
             connects: BTreeMap::new(),
             reported_connects: BTreeSet::new(),
             dead: BTreeMap::new(),
+            group_records: BTreeSet::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
@@ -345,14 +351,16 @@ impl PmixHost {
     /// End the current worker in the background.
     fn retire_worker(&mut self) {
         self.foreign.clear();
+        self.group_records.clear();
         if let Some(w) = self.worker.take() {
             self.retiring.retain(|h| !h.is_finished());
             self.retiring.push(w.retire(self.hurry.clone()));
         }
     }
 
-    /// Replace an idle worker that has grown past the limit: ending it frees what libpmix kept
-    /// of past clients, and a fresh one is started for the next job.
+    /// Replace an idle worker that has grown past the limit, or that keeps a group record a
+    /// later job could trip on: ending it frees what libpmix kept of past clients, and a fresh
+    /// one is started for the next job.
     fn maybe_recycle(&mut self) {
         let Some(limit) = self.settings.as_ref().map(|s| s.recycle_kib) else { return };
         if !self.idle() {
@@ -360,10 +368,16 @@ impl PmixHost {
         }
         let Some(w) = self.worker.as_mut() else { return };
         let grown = w.idle_growth_kib();
-        if grown < limit {
+        if grown < limit && self.group_records.is_empty() {
             return;
         }
-        info!(pid = w.pid(), gen = w.gen, grown_kib = grown, "replacing the idle PMIx worker");
+        info!(
+            pid = w.pid(),
+            gen = w.gen,
+            grown_kib = grown,
+            group_records = ?self.group_records,
+            "replacing the idle PMIx worker"
+        );
         self.retire_worker();
         self.start_background();
     }
