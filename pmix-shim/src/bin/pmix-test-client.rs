@@ -212,6 +212,18 @@ fn main() {
                 // A system code (its registration reaches the host) and a user code; then a
                 // user event for the whole session (it reaches the host); then wait for the
                 // NODE_DOWN the host sends back.
+                // A user code alone first: its registration stays in the server.
+                let mut user = [EV_CUSTOM - 1];
+                let id = sys::PMIx_Register_event_handler(
+                    user.as_mut_ptr(),
+                    1,
+                    std::ptr::null_mut(),
+                    0,
+                    Some(on_event),
+                    None,
+                    std::ptr::null_mut(),
+                );
+                println!("register_user_rc={}", if id < 0 { id } else { 0 });
                 let mut codes = [sys::PMIX_EVENT_NODE_DOWN, EV_CUSTOM];
                 let id = sys::PMIx_Register_event_handler(
                     codes.as_mut_ptr(),
