@@ -42,6 +42,8 @@ pub enum Input {
     TerminateNow,
     /// HNP: a waiting lookup's timeout (its data server token) fired.
     LookupTimeout(u64),
+    /// HNP: the grace a rank that called PMIx_Abort has to exit by itself passed.
+    AbortGrace { jobid: u32, rank: u32 },
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
@@ -247,6 +249,7 @@ impl Daemon {
             Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
             Input::TerminateNow => self.terminate_now(),
             Input::LookupTimeout(token) => self.on_lookup_timeout(token),
+            Input::AbortGrace { jobid, rank } => self.on_abort_grace(jobid, rank),
             Input::ChildExited(started, how) => {
                 use crate::launch::Started;
                 let Some(hnp) = self.hnp.as_ref() else { return };
@@ -382,6 +385,7 @@ impl Daemon {
                 // Every local process ends with the DVM, at once.
                 self.odls.kill_all();
             }
+            dtags::PMIX_EVENT => self.pmix.deliver_event(payload),
             dtags::TREE_QUERY => {
                 let query = u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default());
                 let topo = self.core.topology();

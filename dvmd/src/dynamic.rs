@@ -78,7 +78,10 @@ impl Daemon {
             self.spawn_answer(origin, refuse(pmix_shim::ERR_NOT_FOUND, e));
             return;
         };
+        // A spawned job recovers as its parent does.
+        let enable_recovery = self.recovers(req.jobid);
         let spec = JobSpec {
+            enable_recovery,
             apps: req.apps.clone(),
             map_by: req.map_by,
             ppr: req.ppr,
@@ -186,13 +189,18 @@ impl Daemon {
 
     /// Job `failed` just failed: each job connected to it (accept/connect) that is not
     /// failing already (its spawn family is) fails too, with a sentence naming the peer, so
-    /// none of its ranks waits for a peer that is gone. (PMIx events would let a job choose
-    /// to survive; libpmix 4.2.2's server never delivers a host's notification to a client
-    /// that registered only a default handler, which is all Open MPI 4.1 registers.)
+    /// none of its ranks waits for a peer that is gone — unless it was started with
+    /// `--enable-recovery`: its ranks were told (`PMIX_ERR_PROC_ABORTED`, crate::recovery)
+    /// and it goes on. (Open MPI 4.1's ranks register only a default event handler, which
+    /// libpmix 4.2.2's server never gives an event to: an MPI job learns nothing.)
     pub(crate) fn fail_peers(&mut self, failed: u32, code: i32, why: &str) {
         let peers: Vec<u32> = self.jobs.peers.get(&failed).map(|p| p.iter().copied().collect()).unwrap_or_default();
         for p in peers {
             if self.jobs.hnp.get(&p).is_some_and(|j| !j.failing()) {
+                if self.recovers(p) {
+                    self.survive_joined(p, format!("job {p} was connected to job {failed}, which failed ({why})"));
+                    continue;
+                }
                 let text = format!("job {p} was connected to job {failed}, which failed ({why}): job {p} is ended too");
                 self.fail_job(p, code, text);
             }

@@ -60,9 +60,10 @@ pub(crate) struct HnpJob {
     /// Where prun's stdin goes: None nowhere, Some(None) every proc, Some(Some(r)) rank r.
     stdin: Option<Option<u32>>,
     spec_timeout: f64,
-    reported: BTreeSet<u32>,
-    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited.
-    aborts: BTreeMap<u32, (i32, String)>,
+    pub(crate) reported: BTreeSet<u32>,
+    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited, or
+    /// after `recovery::ABORT_GRACE` if it has not.
+    pub(crate) aborts: BTreeMap<u32, (i32, String)>,
     first_failure: Option<(i32, String)>,
     killing: bool,
     forward: mpsc::UnboundedSender<Forward>,
@@ -76,6 +77,11 @@ pub(crate) struct HnpJob {
     pub(crate) spawn: Option<crate::dynamic::PendingSpawn>,
     /// This job's spawn failed (the spawning rank was told): its end fails nobody else.
     pub(crate) spawn_failed: bool,
+    /// `--enable-recovery`: a rank that dies, a lost node or a failed joined job do not end
+    /// this job (its ranks are told by a PMIx event: crate::recovery).
+    pub(crate) recovery: bool,
+    /// The first failure this job went on after (its exit status unless it fails later).
+    pub(crate) survived: Option<(i32, String)>,
 }
 
 impl HnpJob {
@@ -255,6 +261,8 @@ impl Daemon {
                 children: BTreeSet::new(),
                 spawn: None,
                 spawn_failed: false,
+                recovery: spec.enable_recovery,
+                survived: None,
             },
         );
         self.submit(CoreInput::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
@@ -298,7 +306,10 @@ impl Daemon {
         let Some(job) = self.jobs.hnp.get(&jobid) else { return };
         let (parent, children, spawn_failed) = (job.parent, job.children.clone(), job.spawn_failed);
         if let (Some(p), false) = (parent, spawn_failed) {
-            if let Some(pj) = self.jobs.hnp.get_mut(&p) {
+            if self.recovers(p) {
+                // Told by the event the failure raised; it goes on.
+                self.survive_joined(p, format!("job {jobid}, spawned by job {p}, failed ({why})"));
+            } else if let Some(pj) = self.jobs.hnp.get_mut(&p) {
                 if pj.first_failure.is_none() {
                     pj.first_failure = Some((code, why.to_string()));
                     self.fail_family(p, code, why);
@@ -368,19 +379,26 @@ impl Daemon {
         let Some(job) = self.jobs.hnp.get_mut(&st.jobid) else { return };
         let abort = job.aborts.get(&st.rank).cloned();
         if let Some((code, node)) = abort {
-            // MPI_Abort: now that the rank has exited, end the job with its code.
-            if job.first_failure.is_none() && !job.killing {
+            // MPI_Abort (its event is raised already): now that the rank has exited, end the
+            // job with its code.
+            if !job.failing() {
                 let why = format!("rank {} on node {node} (pid {}) called MPI_Abort with code {code}", st.rank, st.pid);
                 self.fail_job(st.jobid, code, why);
             }
         } else if let Some((code, how)) = describe_exit(&st) {
-            if job.first_failure.is_none() && !job.killing {
+            if !job.failing() {
                 let why = if st.error.is_empty() {
                     format!("rank {} on node {host} (pid {}) {how}", st.rank, st.pid)
                 } else {
                     how
                 };
-                self.fail_job(st.jobid, code, why);
+                // Told first, then (unless the job recovers) ended.
+                self.proc_aborted_event(st.jobid, st.rank, code, &why);
+                if self.recovers(st.jobid) {
+                    self.survive(st.jobid, code, why);
+                } else {
+                    self.fail_job(st.jobid, code, why);
+                }
             }
         }
         self.maybe_end(st.jobid);
@@ -393,7 +411,8 @@ impl Daemon {
             return;
         }
         let job = self.jobs.hnp.remove(&jobid).expect("checked above");
-        let (exit_code, message) = job.first_failure.clone().unwrap_or((0, String::new()));
+        let (exit_code, message) =
+            job.first_failure.clone().or_else(|| job.survived.clone()).unwrap_or((0, String::new()));
         info!(jobid, exit_code, parent = ?job.parent, "job ended");
         if job.parent.is_none() {
             let _ = job.forward.send(Forward::Event(event(job_event::Event::Ended(JobEnded { exit_code, message }))));
@@ -429,9 +448,22 @@ impl Daemon {
                 }
             }
         }
+        // The jobs concerned are told first: one event pair per lost daemon.
+        for &d in failed {
+            let lost: Vec<(u32, Vec<u32>)> =
+                hits.iter().filter(|h| h.1 == d).map(|(j, _, ranks)| (*j, ranks.clone())).collect();
+            if !lost.is_empty() {
+                self.daemon_lost_events(d, &lost);
+            }
+        }
         for (jobid, d, ranks) in hits {
             let host = self.host_of(d);
-            self.fail_job(jobid, 1, format!("daemon {d} on node {host} was lost with ranks {ranks:?} of job {jobid}"));
+            let why = format!("daemon {d} on node {host} was lost with ranks {ranks:?} of job {jobid}");
+            if self.recovers(jobid) {
+                self.survive(jobid, 1, why);
+            } else {
+                self.fail_job(jobid, 1, why);
+            }
             if let Some(job) = self.jobs.hnp.get_mut(&jobid) {
                 job.reported.extend(ranks);
             }
@@ -480,12 +512,7 @@ impl Daemon {
             daemon_cmd::Body::Stdin(chunk) => self.local_stdin(chunk),
             daemon_cmd::Body::DmodexReq(req) => self.pmix.serve_dmodex(origin, req),
             daemon_cmd::Body::DmodexResp(resp) => self.pmix.on_dmodex_resp(resp),
-            daemon_cmd::Body::JobAbort(a) => {
-                let host = self.host_of(a.daemon);
-                if let Some(job) = self.jobs.hnp.get_mut(&a.jobid) {
-                    job.aborts.insert(a.rank, (a.code, host));
-                }
-            }
+            daemon_cmd::Body::JobAbort(a) => self.on_job_abort(a),
             daemon_cmd::Body::JobFail(f) => self.fail_job(f.jobid, f.code, f.reason),
             daemon_cmd::Body::SpawnReq(req) => self.on_spawn_req(origin, req),
             daemon_cmd::Body::SpawnResp(resp) => self.pmix.on_spawn_resp(resp),

@@ -32,6 +32,7 @@ pub mod launch;
 pub mod odls;
 pub mod pmix;
 pub mod prun_cli;
+pub mod recovery;
 pub mod session;
 pub mod slurm;
 

@@ -59,6 +59,8 @@ Job options (before the first EXE):
   --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
   --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
   --timeout SECONDS          kill the job after SECONDS
+  --enable-recovery          a process that dies does not end the job: the others are told
+                             (PMIx event PMIX_ERR_PROC_ABORTED; a lost node: LOST_CONNECTION)
   --dvm-uri URI|file:F       the DVM to use: its URI, or a file holding it
   --local N                  boot a one-shot DVM of N daemons on this machine for this job
   --slots S                  with --local: S slots per daemon
@@ -181,6 +183,7 @@ enum Kind {
     Local,
     Slots,
     LaunchSizes,
+    EnableRecovery,
     Help,
     Version,
 }
@@ -189,7 +192,13 @@ impl Kind {
     fn takes_value(self) -> bool {
         !matches!(
             self,
-            Kind::Oversubscribe | Kind::TagOutput | Kind::MergeStderr | Kind::LaunchSizes | Kind::Help | Kind::Version
+            Kind::Oversubscribe
+                | Kind::TagOutput
+                | Kind::MergeStderr
+                | Kind::LaunchSizes
+                | Kind::EnableRecovery
+                | Kind::Help
+                | Kind::Version
         )
     }
     fn is_app_option(self) -> bool {
@@ -216,6 +225,7 @@ const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::Local, &["--local"]),
     (Kind::Slots, &["--slots"]),
     (Kind::LaunchSizes, &["--launch-sizes"]),
+    (Kind::EnableRecovery, &["--enable-recovery"]),
     (Kind::Help, &["-h", "--help"]),
     (Kind::Version, &["-V", "--version"]),
 ];
@@ -275,6 +285,7 @@ struct Parser<'a> {
     local: Option<(String, u32)>,
     slots: Option<(String, u32)>,
     launch_sizes: bool,
+    enable_recovery: bool,
 }
 
 /// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
@@ -300,6 +311,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         local: None,
         slots: None,
         launch_sizes: false,
+        enable_recovery: false,
     };
     let mut i = 0;
     loop {
@@ -480,6 +492,7 @@ impl Parser<'_> {
                 set_once(&mut self.slots, (opt.to_string(), n), twice)?;
             }
             Kind::LaunchSizes => self.launch_sizes = true,
+            Kind::EnableRecovery => self.enable_recovery = true,
             Kind::Help | Kind::Version => unreachable!("--help and --version short-circuit in parse"),
         }
         Ok(())
@@ -547,6 +560,7 @@ impl Parser<'_> {
             stdin_rank,
             timeout_s: self.timeout.unwrap_or(0.0),
             cwd,
+            enable_recovery: self.enable_recovery,
         };
         Ok(PrunCommand {
             spec,
@@ -760,6 +774,7 @@ mod tests {
                 c.one_shot = Some(OneShot::Local { daemons: 3, slots: Some(2) })
             }),
             (&["--launch-sizes", "-launch-sizes"], |c| c.launch_sizes = true),
+            (&["--enable-recovery", "-enable-recovery"], |c| c.spec.enable_recovery = true),
             (&["--"], |_| {}),
             (&["-n 2 --", "-n2 --"], |c| c.spec.apps[0].np = 2),
         ];

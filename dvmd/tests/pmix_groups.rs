@@ -84,7 +84,9 @@ fn check_groups(stdout: &str, used: &mut BTreeSet<u64>) {
     assert_eq!(ep.count(), RANKS as usize, "endpoint data checks:\n{stdout}");
 }
 
-fn group_suite(name: &str, nodes: Nodes, radix: u32) {
+/// `salt`: distinct per test, so the sleeping job of each (found by its argument) is its own
+/// when the tests run at once (they share one process id).
+fn group_suite(name: &str, nodes: Nodes, radix: u32, salt: u32) {
     let env = [("DVM_LOG", "warn,dvmd::pmix=info")];
     let dvm = Dvm::start(name, nodes, radix, &env);
     let group = pmix_bin("group");
@@ -95,7 +97,7 @@ fn group_suite(name: &str, nodes: Nodes, radix: u32) {
         assert!(o.status.success(), "run {i}: {:?}\n{stdout}\n{stderr}\n{}", o.status, dvm.log());
         check_groups(&stdout, &mut used);
     }
-    query_check(&dvm);
+    query_check(&dvm, salt);
     dvm.assert_up();
     let left = dvm.leftover_procs();
     assert!(left.is_empty(), "processes left: {:?}", Dvm::describe_procs(&left));
@@ -113,12 +115,12 @@ fn qry<'a>(stdout: &'a str, what: &str) -> Vec<Vec<&'a str>> {
         .collect()
 }
 
-fn query_check(dvm: &Dvm) {
+fn query_check(dvm: &Dvm, salt: u32) {
     // A job that ends before: it must not be listed.
     let o = run(dvm, &["-n", "2", "/bin/true"], "a job that ends");
     assert!(o.status.success(), "{:?}", out(&o));
     // A job that runs while the query job asks (a unique argument finds its processes).
-    let nap = format!("{}.{}", 600, std::process::id() % 1000);
+    let nap = format!("{}.{}{salt}", 600, std::process::id() % 1000);
     let mut sleeper = dvm.spawn_prun(&["-n", "3", "--map-by", "node", "/bin/sleep", &nap]);
     // Its prun's command line holds the argument too.
     let prun_pid = sleeper.id();
@@ -165,22 +167,22 @@ fn query_check(dvm: &Dvm) {
 
 #[test]
 fn pmix_groups_local_radix_2() {
-    group_suite("grpr2", Nodes::Local { daemons: 4, slots: 4 }, 2);
+    group_suite("grpr2", Nodes::Local { daemons: 4, slots: 4 }, 2, 1);
 }
 
 #[test]
 fn pmix_groups_local_radix_64() {
-    group_suite("grpr64", Nodes::Local { daemons: 4, slots: 4 }, 64);
+    group_suite("grpr64", Nodes::Local { daemons: 4, slots: 4 }, 64, 2);
 }
 
 #[test]
 fn pmix_groups_netns_radix_2() {
     require_netns!();
-    group_suite("grpnetr2", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 2);
+    group_suite("grpnetr2", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 2, 3);
 }
 
 #[test]
 fn pmix_groups_netns_radix_64() {
     require_netns!();
-    group_suite("grpnetr64", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 64);
+    group_suite("grpnetr64", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 64, 4);
 }

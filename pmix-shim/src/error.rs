@@ -29,6 +29,17 @@ pub const ERR_DUPLICATE_KEY: Status = sys::PMIX_ERR_DUPLICATE_KEY;
 pub const ERR_JOB_FAILED_TO_LAUNCH: Status = sys::PMIX_ERR_JOB_FAILED_TO_LAUNCH;
 /// `PMIX_ERR_JOB_FAILED_TO_MAP`: a spawn the DVM has no room for.
 pub const ERR_JOB_FAILED_TO_MAP: Status = sys::PMIX_ERR_JOB_FAILED_TO_MAP;
+/// `PMIX_ERR_PROC_ABORTED` (-7, in libpmix 4.2's deprecated header): the event the DVM raises
+/// when a rank aborts or dies.
+pub const ERR_PROC_ABORTED: Status = sys::PMIX_ERR_PROC_ABORTED;
+/// `PMIX_ERR_LOST_CONNECTION` (-61): the event the DVM raises when a daemon is lost.
+pub const ERR_LOST_CONNECTION: Status = sys::PMIX_ERR_LOST_CONNECTION;
+/// `PMIX_EVENT_NODE_DOWN` (-231, a system event: a client's registration for it reaches the
+/// host's `register_events`).
+pub const EVENT_NODE_DOWN: Status = sys::PMIX_EVENT_NODE_DOWN;
+/// `PMIX_OPERATION_SUCCEEDED`: what an upcall returns when it is done and will not call its
+/// cbfunc.
+pub const OPERATION_SUCCEEDED: Status = sys::PMIX_OPERATION_SUCCEEDED;
 
 /// libpmix's name for a status code, e.g. `PMIX_ERR_NOT_FOUND` -> "NOT-FOUND".
 pub fn status_name(status: Status) -> String {

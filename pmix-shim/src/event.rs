@@ -121,6 +121,15 @@ pub enum PmixEvent {
     /// `pmix.loc.col.st`. Complete once every member on every server arrived, with
     /// `PMIX_GROUP_CONTEXT_ID` and the concatenated `PMIX_GROUP_ENDPT_DATA` for a construct.
     Group { op: GroupOp, id: String, procs: Vec<ProcId>, directives: Vec<Info>, reply: InfoReply },
+    /// A client's `PMIx_Notify_event` with a range beyond its own server (libpmix has already
+    /// delivered it to this server's registered clients): the host carries it to the others.
+    /// No reply: the upcall answered `PMIX_OPERATION_SUCCEEDED` (libpmix 4.2.2 crashes when
+    /// the host later calls this upcall's cbfunc).
+    Notify { status: Status, source: ProcId, range: u8, info: Vec<Info> },
+    /// A client registered handlers for system event codes (only those reach the host). No
+    /// reply: answered `PMIX_OPERATION_SUCCEEDED` (the DVM raises its events whoever listens;
+    /// libpmix delivers them to the clients that registered).
+    RegisterEvents { codes: Vec<Status>, info: Vec<Info> },
     /// Answer to `PmixServer::dmodex_request(request)`: `proc`'s data blob on this server.
     DmodexData { request: u64, proc: ProcId, status: Status, data: Vec<u8> },
     /// `PmixServer::deregister_nspace_nb(nspace)` completed.
@@ -147,6 +156,8 @@ impl PmixEvent {
             PmixEvent::Query { .. } => "query",
             PmixEvent::Group { op: GroupOp::Construct, .. } => "group_construct",
             PmixEvent::Group { op: GroupOp::Destruct, .. } => "group_destruct",
+            PmixEvent::Notify { .. } => "notify_event",
+            PmixEvent::RegisterEvents { .. } => "register_events",
             PmixEvent::DmodexData { .. } => "dmodex_data",
             PmixEvent::NspaceDeregistered { .. } => "nspace_deregistered",
         }

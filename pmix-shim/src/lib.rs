@@ -5,7 +5,9 @@
 //! [`PmixEvent`]s carrying reply objects ([`Reply`], [`FenceReply`], [`ModexReply`],
 //! [`InfoReply`], [`SpawnReply`], [`LookupReply`]). Hosted upcalls: client connected/finalized,
 //! abort, fence, direct modex, log, job control, spawn, connect, disconnect, publish, lookup,
-//! unpublish, query, group (docs/dynamic-mpi.md has the table).
+//! unpublish, query, group, register_events, deregister_events, notify_event
+//! (docs/dynamic-mpi.md has the table). [`PmixServer::notify_event`] hands the host's own
+//! events to the server.
 //!
 //! **Never**: makes a protocol decision (what a fence collects, who answers a direct modex,
 //! whether an abort kills the job: all the daemon's), and never calls a cbfunc inside an upcall
@@ -17,6 +19,9 @@
 //! daemon's actor completes the reply later from its own thread. A reply completes once
 //! (`complete(self, ..)`), completes with `PMIX_ERROR` if dropped, is deferred to a helper
 //! thread if completed inside an upcall, and is discarded after the server is finalized.
+//! The event upcalls (`register_events`, `notify_event`) carry no reply: they answer
+//! `PMIX_OPERATION_SUCCEEDED` and never call their cbfunc (libpmix 4.2.2 dereferences a NULL
+//! when the host calls `notify_event`'s).
 //!
 //! **Blocking calls** (measured here, libpmix 4.2.2, from the tests' `timing:` lines):
 //! `init` 13–37 ms; `register_nspace` 0.3–1.2 ms; `register_client` ~0.01 ms; `setup_fork`
@@ -59,7 +64,8 @@ mod upcalls;
 
 pub use error::{
     status_name, PmixError, Status, ERROR, ERR_BAD_PARAM, ERR_DUPLICATE_KEY, ERR_JOB_FAILED_TO_LAUNCH,
-    ERR_JOB_FAILED_TO_MAP, ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_PARTIAL_SUCCESS, ERR_TIMEOUT, SUCCESS,
+    ERR_JOB_FAILED_TO_MAP, ERR_LOST_CONNECTION, ERR_NOT_FOUND, ERR_NOT_SUPPORTED, ERR_PARTIAL_SUCCESS,
+    ERR_PROC_ABORTED, ERR_TIMEOUT, EVENT_NODE_DOWN, OPERATION_SUCCEEDED, SUCCESS,
 };
 pub use event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
 pub use logtext::{last_dss_string, log_text};

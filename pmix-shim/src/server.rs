@@ -402,6 +402,32 @@ impl PmixServer {
         Ok(request)
     }
 
+    /// Hands an event to this server (`PMIx_Notify_event` called by the host), which sends it
+    /// to each of its clients that registered for `status`, except `source` itself. libpmix
+    /// 4.2.2 copies everything before it returns and filters by range only when `info` holds
+    /// `PMIX_EVENT_CUSTOM_RANGE` (then `range` must be `PMIX_RANGE_CUSTOM`); it keeps the event
+    /// for clients that register later unless `PMIX_EVENT_DO_NOT_CACHE` is set. Never blocks.
+    pub fn notify_event(&self, status: Status, source: &ProcId, range: u8, info: &[Info]) -> Result<(), PmixError> {
+        const OP: &str = "PMIx_Notify_event";
+        if state::in_upcall() {
+            return Err(PmixError::CalledFromUpcall { op: OP });
+        }
+        let src = source.to_raw(OP)?;
+        let mut arr = InfoArray::new();
+        for i in info {
+            arr.push(OP, &i.key, &i.value)?;
+        }
+        // SAFETY: src and arr are valid for the call, which copies both before it returns; no
+        // cbfunc is given (libpmix checks for NULL).
+        let rc = unsafe {
+            sys::PMIx_Notify_event(status, &src, range, arr.as_mut_ptr(), arr.len(), None, std::ptr::null_mut())
+        };
+        if rc == sys::PMIX_OPERATION_SUCCEEDED {
+            return Ok(());
+        }
+        check(OP, rc)
+    }
+
     /// Stops libpmix's server. Outstanding replies are discarded afterwards (never called into a
     /// finalized library). Also done by Drop.
     pub fn finalize(mut self) -> Result<(), PmixError> {

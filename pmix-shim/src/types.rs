@@ -134,6 +134,9 @@ pub enum InfoValue {
     Proc(ProcId),
     /// A `PMIX_DATA_ARRAY` of `PMIX_INFO` (e.g. `PMIX_PROC_DATA`, `PMIX_APP_INFO`), deep-copied.
     Infos(Vec<Info>),
+    /// A `PMIX_DATA_ARRAY` of `PMIX_PROC` (e.g. `PMIX_EVENT_CUSTOM_RANGE`,
+    /// `PMIX_EVENT_AFFECTED_PROCS`), copied.
+    Procs(Vec<ProcId>),
     /// A value of a type this crate does not copy (data arrays, topologies, ...): its type code.
     Unsupported(u16),
 }
@@ -217,6 +220,8 @@ impl InfoValue {
                 let da = d.darray;
                 if !da.is_null() && u32::from((*da).type_) == sys::PMIX_INFO {
                     InfoValue::Infos(Info::from_raw_array((*da).array as *const sys::pmix_info_t, (*da).size))
+                } else if !da.is_null() && u32::from((*da).type_) == sys::PMIX_PROC {
+                    InfoValue::Procs(ProcId::from_raw_array((*da).array as *const sys::pmix_proc_t, (*da).size))
                 } else {
                     InfoValue::Unsupported(v.type_)
                 }
@@ -390,6 +395,16 @@ fn load(op: &'static str, info: &mut sys::pmix_info_t, key: &CStr, value: &InfoV
             // PMIx_Info_load deep-copies the array; `arr` is destructed afterwards.
             ld(info, key, &da, sys::PMIX_DATA_ARRAY)
         }
+        InfoValue::Procs(procs) => {
+            let mut raw = procs.iter().map(|p| p.to_raw(op)).collect::<Result<Vec<_>, _>>()?;
+            let da = sys::pmix_data_array_t {
+                type_: sys::PMIX_PROC as u16,
+                size: raw.len(),
+                array: if raw.is_empty() { std::ptr::null_mut() } else { raw.as_mut_ptr() as *mut c_void },
+            };
+            // PMIx_Info_load copies the procs; `raw` is dropped afterwards.
+            ld(info, key, &da, sys::PMIX_DATA_ARRAY)
+        }
         InfoValue::Unsupported(t) => {
             return Err(PmixError::InvalidArgument { op, detail: format!("cannot send a value of PMIx type {t}") })
         }
@@ -427,6 +442,10 @@ mod tests {
                     Info::new("pmix.rank", InfoValue::Rank(Rank::Id(1))),
                     Info::new("pmix.hname", InfoValue::String("node1".into())),
                 ]),
+            ),
+            Info::new(
+                "k.procs",
+                InfoValue::Procs(vec![ProcId::new("ns-a", Rank::Wildcard), ProcId::new("ns-b", Rank::Id(4))]),
             ),
         ];
         let mut arr = InfoArray::new();

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::error::{Status, ERROR, ERR_NOT_SUPPORTED, SUCCESS};
+use crate::error::{Status, ERROR, ERR_NOT_SUPPORTED, OPERATION_SUCCEEDED, SUCCESS};
 use crate::event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
 use crate::logtext::log_text;
 use crate::reply::{FenceReply, InfoReply, LookupReply, ModexReply, Reply, SpawnReply};
@@ -34,6 +34,9 @@ pub(crate) fn module() -> sys::pmix_server_module_t {
     m.unpublish = Some(unpublish);
     m.query = Some(query);
     m.group = Some(group);
+    m.register_events = Some(register_events);
+    m.deregister_events = Some(deregister_events);
+    m.notify_event = Some(notify_event);
     m
 }
 
@@ -66,6 +69,15 @@ fn post(name: &'static str, build: impl FnOnce(u64) -> PmixEvent) -> Status {
             ERROR
         }
     })
+}
+
+/// Posts an event that needs no reply and answers `PMIX_OPERATION_SUCCEEDED` (libpmix then
+/// never waits for the cbfunc, which is never called).
+fn post_done(name: &'static str, build: impl FnOnce() -> PmixEvent) -> Status {
+    match post(name, |_| build()) {
+        SUCCESS => OPERATION_SUCCEEDED,
+        other => other,
+    }
 }
 
 unsafe extern "C" fn client_connected(
@@ -357,6 +369,50 @@ unsafe extern "C" fn group(
         procs: ProcId::from_raw_array(procs, nprocs),
         directives: Info::from_raw_array(directives, ndirs),
         reply: InfoReply::new(cbfunc, cbdata, g, "group"),
+    })
+}
+
+unsafe extern "C" fn register_events(
+    codes: *mut sys::pmix_status_t,
+    ncodes: usize,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+    _cbfunc: sys::pmix_op_cbfunc_t,
+    _cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    post_done("register_events", || PmixEvent::RegisterEvents {
+        codes: if codes.is_null() { Vec::new() } else { std::slice::from_raw_parts(codes, ncodes).to_vec() },
+        info: Info::from_raw_array(info, ninfo),
+    })
+}
+
+unsafe extern "C" fn deregister_events(
+    _codes: *mut sys::pmix_status_t,
+    _ncodes: usize,
+    _cbfunc: sys::pmix_op_cbfunc_t,
+    _cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    // libpmix 4.2.2 never calls this (a client's deregistration stays in its server); nothing
+    // to undo on the host side either way.
+    OPERATION_SUCCEEDED
+}
+
+unsafe extern "C" fn notify_event(
+    code: sys::pmix_status_t,
+    source: *const sys::pmix_proc_t,
+    range: sys::pmix_data_range_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    _cbfunc: sys::pmix_op_cbfunc_t,
+    _cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    // Never call the cbfunc: libpmix 4.2.2 dereferences a NULL once it is called (measured);
+    // PMIX_OPERATION_SUCCEEDED makes it answer the client itself.
+    post_done("notify_event", || PmixEvent::Notify {
+        status: code,
+        source: if source.is_null() { ProcId::new("", crate::Rank::Wildcard) } else { ProcId::from_raw(source) },
+        range,
+        info: Info::from_raw_array(info, ninfo),
     })
 }
 

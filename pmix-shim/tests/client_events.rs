@@ -1,7 +1,9 @@
 //! Real libpmix server + real clients: PMIx_Log reaches the host as a Log event with its text,
 //! PMIx_Abort as an Abort event (the client stays blocked until the reply, then exits with its
 //! status), and a fence reply the host drops uncompleted fails the client's PMIx_Fence instead of
-//! hanging it; the group and query upcalls' info answers reach the client and are released.
+//! hanging it; the group and query upcalls' info answers reach the client and are released;
+//! events go both ways (a client's registration and notification reach the host, the host's
+//! event reaches the client).
 //! One server for the whole file (libpmix's server is a process singleton).
 
 mod common;
@@ -183,12 +185,64 @@ fn infos_reach_the_client(host: &Host) {
     assert_eq!(pmix_shim::reply_infos_in_flight(), 0, "result arrays libpmix never released");
 }
 
+/// Events: a client's registration for a system code reaches the host (`register_events`), its
+/// session-wide event reaches the host (`notify_event`, answered without a cbfunc), and an
+/// event the host hands to the server (`PmixServer::notify_event`, custom range naming the
+/// client's job) reaches the client's handler with the source the host gave.
+fn events_both_ways(host: &Host) {
+    const NS: &str = "dvm-test-events";
+    let envs = host.launch_job(NS, 1);
+    let mut procs = vec![Proc::spawn(client(), &["events"], &envs[0], 0)];
+    let (mut registered, mut notified) = (Vec::new(), Vec::new());
+    drive(
+        &host.rx,
+        &mut procs,
+        "events test",
+        |ev| match ev {
+            PmixEvent::ClientConnected { reply, .. } | PmixEvent::ClientFinalized { reply, .. } => {
+                reply.complete(SUCCESS)
+            }
+            PmixEvent::RegisterEvents { codes, .. } => registered.push(codes),
+            PmixEvent::Notify { status, source, range, info } => {
+                notified.push((status, source, range, info));
+                let range = Info::new(
+                    key_str(sys::PMIX_EVENT_CUSTOM_RANGE),
+                    InfoValue::Procs(vec![pmix_shim::ProcId::new(NS, Rank::Wildcard)]),
+                );
+                let from = pmix_shim::ProcId::new("dvm-test-daemons", Rank::Id(3));
+                host.server()
+                    .notify_event(pmix_shim::EVENT_NODE_DOWN, &from, sys::PMIX_RANGE_CUSTOM as u8, &[range])
+                    .expect("notify_event");
+            }
+            other => panic!("unexpected event {other:?}"),
+        },
+        |p| p[0].exit.is_some(),
+    );
+    let (out, err) = procs[0].output();
+    assert_eq!(procs[0].exit, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let v = Proc::values(&out);
+    for k in ["register_user_rc", "register_rc", "notify_rc"] {
+        assert_eq!(v[k], "0", "{k}: {out}");
+    }
+    assert_eq!(v["node_down_from"], "3", "the host's event, with its source: {out}");
+    // Only a registration that names a system code reaches the host, with all its codes.
+    let custom = sys::PMIX_EXTERNAL_ERR_BASE - 100;
+    assert_eq!(registered, vec![vec![pmix_shim::EVENT_NODE_DOWN, custom]]);
+    assert_eq!(notified.len(), 1, "{notified:?}");
+    let (status, source, range, info) = &notified[0];
+    assert_eq!((*status, source.nspace.as_str(), source.rank), (sys::PMIX_EXTERNAL_ERR_BASE - 100, NS, Rank::Id(0)));
+    assert_eq!(u32::from(*range), sys::PMIX_RANGE_SESSION);
+    assert_eq!(find_info(info, "dvm.test.ev"), Some(&InfoValue::U32(42)), "{info:?}");
+    host.finish_job(NS, 1);
+}
+
 #[test]
 fn log_abort_and_dropped_reply() {
     let host = Host::start();
     log_request(&host);
     abort_request(&host);
     infos_reach_the_client(&host);
+    events_both_ways(&host);
     dropped_reply_fails_the_client(&host);
     host.stop();
 }

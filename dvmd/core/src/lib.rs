@@ -48,6 +48,8 @@ pub mod dtags {
     pub const TREE_QUERY: u32 = super::tags::USER + 1;
     pub const BENCH: u32 = super::tags::USER + 2;
     pub const BENCH_XCAST: u32 = super::tags::USER + 3;
+    /// A PMIx event for ranks on other daemons (`dvm.daemon.PmixEvent`; dvmd delivers it).
+    pub const PMIX_EVENT: u32 = super::tags::USER + 4;
 }
 
 /// Who asked for a fence: its completion goes back to that owner only.

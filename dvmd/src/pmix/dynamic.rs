@@ -170,9 +170,11 @@ impl PmixHost {
     /// A job's cleanup reached this daemon: a namespace registered for it without local procs
     /// is deregistered.
     pub(crate) fn forget_job(&mut self, jobid: u32) {
+        self.reported_connects.retain(|jobs| !jobs.contains(&jobid));
         let gone: Vec<String> = self.known.iter().filter(|(_, k)| k.0 == jobid).map(|(n, _)| n.clone()).collect();
         for nspace in gone {
             self.known.remove(&nspace);
+            self.dead.remove(&nspace);
             if self.foreign.remove(&nspace) {
                 if let Some(w) = self.worker.as_ref() {
                     if let Err(e) = w.deregister_nspace_nb(&nspace) {
@@ -285,7 +287,7 @@ impl PmixHost {
         let key = self.next_id;
         self.next_id += 1;
         self.fences.insert(key, super::FenceWaiter::Upcall(reply));
-        if what == "connect" && daemons.first() == Some(&self.me) {
+        if what == "connect" {
             let mut jobids: Vec<u32> = procs.iter().filter_map(|p| self.known.get(&p.nspace).map(|k| k.0)).collect();
             jobids.sort_unstable();
             jobids.dedup();

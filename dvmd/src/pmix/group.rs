@@ -19,7 +19,8 @@
 //! Traps (libpmix 4.2.2, read in its server and checked by tests/mpi/group.c): libpmix keeps a
 //! group's record, member list included, from its first construct until a destruct of that
 //! id completes, and a construct naming a recorded id reuses the recorded members (the
-//! members the client passes are dropped); it answers a construct without the host only when
+//! members the client passes are dropped) — even a construct by a later job, which then waits
+//! for the earlier job's members (so a worker left with a record is replaced when idle); it answers a construct without the host only when
 //! every member is local and no context id is asked for. A query reaches the host only when
 //! libpmix's own store lacks some key of it (the job-level keys of any namespace registered
 //! with this server are answered there), and the upcall does not name the asking client.
@@ -41,6 +42,8 @@ pub(crate) struct GroupWait {
     pub id: String,
     /// `PMIX_GROUP_ASSIGN_CONTEXT_ID` was asked for (construct only).
     pub assign: bool,
+    /// The members (a member reported dead fails the operation: [`PmixHost::member_died`]).
+    pub procs: Vec<ProcId>,
     pub reply: WorkerReplyHandle,
 }
 
@@ -105,6 +108,10 @@ impl PmixHost {
         reply: WorkerReplyHandle,
     ) {
         let what = if op == GroupOp::Construct { "construct" } else { "destruct" };
+        if op == GroupOp::Construct {
+            // libpmix recorded it (with its members) when its first local member arrived.
+            self.group_records.insert(id.clone());
+        }
         if procs.is_empty() {
             warn!("group {what} of {id:?} on daemon {} refused: it names no member", self.me);
             reply.complete(pmix_shim::ERR_BAD_PARAM);
@@ -124,6 +131,11 @@ impl PmixHost {
         {
             warn!("group {what} of {id:?} on daemon {} refused: member {p} is of no running job of this DVM", self.me);
             reply.complete(pmix_shim::ERR_NOT_FOUND);
+            return;
+        }
+        if let Some(p) = procs.iter().find(|p| self.is_dead(p)) {
+            warn!("group {what} of {id:?} on daemon {} failed: member {p} died", self.me);
+            reply.complete(pmix_shim::ERR_PROC_ABORTED);
             return;
         }
         if procs.iter().any(|p| !self.known.contains_key(&p.nspace)) {
@@ -170,7 +182,7 @@ impl PmixHost {
         let fkey = self.next_id;
         self.next_id += 1;
         info!(what, %id, members = procs.len(), assign, key = fkey, "PMIx group {what} -> grpcomm fence");
-        self.fences.insert(fkey, FenceWaiter::Group(GroupWait { op, id, assign, reply }));
+        self.fences.insert(fkey, FenceWaiter::Group(GroupWait { op, id, assign, procs, reply }));
         let fence = GFence { sig, collect, data, timeout };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(fkey), req: fence });
     }
@@ -178,7 +190,7 @@ impl PmixHost {
     /// A group's fence completed: answer libpmix (a construct with its context id and every
     /// member's endpoint data).
     pub(crate) fn group_done(&mut self, wait: GroupWait, result: Result<Bytes, dvm_grpcomm::FenceError>) {
-        let GroupWait { op, id, assign, reply } = wait;
+        let GroupWait { op, id, assign, reply, .. } = wait;
         let out = match result {
             Ok(out) => out,
             Err(e) => {
@@ -189,6 +201,7 @@ impl PmixHost {
         };
         if op == GroupOp::Destruct {
             debug!(%id, "group destructed");
+            self.group_records.remove(&id);
             reply.complete(pmix_shim::SUCCESS);
             return;
         }
@@ -213,6 +226,47 @@ impl PmixHost {
         }
         info!(%id, ctxid, "group constructed");
         reply.complete_with_info(pmix_shim::SUCCESS, &infos);
+    }
+
+    /// Whether `p` (a concrete rank) was reported dead by the DVM.
+    fn is_dead(&self, p: &ProcId) -> bool {
+        match p.rank {
+            pmix_shim::Rank::Id(r) => self.dead.get(&p.nspace).is_some_and(|d| d.contains(&r)),
+            // A wildcard member: the whole job, so any of its ranks.
+            pmix_shim::Rank::Wildcard => self.dead.get(&p.nspace).is_some_and(|d| !d.is_empty()),
+            pmix_shim::Rank::Special(_) => false,
+        }
+    }
+
+    /// The DVM reported `proc` dead (its `PMIX_ERR_PROC_ABORTED`): every group operation of
+    /// this daemon that names it fails now, and any later one at once. libpmix 4.2.2 never
+    /// tells the host of a member that dies once it tracks a construct, and the daemon that
+    /// hosted it never joins the operation's fence: it would wait for ever. (That fence stays
+    /// open on the daemons that joined it; members on the dead one's own daemon stay blocked
+    /// in libpmix: docs/dynamic-mpi.md.)
+    pub(crate) fn member_died(&mut self, proc: ProcId) {
+        let pmix_shim::Rank::Id(rank) = proc.rank else { return };
+        if !self.known.contains_key(&proc.nspace) {
+            return;
+        }
+        self.dead.entry(proc.nspace.clone()).or_default().insert(rank);
+        let failed: Vec<u64> =
+            self.fences
+                .iter()
+                .filter(|(_, w)| match w {
+                    FenceWaiter::Group(g) => g.procs.iter().any(|p| {
+                        p.nspace == proc.nspace && (p.rank == proc.rank || p.rank == pmix_shim::Rank::Wildcard)
+                    }),
+                    FenceWaiter::Upcall(_) => false,
+                })
+                .map(|(k, _)| *k)
+                .collect();
+        for key in failed {
+            if let Some(FenceWaiter::Group(g)) = self.fences.remove(&key) {
+                warn!("group {:?} of {:?} on daemon {} failed: member {proc} died", g.op, g.id, self.me);
+                g.reply.complete(pmix_shim::ERR_PROC_ABORTED);
+            }
+        }
     }
 
     /// The query upcall: each key answered from what this daemon knows of the DVM's jobs.

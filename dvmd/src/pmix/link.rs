@@ -104,6 +104,15 @@ pub(crate) enum HostEvent {
         nspace: String,
         status: Status,
     },
+    /// A client's PMIx_Notify_event for procs beyond its server (see
+    /// [`pmix_shim::PmixEvent::Notify`]).
+    Notify {
+        event: wire::Notify,
+    },
+    /// A client registered for system event codes.
+    RegisterEvents {
+        codes: Vec<Status>,
+    },
     /// The worker's event stream ended: it exited or was killed.
     Ended {
         how: String,
@@ -129,6 +138,8 @@ impl HostEvent {
             HostEvent::Group { op: pmix_shim::GroupOp::Construct, .. } => "group_construct",
             HostEvent::Group { op: pmix_shim::GroupOp::Destruct, .. } => "group_destruct",
             HostEvent::NspaceDeregistered { .. } => "nspace_deregistered",
+            HostEvent::Notify { .. } => "notify_event",
+            HostEvent::RegisterEvents { .. } => "register_events",
             HostEvent::Ended { .. } => "worker_ended",
         }
     }
@@ -435,6 +446,12 @@ impl Worker {
         self.link.call(Cmd::DeregisterNspace(wire::DeregisterNspace { nspace: nspace.into() })).map(drop)
     }
 
+    /// Hand an event to the worker's server (PMIx_Notify_event): its registered clients in
+    /// range get it.
+    pub fn notify(&self, event: wire::Notify) -> Result<(), WorkerError> {
+        self.link.call(Cmd::Notify(event)).map(drop)
+    }
+
     /// Ask for a local proc's modex blob; the id its [`HostEvent::DmodexData`] will carry.
     pub fn dmodex_request(&self, nspace: &str, rank: u32) -> Result<u64, WorkerError> {
         let reply = self.link.call(Cmd::DmodexRequest(wire::DmodexRequest { nspace: nspace.into(), rank }))?;
@@ -565,6 +582,8 @@ fn read_events(sock: UnixStream, link: Arc<WorkerLink>, gen: u64, tx: EventTx) {
                 directives: super::value::infos_from_wire(&g.directives),
                 reply,
             },
+            Some(Ev::Notify(event)) => HostEvent::Notify { event },
+            Some(Ev::RegisterEvents(r)) => HostEvent::RegisterEvents { codes: r.codes },
             None => {
                 // Unknown to this daemon: fail the upcall rather than leave a client waiting.
                 reply.complete(pmix_shim::ERR_NOT_SUPPORTED);

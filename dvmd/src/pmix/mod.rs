@@ -13,6 +13,8 @@
 //! - spawn, connect/disconnect, publish/lookup/unpublish: `dynamic` (docs/dynamic-mpi.md).
 //! - group construct/destruct (a grpcomm allgather / barrier over the members' daemons) and
 //!   query: `group`.
+//! - events: a client's event for other servers, and the DVM's own (a rank or a daemon
+//!   lost), reach every daemon hosting a proc in range as one xcast: `events`.
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
@@ -37,6 +39,7 @@
 //! idle (no namespace, no fence, no direct modex in flight), never under a running job.
 
 mod dynamic;
+mod events;
 mod frame;
 mod group;
 mod link;
@@ -55,6 +58,7 @@ use pmix_shim::{JobInfo, ProcId, ServerConfig};
 use tracing::{debug, error, info, warn};
 
 use crate::jobmap::Placement;
+pub use events::{event_payload, FROM_DVM};
 pub(crate) use link::{EventTx, HostEvent};
 use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
@@ -119,9 +123,22 @@ pub(crate) struct PmixHost {
     /// The highest job id whose maps reached this daemon: a request naming a job at or below
     /// it that is not known names a job that ended or never was, and is refused at once.
     highest_learned: Option<u32>,
-    /// Connect barriers this daemon reports to the HNP when they complete (it is their lowest
-    /// participating daemon): fence key -> the jobs joined.
+    /// Connect barriers this daemon reports to the HNP when they complete: fence key -> the
+    /// jobs joined. Every participating daemon reports, before its clients return from the
+    /// connect, so the HNP knows the jobs are joined before it can hear of any failure of
+    /// theirs from this daemon (a report from one daemon raced with a failure reported by
+    /// another, and the joined job was never told: docs/dynamic-mpi.md, "Events").
     connects: BTreeMap<u64, Vec<u32>>,
+    /// The sets of jobs this daemon reported joined (each once), until one of them ends.
+    reported_connects: BTreeSet<Vec<u32>>,
+    /// Ranks the DVM reported dead (`PMIX_ERR_PROC_ABORTED`), by namespace, while their job
+    /// runs: a group operation naming one fails ([`group`]).
+    dead: BTreeMap<String, BTreeSet<u32>>,
+    /// Group ids the current worker's libpmix keeps a record of: constructed (whatever the
+    /// outcome) and not destructed since. libpmix 4.2.2 reuses a recorded id's member list
+    /// for any later construct of that id, even by another job, which then waits for members
+    /// that are gone; so a worker holding any is replaced once no job uses it.
+    group_records: BTreeSet<String>,
     /// Spawns asked of the HNP, by our id.
     spawns: BTreeMap<u64, WorkerReplyHandle>,
     /// Data server requests asked of the HNP, by our id.
@@ -244,6 +261,9 @@ impl PmixHost {
             deferred: Vec::new(),
             highest_learned: None,
             connects: BTreeMap::new(),
+            reported_connects: BTreeSet::new(),
+            dead: BTreeMap::new(),
+            group_records: BTreeSet::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
         }
@@ -331,14 +351,16 @@ impl PmixHost {
     /// End the current worker in the background.
     fn retire_worker(&mut self) {
         self.foreign.clear();
+        self.group_records.clear();
         if let Some(w) = self.worker.take() {
             self.retiring.retain(|h| !h.is_finished());
             self.retiring.push(w.retire(self.hurry.clone()));
         }
     }
 
-    /// Replace an idle worker that has grown past the limit: ending it frees what libpmix kept
-    /// of past clients, and a fresh one is started for the next job.
+    /// Replace an idle worker that has grown past the limit, or that keeps a group record a
+    /// later job could trip on: ending it frees what libpmix kept of past clients, and a fresh
+    /// one is started for the next job.
     fn maybe_recycle(&mut self) {
         let Some(limit) = self.settings.as_ref().map(|s| s.recycle_kib) else { return };
         if !self.idle() {
@@ -346,10 +368,16 @@ impl PmixHost {
         }
         let Some(w) = self.worker.as_mut() else { return };
         let grown = w.idle_growth_kib();
-        if grown < limit {
+        if grown < limit && self.group_records.is_empty() {
             return;
         }
-        info!(pid = w.pid(), gen = w.gen, grown_kib = grown, "replacing the idle PMIx worker");
+        info!(
+            pid = w.pid(),
+            gen = w.gen,
+            grown_kib = grown,
+            group_records = ?self.group_records,
+            "replacing the idle PMIx worker"
+        );
         self.retire_worker();
         self.start_background();
     }
@@ -486,7 +514,9 @@ impl PmixHost {
     /// A fence this daemon runs for PMIx completed: answer libpmix.
     pub(crate) fn fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
         if let (Some(jobids), true) = (self.connects.remove(&key), result.is_ok()) {
-            self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+            if self.reported_connects.insert(jobids.clone()) {
+                self.send_cmd(0, daemon_cmd::Body::JobsConnected(dvm_proto::daemon::JobsConnected { jobids }));
+            }
         }
         let reply = match self.fences.remove(&key) {
             Some(FenceWaiter::Upcall(reply)) => reply,
@@ -571,6 +601,12 @@ impl PmixHost {
             HostEvent::Data { op, proc, keys, info, reply } => self.data_request(op, proc, keys, info, reply),
             HostEvent::Query { queries, reply } => self.query(queries, reply),
             HostEvent::Group { op, id, procs, directives, reply } => self.group(op, id, procs, directives, reply),
+            HostEvent::Notify { event } => self.client_event(event),
+            HostEvent::RegisterEvents { codes } => {
+                // Nothing to set up: the DVM raises its events whoever listens, and libpmix
+                // delivers them to the clients that registered.
+                debug!(?codes, "a client registered for system events");
+            }
             HostEvent::Ended { how } => self.worker_lost(&how),
         }
     }

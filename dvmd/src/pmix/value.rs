@@ -1,7 +1,8 @@
 //! PMIx values as they cross the worker socket and the DVM (`pmixworker.Value`): each keeps
 //! its exact PMIx type, so a value published by one rank is looked up with the type it had
 //! (Open MPI checks types). Values of a type with no wire form (topologies, nested arrays)
-//! have none: the caller refuses them by name instead of passing something else.
+//! have none: the caller refuses them by name instead of passing something else. A proc and
+//! an array of procs (event ranges, affected procs) travel as `procs`.
 
 use dvm_proto::pmixworker as wire;
 use pmix_shim::{Info, InfoValue, Rank};
@@ -19,6 +20,16 @@ const SIZE: u32 = 10;
 const F64: u32 = 11;
 const STATUS: u32 = 12;
 const RANK: u32 = 13;
+const PROC: u32 = 14;
+const PROCS: u32 = 15;
+
+fn proc_to_wire(p: &pmix_shim::ProcId) -> wire::Proc {
+    wire::Proc { nspace: p.nspace.clone(), rank: p.rank.to_raw() }
+}
+
+fn proc_from_wire(p: &wire::Proc) -> pmix_shim::ProcId {
+    pmix_shim::ProcId::new(p.nspace.clone(), Rank::from_raw(p.rank))
+}
 
 /// The wire form of one info; None for a value with no wire form.
 pub fn to_wire(info: &Info) -> Option<wire::Value> {
@@ -37,7 +48,9 @@ pub fn to_wire(info: &Info) -> Option<wire::Value> {
         InfoValue::F64(x) => (v.kind, v.real) = (F64, *x),
         InfoValue::Status(x) => (v.kind, v.int) = (STATUS, (*x).into()),
         InfoValue::Rank(r) => (v.kind, v.uint) = (RANK, r.to_raw().into()),
-        InfoValue::Proc(_) | InfoValue::Infos(_) | InfoValue::Unsupported(_) => return None,
+        InfoValue::Proc(p) => (v.kind, v.procs) = (PROC, vec![proc_to_wire(p)]),
+        InfoValue::Procs(ps) => (v.kind, v.procs) = (PROCS, ps.iter().map(proc_to_wire).collect()),
+        InfoValue::Infos(_) | InfoValue::Unsupported(_) => return None,
     }
     Some(v)
 }
@@ -59,6 +72,11 @@ pub fn from_wire(v: &wire::Value) -> Option<Info> {
         F64 => InfoValue::F64(v.real),
         STATUS => InfoValue::Status(i32::try_from(v.int).ok()?),
         RANK => InfoValue::Rank(Rank::from_raw(u32::try_from(v.uint).ok()?)),
+        PROC => match v.procs.as_slice() {
+            [p] => InfoValue::Proc(proc_from_wire(p)),
+            _ => return None,
+        },
+        PROCS => InfoValue::Procs(v.procs.iter().map(proc_from_wire).collect()),
         _ => return None,
     };
     Some(Info::new(v.key.clone(), value))
@@ -96,6 +114,8 @@ mod tests {
             Info::new("d", InfoValue::F64(0.5)),
             Info::new("st", InfoValue::Status(-46)),
             Info::new("r", InfoValue::Rank(Rank::Wildcard)),
+            Info::new("p", InfoValue::Proc(ProcId::new("ns", Rank::Id(3)))),
+            Info::new("ps", InfoValue::Procs(vec![ProcId::new("a", Rank::Wildcard), ProcId::new("b", Rank::Id(0))])),
         ];
         let back: Vec<Info> = infos.iter().map(|i| from_wire(&to_wire(i).unwrap()).unwrap()).collect();
         assert_eq!(back, infos);
@@ -103,10 +123,11 @@ mod tests {
 
     #[test]
     fn values_without_a_wire_form_are_refused() {
-        assert!(to_wire(&Info::new("p", InfoValue::Proc(ProcId::new("ns", Rank::Id(0))))).is_none());
+        assert!(to_wire(&Info::new("i", InfoValue::Infos(vec![]))).is_none());
         assert!(to_wire(&Info::new("t", InfoValue::Unsupported(40))).is_none());
         let bad = wire::Value { key: "x".into(), kind: U8, uint: 300, ..Default::default() };
         assert!(from_wire(&bad).is_none(), "a u8 out of range from the network");
         assert!(from_wire(&wire::Value { kind: 99, ..Default::default() }).is_none());
+        assert!(from_wire(&wire::Value { kind: PROC, ..Default::default() }).is_none(), "a proc kind with no proc");
     }
 }

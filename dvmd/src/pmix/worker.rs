@@ -267,8 +267,22 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
             Ok(request) => WorkerReply { request, ..Default::default() },
             Err(e) => failed(e),
         },
+        Cmd::Notify(n) => {
+            let source = proc_from(n.source.as_ref());
+            let info = super::value::infos_from_wire(&n.info);
+            let range = u8::try_from(n.range).unwrap_or(u8::MAX);
+            match s.notify_event(n.status, &source, range, &info) {
+                Ok(()) => WorkerReply::default(),
+                Err(e) => failed(e),
+            }
+        }
         Cmd::Complete(_) => unreachable!("completions are handled by the command loop"),
     }
+}
+
+fn proc_from(p: Option<&wire::Proc>) -> ProcId {
+    let p = p.cloned().unwrap_or_default();
+    ProcId::new(p.nspace, pmix_shim::Rank::from_raw(p.rank))
 }
 
 fn proc_of(p: &ProcId) -> wire::Proc {
@@ -364,6 +378,18 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
         ),
         PmixEvent::NspaceDeregistered { nspace, status } => {
             (None, Ev::NspaceDeregistered(wire::NspaceDeregistered { nspace, status }))
+        }
+        PmixEvent::Notify { status, source, range, info } => (
+            None,
+            Ev::Notify(wire::Notify {
+                status,
+                source: Some(proc_of(&source)),
+                range: range.into(),
+                info: super::value::infos_to_wire(&info),
+            }),
+        ),
+        PmixEvent::RegisterEvents { codes, info } => {
+            (None, Ev::RegisterEvents(wire::RegisterEvents { codes, info: super::value::infos_to_wire(&info) }))
         }
     }
 }

@@ -1,5 +1,5 @@
 //! A tiny PMIx client for this crate's integration tests (the client half of libpmix through
-//! the same bindings). Usage: `pmix-test-client fence|getremote|abort|log|group|query`. It prints `key=value` lines
+//! the same bindings). Usage: `pmix-test-client fence|getremote|abort|log|group|query|events`. It prints `key=value` lines
 //! the tests check and exits non-zero on any PMIx failure.
 
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -79,6 +79,32 @@ fn put_own(rank: u32) {
         check("PMIx_Put", sys::PMIx_Put(sys::PMIX_GLOBAL as u8, key(b"dvm.test.key\0"), &mut v));
         sys::PMIx_Value_destruct(&mut v);
         check("PMIx_Commit", sys::PMIx_Commit());
+    }
+}
+
+/// A user event code (below PMIX_EXTERNAL_ERR_BASE).
+const EV_CUSTOM: sys::pmix_status_t = sys::PMIX_EXTERNAL_ERR_BASE - 100;
+
+/// What the event handler saw last of PMIX_EVENT_NODE_DOWN: its source rank (u32::MAX: none yet).
+static NODE_DOWN_FROM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn on_event(
+    _id: usize,
+    status: sys::pmix_status_t,
+    source: *const sys::pmix_proc_t,
+    _info: *mut sys::pmix_info_t,
+    _ninfo: usize,
+    _results: *mut sys::pmix_info_t,
+    _nresults: usize,
+    cbfunc: sys::pmix_event_notification_cbfunc_fn_t,
+    cbdata: *mut c_void,
+) {
+    if status == sys::PMIX_EVENT_NODE_DOWN && !source.is_null() {
+        NODE_DOWN_FROM.store((*source).rank, std::sync::atomic::Ordering::SeqCst);
+    }
+    if let Some(cb) = cbfunc {
+        cb(sys::PMIX_EVENT_ACTION_COMPLETE, std::ptr::null_mut(), 0, None, std::ptr::null_mut(), cbdata);
     }
 }
 
@@ -181,6 +207,59 @@ fn main() {
                     sys::PMIx_Value_destruct(&mut (*results.add(i)).value);
                 }
                 libc::free(results as *mut c_void);
+            }
+            "events" => {
+                // A system code (its registration reaches the host) and a user code; then a
+                // user event for the whole session (it reaches the host); then wait for the
+                // NODE_DOWN the host sends back.
+                // A user code alone first: its registration stays in the server.
+                let mut user = [EV_CUSTOM - 1];
+                let id = sys::PMIx_Register_event_handler(
+                    user.as_mut_ptr(),
+                    1,
+                    std::ptr::null_mut(),
+                    0,
+                    Some(on_event),
+                    None,
+                    std::ptr::null_mut(),
+                );
+                println!("register_user_rc={}", if id < 0 { id } else { 0 });
+                let mut codes = [sys::PMIX_EVENT_NODE_DOWN, EV_CUSTOM];
+                let id = sys::PMIx_Register_event_handler(
+                    codes.as_mut_ptr(),
+                    codes.len(),
+                    std::ptr::null_mut(),
+                    0,
+                    Some(on_event),
+                    None,
+                    std::ptr::null_mut(),
+                );
+                println!("register_rc={}", if id < 0 { id } else { 0 });
+                let mut info: sys::pmix_info_t = std::mem::zeroed();
+                let v = 42u32;
+                check(
+                    "PMIx_Info_load",
+                    sys::PMIx_Info_load(
+                        &mut info,
+                        key(b"dvm.test.ev\0"),
+                        &v as *const u32 as *const c_void,
+                        sys::PMIX_UINT32 as u16,
+                    ),
+                );
+                let rc = sys::PMIx_Notify_event(
+                    EV_CUSTOM,
+                    &me,
+                    sys::PMIX_RANGE_SESSION as u8,
+                    &info,
+                    1,
+                    None,
+                    std::ptr::null_mut(),
+                );
+                println!("notify_rc={rc}");
+                while NODE_DOWN_FROM.load(std::sync::atomic::Ordering::SeqCst) == u32::MAX {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                println!("node_down_from={}", NODE_DOWN_FROM.load(std::sync::atomic::Ordering::SeqCst));
             }
             m => {
                 eprintln!("pmix-test-client: unknown mode {m}");
