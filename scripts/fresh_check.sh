@@ -202,7 +202,8 @@ docker exec "$container_id" sh -c 'set -e
   echo "user:x:1000:1000::/home/user:/bin/bash" >>/etc/passwd
   echo "user:x:1000:" >>/etc/group
   mkdir -p /home/user '"$SRC_USER $SRC_ROOT"' /build/cargo
-  chown -R 1000:1000 /home/user' || die "cannot prepare the container (user, directories)."
+  chown -R 1000:1000 /home/user
+  install -m 666 /dev/null /run/fresh-step.pid' || die "cannot prepare the container (user, directories)."
 git archive --format=tar "$commit" | docker exec -i "$container_id" tar -x -C "$SRC_ROOT" \
   || die "cannot unpack 'git archive $commit' in the container."
 git archive --format=tar "$commit" | docker exec -i -u user "$container_id" tar -x -C "$SRC_USER" \
