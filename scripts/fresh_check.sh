@@ -295,9 +295,13 @@ step_test() {
     return 1
   fi
   if [ "$rc" -ne 0 ]; then
-    local failed
-    failed=$(grep -E '^(test .* FAILED|error: test failed|contrib/dockerswarm/smoke.sh|smoke.sh: )' "$log" | head -10 | paste -sd ';' -)
-    why[test]="scripts/test.sh exited $rc, nothing skipped; ${failed:-see its output above}"
+    # The failing tests by name (cargo's "test NAME ... FAILED" lines), and the swarm smoke's
+    # verdict when it failed.
+    local failed smoke
+    failed=$(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$log" | sort -u | paste -sd ' ' -)
+    smoke=$(grep '^smoke.sh: ' "$log" | tail -1)
+    case "$smoke" in *"passed in"*) smoke="" ;; esac
+    why[test]="scripts/test.sh exited $rc, nothing skipped; failed: ${failed:-no Rust test}${smoke:+; $smoke}"
     return 1
   fi
   why[test]="nothing skipped"
