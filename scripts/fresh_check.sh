@@ -14,10 +14,11 @@
 # Nothing else of this machine enters the container: its CA certificates
 # (/usr/local/share/ca-certificates, which Debian's ca-certificates package adds to the
 # bundle it builds, for networks that intercept TLS) and, for the test step's docker swarm
-# smoke, the docker socket, the docker CLI and /run/lock (the smoke's lock). The build runs
-# on a docker volume of its own. Everything it starts (container, volume, temporary files)
-# is removed on exit and on Ctrl-C, by ID; --keep leaves the container and volume for
-# debugging and prints how to remove them. docs/fresh-machine.md has the measured durations.
+# smoke, the docker socket, the docker CLI and /run/lock (the smoke's lock). The build and
+# /tmp are on docker volumes of their own: disk, as on a machine (the container's own root can
+# be fuse-overlayfs, slow enough under load to stall the DVM's tests). Everything it starts
+# (container, volumes, temporary files) is removed on exit and on Ctrl-C, by ID; --keep leaves
+# the container and volumes for debugging and prints how to remove them. docs/fresh-machine.md has the measured durations.
 #
 # shellcheck disable=SC2317  # cleanup and the step_* functions are called indirectly
 set -euo pipefail
@@ -28,7 +29,8 @@ BASE_REPO=dvm-fresh-base
 LABEL_KEY=dvm.fresh
 RUN_ID="$(date +%s)-$$"
 CONTAINER="dvm-fresh-$RUN_ID"
-VOLUME="dvm-fresh-$RUN_ID"
+VOLUME="dvm-fresh-$RUN_ID"        # /build: root's checkout, target/, the cargo home
+TMP_VOLUME="dvm-fresh-$RUN_ID-tmp" # /tmp
 SWARM_ID="fresh-$RUN_ID" # the swarm smoke's DS_ID: its objects carry dvm.dockerswarm=$SWARM_ID
 PATH_IN=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 SRC_ROOT=/build/dvm  # root's checkout (on the volume)
@@ -52,7 +54,7 @@ Runs the README's two commands in a fresh Debian 12 container that has only this
 Rust toolchain. Steps (always run in this order): user-demo, root-demo, test (default: all).
   --rev REV      the committed revision to check (default HEAD; uncommitted changes are not seen)
   --steps LIST   comma-separated subset of user-demo,root-demo,test
-  --keep         keep the container and its volume afterwards (for debugging)
+  --keep         keep the container and its volumes afterwards (for debugging)
 EOS
 }
 
@@ -114,7 +116,7 @@ fi
 # --- everything below is removed on exit, by ID ---
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dvm-fresh.XXXXXX")
 container_id=""
-volume_made=0
+volumes_made=()
 bg_pids=()
 cleanup() {
   local rc=$?
@@ -132,11 +134,12 @@ cleanup() {
   local p
   for p in "${bg_pids[@]}"; do kill "$p" 2>/dev/null; done
   if [ "$keep" -eq 1 ] && [ -n "$container_id" ]; then
-    say "--keep: left running: container $CONTAINER (docker exec -it $CONTAINER bash; the source is $SRC_ROOT), volume $VOLUME"
-    say "remove them with: docker rm -f $CONTAINER; docker volume rm $VOLUME"
+    say "--keep: left running: container $CONTAINER (docker exec -it $CONTAINER bash; the source is $SRC_ROOT), volumes ${volumes_made[*]}"
+    say "remove them with: docker rm -f $CONTAINER; docker volume rm ${volumes_made[*]}"
   else
     [ -n "$container_id" ] && docker rm -f "$container_id" >/dev/null 2>&1
-    [ "$volume_made" -eq 1 ] && docker volume rm "$VOLUME" >/dev/null 2>&1
+    local v
+    for v in "${volumes_made[@]}"; do docker volume rm "$v" >/dev/null 2>&1; done
   fi
   if [ -n "${want[test]:-}" ] && [ "$keep" -eq 0 ]; then
     # The swarm smoke inside removes what it created; this is the backstop for a kill.
@@ -180,13 +183,16 @@ else
 fi
 
 # --- the container ---
-mounts=(-v "$rustup_home:/opt/rust/rustup:ro" -v "$cargo_bin:/opt/rust/bin:ro" -v "$VOLUME:/build")
+mounts=(-v "$rustup_home:/opt/rust/rustup:ro" -v "$cargo_bin:/opt/rust/bin:ro" -v "$VOLUME:/build"
+  -v "$TMP_VOLUME:/tmp")
 [ -d /usr/local/share/ca-certificates ] && mounts+=(-v /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
 if [ -n "${want[test]:-}" ]; then
   mounts+=(-v "$docker_sock:/var/run/docker.sock" -v "$docker_cli:/usr/local/bin/docker:ro" -v /run/lock:/run/lock)
 fi
-docker volume create --label "$LABEL_KEY=$RUN_ID" "$VOLUME" >/dev/null || die "cannot create the docker volume $VOLUME."
-volume_made=1
+for v in "$VOLUME" "$TMP_VOLUME"; do
+  docker volume create --label "$LABEL_KEY=$RUN_ID" "$v" >/dev/null || die "cannot create the docker volume $v."
+  volumes_made+=("$v")
+done
 # Network namespaces need SYS_ADMIN and NET_ADMIN and a writable /proc/sys (docker refuses
 # --privileged here); --init reaps orphans like a machine's init; /dev/shm as big as a
 # machine's (Open MPI's shared memory).
@@ -201,6 +207,7 @@ say "container $CONTAINER from $BASE; source: $rev = $commit (git archive)"
 docker exec "$container_id" sh -c 'set -e
   echo "user:x:1000:1000::/home/user:/bin/bash" >>/etc/passwd
   echo "user:x:1000:" >>/etc/group
+  chmod 1777 /tmp
   mkdir -p /home/user '"$SRC_USER $SRC_ROOT"' /build/cargo
   chown -R 1000:1000 /home/user
   install -m 666 /dev/null /run/fresh-step.pid' || die "cannot prepare the container (user, directories)."
