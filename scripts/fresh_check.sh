@@ -18,7 +18,8 @@
 # /tmp are on docker volumes of their own: disk, as on a machine (the container's own root can
 # be fuse-overlayfs, slow enough under load to stall the DVM's tests). Everything it starts
 # (container, volumes, temporary files) is removed on exit and on Ctrl-C, by ID; --keep leaves
-# the container and volumes for debugging and prints how to remove them. docs/fresh-machine.md has the measured durations.
+# the container and volumes for debugging and prints how to remove them.
+# docs/fresh-machine.md has the measured durations.
 #
 # shellcheck disable=SC2317  # cleanup and the step_* functions are called indirectly
 set -euo pipefail
