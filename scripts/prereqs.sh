@@ -6,7 +6,9 @@
 #   scripts/prereqs.sh build    # compile dvm and the MPI test programs, run the demo
 #   scripts/prereqs.sh test     # also what the tests use (network namespaces, docker images)
 set -euo pipefail
-build=(pkg-config make libpmix-dev libclang-dev openmpi-bin libopenmpi-dev)
+# gcc and libc6-dev: cargo links with cc, and build scripts compile C; ca-certificates: cargo
+# fetches crates over TLS. A machine with only rustup's cargo may lack all three.
+build=(gcc libc6-dev ca-certificates pkg-config make libpmix-dev libclang-dev openmpi-bin libopenmpi-dev)
 case "${1:-}" in
   build) want=("${build[@]}") ;;
   test) want=("${build[@]}" iproute2 python3 python3-mpi4py mmdebstrap) ;;
