@@ -19,7 +19,7 @@ status=0
 cargo test --workspace --no-fail-fast -- --test-threads="${DVM_TEST_THREADS:-2}" || status=$?
 # Real containers: a 4-node docker swarm boots the DVM and runs MPI and scaletest jobs
 # (contrib/dockerswarm/smoke.sh; it records a skip where docker is not usable).
-contrib/dockerswarm/smoke.sh --bins target/debug || status=$?
+contrib/dockerswarm/smoke.sh --bins "${CARGO_TARGET_DIR:-target}/debug" || status=$?
 
 records=("$skips"/*.skip)
 [ -e "${records[0]}" ] || records=()
