@@ -7,6 +7,10 @@
 //! used ("topology in shared memory", "loading topology from XML") or that it discovered the
 //! topology itself ("discovering topology") — what every rank did before the daemon shared it,
 //! and still does with `DVM_NO_TOPO=1`, checked here so the check itself is known to tell.
+//!
+//! The servers themselves load the topology from the user's topology cache (hwloc XML beside
+//! the session directories) instead of each discovering it: with `PMIX_MCA_pmix_hwloc_verbose=2`
+//! libpmix says which it did ("using MCA provided topo file" / "doing discovery").
 
 mod common;
 
@@ -31,12 +35,92 @@ fn topology_sources(dvm: &Dvm, n: u32) -> (usize, usize, usize) {
     (count(FROM_SHMEM), count(FROM_XML), count(DISCOVERED))
 }
 
-/// Two daemons, four ranks each: every rank adopts its own daemon's shared-memory topology.
+const SERVER_FROM_FILE: &str = "using MCA provided topo file";
+const SERVER_DISCOVERED: &str = "doing discovery";
+
+/// (servers that loaded the cached topology, servers that discovered it) from the DVM's log.
+fn server_sources(dvm: &Dvm) -> (usize, usize) {
+    let log = dvm.log();
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    (count(SERVER_FROM_FILE), count(SERVER_DISCOVERED))
+}
+
+/// The cached topology files of the DVM's user.
+fn cache_files(dvm: &Dvm) -> Vec<std::path::PathBuf> {
+    let dir = dvm.root.join(format!("dvm-{}", unsafe { libc::getuid() })).join("topology");
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "xml")).collect())
+        .unwrap_or_default()
+}
+
+/// Two daemons, four ranks each: every rank adopts its own daemon's shared-memory topology,
+/// and both servers load it from one cached file instead of each discovering it.
 #[test]
 fn ranks_adopt_the_daemons_topology() {
-    let dvm = Dvm::start("hwtopo", Nodes::Local { daemons: 2, slots: 4 }, 2, &[("OMPI_MCA_pml", "ob1")]);
+    let env = [("OMPI_MCA_pml", "ob1"), ("PMIX_MCA_pmix_hwloc_verbose", "2")];
+    let dvm = Dvm::start("hwtopo", Nodes::Local { daemons: 2, slots: 4 }, 2, &env);
     let got = topology_sources(&dvm, 8);
     assert_eq!(got, (8, 0, 0), "(shared memory, XML, discovered) over 8 ranks\n{}", dvm.log());
+    assert_eq!(server_sources(&dvm), (2, 0), "(cached, discovered) over 2 servers\n{}", dvm.log());
+    let files = cache_files(&dvm);
+    assert_eq!(files.len(), 1, "one cached topology for one machine: {files:?}");
+    let xml = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(xml.contains("type=\"PU\"") && !xml.contains("\"HostName\""), "{xml}");
+    dvm.stop();
+}
+
+/// A damaged cache file is not given to libpmix: the next server discovers the topology again
+/// into the cache and the ranks still adopt it. Two DVMs one after the other share one session
+/// root (`DVM_TMPDIR`), as a user's successive DVMs do; the file is damaged between them.
+#[test]
+fn a_damaged_cache_file_is_rediscovered() {
+    let root = std::env::temp_dir().join(format!("dvm-t-hwtopo-shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let _gone = RemoveOnDrop(root.clone());
+    let tmpdir = root.to_str().unwrap();
+    let env = [("OMPI_MCA_pml", "ob1"), ("PMIX_MCA_pmix_hwloc_verbose", "2"), ("DVM_TMPDIR", tmpdir)];
+    let cache = root.join(format!("dvm-{}", unsafe { libc::getuid() })).join("topology");
+    let xml_files = || -> Vec<std::path::PathBuf> {
+        let d = std::fs::read_dir(&cache).unwrap();
+        d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "xml")).collect()
+    };
+
+    let dvm = Dvm::start("hwtopo-cache1", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
+    assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());
+    dvm.stop();
+    let files = xml_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    std::fs::write(&files[0], "<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n").unwrap();
+
+    let dvm = Dvm::start("hwtopo-cache2", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
+    assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());
+    assert_eq!(server_sources(&dvm), (1, 0), "(cached, discovered)\n{}", dvm.log());
+    dvm.stop();
+    assert_eq!(xml_files(), files);
+    assert!(std::fs::read_to_string(&files[0]).unwrap().trim_end().ends_with("</topology>"), "not rewritten");
+    // Only the cache is left of both DVMs.
+    let left: Vec<_> = std::fs::read_dir(cache.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left, ["topology"], "left in the session root: {left:?}");
+}
+
+/// Removes a test's own directory however the test ends.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `DVM_NO_TOPO_CACHE=1` turns the cache off: the server discovers, nothing is written.
+#[test]
+fn switched_off_cache_server_discovers() {
+    let env = [("OMPI_MCA_pml", "ob1"), ("PMIX_MCA_pmix_hwloc_verbose", "2"), ("DVM_NO_TOPO_CACHE", "1")];
+    let dvm = Dvm::start("hwtopo-nocache", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
+    assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());
+    assert_eq!(server_sources(&dvm), (0, 1), "(cached, discovered)\n{}", dvm.log());
+    assert!(cache_files(&dvm).is_empty(), "written although switched off");
     dvm.stop();
 }
 

@@ -59,6 +59,7 @@ mod logtext;
 mod reply;
 mod server;
 mod state;
+pub mod topology;
 mod types;
 mod upcalls;
 

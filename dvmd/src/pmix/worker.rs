@@ -118,6 +118,8 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         // SAFETY: setting FD_CLOEXEC on a descriptor this process owns.
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
+    // Still one thread: the topology file goes into the environment libpmix reads at init.
+    super::topo_cache::prepare_worker();
     let replies: Replies = Arc::new(Mutex::new(HashMap::new()));
     let (tx, rx) = mpsc::channel::<PmixEvent>();
     let writer_replies = replies.clone();

@@ -69,7 +69,8 @@ pub fn session_dirs(root: &std::path::Path) -> Vec<PathBuf> {
     if let Ok(users) = std::fs::read_dir(root) {
         for u in users.flatten().filter(|e| e.path().is_dir()) {
             if let Ok(s) = std::fs::read_dir(u.path()) {
-                out.extend(s.flatten().map(|e| e.path()));
+                // The topology cache lives beside the session directories and is not one.
+                out.extend(s.flatten().map(|e| e.path()).filter(|p| !p.ends_with("topology")));
             }
         }
     }
