@@ -495,7 +495,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() && !args.no_link_probe {
         daemon.measure_link();
     }
-    start_pmix(&mut daemon, session.dir(), &args);
+    start_pmix(&mut daemon, session.dir(), &args, nodes[0].slots);
     if size == 1 {
         // A one-daemon DVM is wired up at once.
         daemon.wire_single();
@@ -586,12 +586,14 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
 }
 
 /// Every daemon hosts a PMIx server (in a worker process) in its own session directory:
-/// started by the first job that reaches the daemon, or (eager) now, in the background.
-fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args) {
+/// started by the first job that reaches the daemon, or (eager) now, in the background — but
+/// not on a daemon with no slots (an HNP outside the allocation), where no job will run
+/// unless spawned there later, and a server would only take CPU from the boot.
+fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
     daemon.set_session_dir(session);
     daemon
         .set_pmix_settings(dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib });
-    if args.pmix_start == "eager" {
+    if args.pmix_start == "eager" && slots > 0 {
         daemon.start_pmix_background();
     }
 }
@@ -666,7 +668,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         slots,
         epoch,
     });
-    start_pmix(&mut daemon, session.dir(), &args);
+    start_pmix(&mut daemon, session.dir(), &args, slots);
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;

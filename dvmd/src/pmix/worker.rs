@@ -118,8 +118,8 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         // SAFETY: setting FD_CLOEXEC on a descriptor this process owns.
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
-    // Still one thread: the topology file goes into the environment libpmix reads at init.
-    super::topo_cache::prepare_worker();
+    // Still one thread: what libpmix reads from the environment at init goes there now.
+    server_env();
     let replies: Replies = Arc::new(Mutex::new(HashMap::new()));
     let (tx, rx) = mpsc::channel::<PmixEvent>();
     let writer_replies = replies.clone();
@@ -160,6 +160,13 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         let cmd = match read_frame::<WorkerCmd>(&mut input) {
             Ok(Some(c)) => c,
             Ok(None) => break 0,
+            // The daemon ended without closing the stream first (its process exited with
+            // commands unread, as a one-shot DVM's HNP does): the ordinary end, not an error
+            // to print on the user's terminal.
+            Err(e) if daemon_gone(&e) => {
+                debug!("PMIx worker: the daemon is gone ({e})");
+                break 0;
+            }
             Err(e) => {
                 error!("PMIx worker: command stream broken: {e}");
                 break 1;
@@ -191,6 +198,21 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         }
     }
     status
+}
+
+/// The environment libpmix's server reads at `PMIx_server_init`: the cached topology, the
+/// data stores it opens. Changes the process environment: call while single-threaded.
+fn server_env() {
+    super::topo_cache::prepare_worker();
+    if std::env::var_os("PMIX_MCA_gds").is_none() {
+        std::env::set_var("PMIX_MCA_gds", super::SERVER_GDS);
+    }
+}
+
+/// A read error that only means the daemon's end of the stream is gone.
+fn daemon_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof)
 }
 
 fn failed(what: impl std::fmt::Display) -> WorkerReply {
