@@ -16,11 +16,15 @@ pub const TOPO_FILE_VAR: &str = "PMIX_MCA_pmix_hwloc_topo_file";
 
 type Topology = *mut c_void;
 
+/// `HWLOC_TYPE_FILTER_KEEP_IMPORTANT` (hwloc 2's `enum hwloc_type_filter_e`).
+const KEEP_IMPORTANT: c_int = 3;
+
 #[link(name = "hwloc")]
 extern "C" {
     fn hwloc_get_api_version() -> c_uint;
     fn hwloc_topology_init(topology: *mut Topology) -> c_int;
     fn hwloc_topology_load(topology: Topology) -> c_int;
+    fn hwloc_topology_set_io_types_filter(topology: Topology, filter: c_int) -> c_int;
     fn hwloc_topology_destroy(topology: Topology);
     fn hwloc_topology_export_xmlbuffer(
         topology: Topology,
@@ -49,7 +53,9 @@ pub fn hwloc_version() -> u32 {
 }
 
 /// Discover this machine's topology (as this process sees it: its cgroup's CPUs and memory
-/// nodes) and return it as hwloc v2 XML.
+/// nodes) and return it as hwloc v2 XML. I/O objects are kept as libpmix's own discovery keeps
+/// them (the important PCI and OS devices, the bridges leading to them), so the ranks see the
+/// same topology either way.
 pub fn discover_xml() -> Result<String, TopologyError> {
     let version = hwloc_version();
     if version < 0x20000 {
@@ -67,6 +73,10 @@ pub fn discover_xml() -> Result<String, TopologyError> {
 }
 
 fn export(topo: Topology) -> Result<String, TopologyError> {
+    // SAFETY: `topo` is an initialised, not yet loaded handle.
+    if unsafe { hwloc_topology_set_io_types_filter(topo, KEEP_IMPORTANT) } != 0 {
+        return Err(TopologyError::Hwloc { call: "hwloc_topology_set_io_types_filter" });
+    }
     // SAFETY: `topo` is an initialised handle.
     if unsafe { hwloc_topology_load(topo) } != 0 {
         return Err(TopologyError::Hwloc { call: "hwloc_topology_load" });
