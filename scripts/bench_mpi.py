@@ -558,11 +558,13 @@ def report(csv_path, png):
     for k in ks:
         print(f"| {k} | " + " | ".join(ms(list(t[(k, 0, a)].values()))
                                       for a in ("dvm_boot", "pterm_return", "pterm_hnp_exit")) + " |")
-    print("\n### Goal at K = 16: one-shot ≤ 0.5 × mpirun\n")
-    for ppn in ppns:
-        if (16, ppn, "oneshot") in t:
-            r = med(paired(16, ppn, "oneshot"))
-            print(f"- {ppn} ppn: one-shot / mpirun {r:.2f} → {'met' if r <= 0.5 else 'NOT met'}")
+    # Issue 11's goals, for MPI_Init+Finalize at K = 16 x 4 ppn.
+    goals = {"oneshot": 0.6, "persistent": 0.5}
+    print("\n### Goals at K = 16, 4 ppn: one-shot ≤ 0.6 × mpirun, persistent ≤ 0.5 × mpirun\n")
+    for arm, goal in goals.items():
+        if (16, 4, arm) in t:
+            r = med(paired(16, 4, arm))
+            print(f"- {arm} / mpirun: {r:.2f} → {'met' if r <= goal else 'NOT met'}")
 
     import matplotlib
 
@@ -606,7 +608,7 @@ def report(csv_path, png):
             m = [med(r) for r in rs]
             ax.errorbar(ks, m, yerr=[[m[i] - min(r) for i, r in enumerate(rs)], [max(r) - m[i] for i, r in enumerate(rs)]],
                         marker="o", capsize=3, color=colors[arm], label=f"{labels[arm]} / mpirun")
-        ax.axhline(0.5, color="tab:blue", ls=":", lw=1.2, label="goal for one-shot at K=16: ≤ 0.5")
+        ax.axhline(0.6, color="tab:blue", ls=":", lw=1.2, label="goal for one-shot at K=16 x 4: ≤ 0.6")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
