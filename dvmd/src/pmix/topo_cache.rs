@@ -96,6 +96,7 @@ pub fn xml_file(dir: &Path) -> Result<PathBuf, CacheError> {
         debug!(file = %file.display(), "topology from the cache (written by another worker)");
         return Ok(file);
     }
+    remove_orphans(dir);
     let t0 = Instant::now();
     let xml = without_hostname(&topology::discover_xml()?);
     let tmp = dir.join(format!("hwloc-{key:016x}.xml.{}", std::process::id()));
@@ -140,6 +141,21 @@ const PLUGINS_PATH_VAR: &str = "HWLOC_PLUGINS_PATH";
 
 /// Never created, so hwloc finds no plugins there.
 const NO_PLUGINS: &str = "no-plugins";
+
+/// Temporary files (`hwloc-<key>.xml.<pid>`) of writers that died before their rename.
+fn remove_orphans(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some((_, pid)) = name.to_str().and_then(|n| n.strip_prefix("hwloc-")).and_then(|n| n.split_once(".xml."))
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok_and(crate::session::process_gone) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
 
 fn private_dir(dir: &Path) -> Result<(), CacheError> {
     let err = |what: String| CacheError::Dir { dir: dir.to_owned(), what };
@@ -278,6 +294,23 @@ mod tests {
         assert!(usable(&files[0]));
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(left.len(), 2, "only the XML and its lock remain: {left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_dead_writers_temporary_file_is_removed() {
+        let dir = tmp("orphan");
+        let f = xml_file(&dir).unwrap();
+        // A writer killed between its write and its rename (PID 0x7fff_fff0 is never a live
+        // process's), and one that still runs (this process).
+        let dead = dir.join(format!("{}.{}", f.file_name().unwrap().to_str().unwrap(), 0x7fff_fff0u32));
+        let live = dir.join(format!("{}.{}", f.file_name().unwrap().to_str().unwrap(), std::process::id()));
+        std::fs::write(&dead, "partial").unwrap();
+        std::fs::write(&live, "partial").unwrap();
+        std::fs::remove_file(&f).unwrap();
+        assert_eq!(xml_file(&dir).unwrap(), f);
+        assert!(!dead.exists(), "a dead writer's temporary file was kept");
+        assert!(usable(&f));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
