@@ -57,11 +57,19 @@ fn cache_files(dvm: &Dvm) -> Vec<std::path::PathBuf> {
 /// and both servers load it from one cached file instead of each discovering it.
 #[test]
 fn ranks_adopt_the_daemons_topology() {
-    let env = [("OMPI_MCA_pml", "ob1"), ("PMIX_MCA_pmix_hwloc_verbose", "2")];
+    let env = [
+        ("OMPI_MCA_pml", "ob1"),
+        ("PMIX_MCA_pmix_hwloc_verbose", "2"),
+        ("DVM_LOG", "info,dvmd::pmix::topo_cache=debug"),
+    ];
     let dvm = Dvm::start("hwtopo", Nodes::Local { daemons: 2, slots: 4 }, 2, &env);
     let got = topology_sources(&dvm, 8);
     assert_eq!(got, (8, 0, 0), "(shared memory, XML, discovered) over 8 ranks\n{}", dvm.log());
     assert_eq!(server_sources(&dvm), (2, 0), "(cached, discovered) over 2 servers\n{}", dvm.log());
+    // Both workers started with the cache empty: one discovered, the other took its file
+    // (waiting on the lock if they overlapped), and neither ran libpmix's own discovery.
+    let discoveries = dvm.log().lines().filter(|l| l.contains("topology discovered into the cache")).count();
+    assert_eq!(discoveries, 1, "discoveries into the cache\n{}", dvm.log());
     let files = cache_files(&dvm);
     assert_eq!(files.len(), 1, "one cached topology for one machine: {files:?}");
     let xml = std::fs::read_to_string(&files[0]).unwrap();

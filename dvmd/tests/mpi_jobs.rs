@@ -52,6 +52,11 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
     let stores: Vec<String> = out(&o).0.lines().map(String::from).collect();
     assert_eq!(stores, vec!["hash".to_string(); 8], "PMIX_GDS_MODULE of the ranks");
     check_programs(&dvm, &[]);
+    // The servers open only the hash store (pmix::SERVER_GDS); a job that asks its ranks for
+    // the shared-memory store still runs.
+    let allreduce = mpi_bin("allreduce");
+    let o = dvm.prun(&["-n", "8", "-x", "PMIX_GDS_MODULE=ds21", &allreduce]);
+    assert!(o.status.success(), "ds21 ranks: {:?}\n{}\n{}", o.status, out(&o).1, dvm.log());
     // The MPI_Init modex collects; the two barriers do not; sequence numbers 0, 1, 2.
     let log = dvm.log();
     for (collect, seq) in [(true, 0), (false, 1), (false, 2)] {

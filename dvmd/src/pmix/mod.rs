@@ -19,7 +19,7 @@
 //!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
 //!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
 //!   The worker itself loads it from the user's topology cache ([`topo_cache`]) rather than
-//!   discovering it, so a machine's topology is discovered once per boot, not once per server.
+//!   discovering it, so a machine's topology is discovered once per boot and cgroup, not once per server.
 //!
 //! Why a worker process (libpmix 4.2.2, measured in docs/soak.md): the server never frees what
 //! it holds for a client once the client has connected — not when it disconnects, not on

@@ -10,17 +10,20 @@
 //! topology once under an exclusive lock (so co-starting workers wait for one discovery instead
 //! of each running their own) and writes it atomically (temporary file, rename).
 //!
-//! The key names everything that can make two processes' discoveries differ: the boot
-//! (`/proc/sys/kernel/random/boot_id`: a reboot or a hot-plug after it gets a fresh entry only
-//! through the CPUs online, also in the key), the cgroup and its CPU and memory-node sets, the
-//! online CPUs, and the hwloc version. The node's hostname is not in the key: it is removed
-//! from the XML (hwloc records it as an informational attribute only), so fake nodes of one
-//! machine share one entry.
+//! The key hashes what decides a discovery on one machine: the boot
+//! (`/proc/sys/kernel/random/boot_id`), the cgroup's CPU and memory sets (not its path: every
+//! Slurm step and login session has its own), the process's allowed CPUs and memory nodes, the
+//! CPUs online, the hwloc ABI level and the cache's format. What it does not see: devices or
+//! memory hot-plugged after boot, and per-container views of `/sys` that differ without a
+//! different boot id or cgroup set. The node's hostname and the cgroup's path are removed from
+//! the XML (informational attributes), so fake nodes of one machine share one entry. Entries
+//! unused for a week and temporary files older than an hour are removed on the next discovery.
 //!
 //! Never trusted blindly: a file that is not ours, not a regular file, or not a complete hwloc
-//! v2 document is ignored and rewritten. `DVM_NO_TOPO_CACHE=1` turns the cache off (libpmix
-//! discovers as before), and so does a topology file the user already gave libpmix or any
-//! `HWLOC_*` variable that changes what hwloc discovers.
+//! v2 document is ignored and rewritten, and an entry libpmix failed to start with is removed
+//! ([`forget_after_failed_init`]), so the next worker discovers again. `DVM_NO_TOPO_CACHE=1`
+//! turns the cache off (libpmix discovers as before), and so does a topology file the user
+//! already gave libpmix or any `HWLOC_*` variable in the daemon's environment.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fs::{File, OpenOptions};
@@ -46,7 +49,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// What this code writes into an entry (bumped when that changes: an entry written with
 /// other discovery settings is then never read).
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 /// Why the cache was not used (logged; libpmix then discovers the topology itself).
 #[derive(Debug, thiserror::Error)]
@@ -90,18 +93,19 @@ pub fn xml_file(dir: &Path) -> Result<PathBuf, CacheError> {
         .mode(0o600)
         .open(&lock_path)
         .map_err(|source| CacheError::Io { file: lock_path.clone(), source })?;
-    let locked = lock_exclusive(&lock, LOCK_WAIT);
-    // Another worker may have written it while this one waited.
-    if locked && usable(&file) {
+    let _locked = lock_exclusive(&lock, LOCK_WAIT);
+    // Another worker may have written it while this one waited (or gave up waiting).
+    if usable(&file) {
         debug!(file = %file.display(), "topology from the cache (written by another worker)");
         return Ok(file);
     }
-    remove_orphans(dir);
+    remove_stale(dir);
     let t0 = Instant::now();
-    let xml = without_hostname(&topology::discover_xml()?);
-    let tmp = dir.join(format!("hwloc-{key:016x}.xml.{}", std::process::id()));
+    let xml = without_local_names(&topology::discover_xml()?);
+    // A name no other writer can hold (threads share a PID; PID namespaces share /tmp).
+    let tmp = dir.join(format!("hwloc-{key:016x}.xml.{:016x}", rand::random::<u64>()));
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+        let mut f = OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
         f.write_all(xml.as_bytes())?;
         f.sync_data()?;
         std::fs::rename(&tmp, &file)
@@ -123,6 +127,11 @@ pub fn prepare_worker() {
     }
     let dir = default_dir();
     match xml_file(&dir) {
+        // A discovery runs hwloc's plugins, which could leave a thread behind: the
+        // environment is only changed while this process is still single-threaded.
+        Ok(_) if threads() != Some(1) => {
+            warn!("hwloc left threads running in the PMIx worker; its server discovers the topology itself")
+        }
         Ok(file) => {
             std::env::set_var(TOPO_FILE_VAR, file);
             // Loading XML needs none of hwloc's plugins (its own parser reads it), yet hwloc
@@ -136,26 +145,57 @@ pub fn prepare_worker() {
     }
 }
 
+/// libpmix could not start with the topology file this worker gave it: remove the entry, so
+/// the next worker discovers the topology again instead of failing the same way.
+pub fn forget_after_failed_init() {
+    if let Some(file) = std::env::var_os(TOPO_FILE_VAR) {
+        let file = PathBuf::from(file);
+        if file.parent() == Some(default_dir().as_path()) {
+            warn!(file = %file.display(), "the PMIx server did not start with the cached topology; the entry is removed");
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+/// This process's thread count (`/proc/self/status`).
+fn threads() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|n| n.trim().parse().ok())
+}
+
 /// Where hwloc looks for its plugins.
 const PLUGINS_PATH_VAR: &str = "HWLOC_PLUGINS_PATH";
 
 /// Never created, so hwloc finds no plugins there.
 const NO_PLUGINS: &str = "no-plugins";
 
-/// Temporary files (`hwloc-<key>.xml.<pid>`) of writers that died before their rename.
-fn remove_orphans(dir: &Path) {
+/// Files nobody will read again: temporary files of writers that died before their rename
+/// (older than [`TMP_AGE`]) and entries older than [`ENTRY_AGE`] (keys of past boots, of cgroups
+/// that are gone; an entry still in use is simply discovered again).
+fn remove_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some((_, pid)) = name.to_str().and_then(|n| n.strip_prefix("hwloc-")).and_then(|n| n.split_once(".xml."))
-        else {
+        let Some(name) = name.to_str().and_then(|n| n.strip_prefix("hwloc-")) else { continue };
+        let limit = if name.ends_with(".xml") {
+            ENTRY_AGE
+        } else if name.contains(".xml.") {
+            TMP_AGE
+        } else {
             continue;
         };
-        if pid.parse::<u32>().is_ok_and(crate::session::process_gone) {
+        let age = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a > limit) {
             let _ = std::fs::remove_file(e.path());
         }
     }
 }
+
+/// Age past which a temporary file's writer is surely gone.
+const TMP_AGE: Duration = Duration::from_secs(3600);
+
+/// Age past which an entry is dropped.
+const ENTRY_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn private_dir(dir: &Path) -> Result<(), CacheError> {
     let err = |what: String| CacheError::Dir { dir: dir.to_owned(), what };
@@ -190,9 +230,14 @@ fn complete_xml(text: &str) -> bool {
     text.starts_with("<?xml") && text.contains("<topology version=\"2.") && text.trim_end().ends_with("</topology>")
 }
 
-/// The XML without the node's name (an informational attribute hwloc adds at discovery).
-fn without_hostname(xml: &str) -> String {
-    xml.lines().filter(|l| !l.trim_start().starts_with("<info name=\"HostName\"")).fold(String::new(), |mut s, l| {
+/// The XML without what names this process's place rather than the machine: the node's name
+/// and the cgroup's path (informational attributes hwloc adds at discovery).
+fn without_local_names(xml: &str) -> String {
+    let local = |l: &str| {
+        let l = l.trim_start();
+        l.starts_with("<info name=\"HostName\"") || l.starts_with("<info name=\"LinuxCgroup\"")
+    };
+    xml.lines().filter(|l| !local(l)).fold(String::new(), |mut s, l| {
         s.push_str(l);
         s.push('\n');
         s
@@ -205,10 +250,17 @@ fn key() -> u64 {
     let status = read("/proc/self/status");
     let sets: Vec<&str> =
         status.lines().filter(|l| l.starts_with("Cpus_allowed_list:") || l.starts_with("Mems_allowed_list:")).collect();
+    // The cgroup's CPU and memory sets (what hwloc restricts the topology to), not its path:
+    // every Slurm step and login session has a path of its own.
+    let cgroup = read("/proc/self/cgroup");
+    let cpuset = cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(|path| {
+        let base = format!("/sys/fs/cgroup{}", path.trim());
+        (read(&format!("{base}/cpuset.cpus.effective")), read(&format!("{base}/cpuset.mems.effective")))
+    });
     let mut h = DefaultHasher::new();
     (
         read("/proc/sys/kernel/random/boot_id"),
-        read("/proc/self/cgroup"),
+        cpuset,
         sets,
         read("/sys/devices/system/cpu/online"),
         topology::hwloc_version(),
@@ -227,7 +279,8 @@ fn lock_exclusive(f: &File, limit: Duration) -> bool {
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return true;
         }
-        if Instant::now() >= deadline {
+        // A file system without flock: go on unlocked at once (the rename keeps readers safe).
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK) || Instant::now() >= deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -238,87 +291,107 @@ fn lock_exclusive(f: &File, limit: Duration) -> bool {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
+    /// A test's own directory, removed however the test ends.
+    struct TmpDir(PathBuf);
+
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tmp(name: &str) -> TmpDir {
         let d = std::env::temp_dir().join(format!("dvm-topo-cache-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        d
+        TmpDir(d)
     }
 
     #[test]
     fn discovers_once_then_reuses() {
-        let dir = tmp("reuse");
-        let f1 = xml_file(&dir).unwrap();
+        let t = tmp("reuse");
+        let dir = &t.0;
+        let f1 = xml_file(dir).unwrap();
         let t1 = std::fs::metadata(&f1).unwrap().modified().unwrap();
         let text = std::fs::read_to_string(&f1).unwrap();
         assert!(complete_xml(&text));
         assert!(!text.contains("name=\"HostName\""), "hostname kept in the cached XML");
-        let f2 = xml_file(&dir).unwrap();
+        assert!(!text.contains("name=\"LinuxCgroup\""), "cgroup path kept in the cached XML");
+        let f2 = xml_file(dir).unwrap();
         assert_eq!(f1, f2);
         assert_eq!(std::fs::metadata(&f2).unwrap().modified().unwrap(), t1, "rewritten although usable");
-        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(std::fs::metadata(dir).unwrap().mode() & 0o777, 0o700);
     }
 
     #[test]
     fn a_damaged_file_is_replaced() {
-        let dir = tmp("damaged");
-        let f = xml_file(&dir).unwrap();
+        let t = tmp("damaged");
+        let dir = &t.0;
+        let f = xml_file(dir).unwrap();
         let good = std::fs::read_to_string(&f).unwrap();
         for bad in ["", "garbage", &good[..good.len() / 2]] {
             std::fs::write(&f, bad).unwrap();
             assert!(!usable(&f));
-            assert_eq!(xml_file(&dir).unwrap(), f);
+            assert_eq!(xml_file(dir).unwrap(), f);
             assert!(usable(&f), "not rewritten after {:?}", &bad[..bad.len().min(20)]);
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn an_open_directory_is_refused() {
-        let dir = tmp("open");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-        let e = xml_file(&dir).unwrap_err().to_string();
+        let t = tmp("open");
+        std::fs::create_dir_all(&t.0).unwrap();
+        std::fs::set_permissions(&t.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let e = xml_file(&t.0).unwrap_err().to_string();
         assert!(e.contains("want 0700"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn concurrent_workers_share_one_file() {
-        let dir = tmp("concurrent");
+        let t = tmp("concurrent");
+        let dir = &t.0;
         let files: Vec<PathBuf> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..6).map(|_| s.spawn(|| xml_file(&dir).unwrap())).collect();
+            let hs: Vec<_> = (0..6).map(|_| s.spawn(|| xml_file(dir).unwrap())).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(files.windows(2).all(|w| w[0] == w[1]));
         assert!(usable(&files[0]));
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(left.len(), 2, "only the XML and its lock remain: {left:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn a_dead_writers_temporary_file_is_removed() {
-        let dir = tmp("orphan");
-        let f = xml_file(&dir).unwrap();
-        // A writer killed between its write and its rename (PID 0x7fff_fff0 is never a live
-        // process's), and one that still runs (this process).
-        let dead = dir.join(format!("{}.{}", f.file_name().unwrap().to_str().unwrap(), 0x7fff_fff0u32));
-        let live = dir.join(format!("{}.{}", f.file_name().unwrap().to_str().unwrap(), std::process::id()));
-        std::fs::write(&dead, "partial").unwrap();
-        std::fs::write(&live, "partial").unwrap();
+    fn stale_files_are_removed_fresh_ones_kept() {
+        let t = tmp("stale");
+        let dir = &t.0;
+        let f = xml_file(dir).unwrap();
+        let name = f.file_name().unwrap().to_str().unwrap().to_owned();
+        let age = |p: &Path, by: Duration| {
+            let when = std::time::SystemTime::now() - by;
+            std::fs::File::options().write(true).open(p).unwrap().set_modified(when).unwrap();
+        };
+        // A writer that died before its rename an hour and more ago, one writing now, and an
+        // entry of another key unused for longer than ENTRY_AGE.
+        let dead = dir.join(format!("{name}.00000000deadbeef"));
+        let busy = dir.join(format!("{name}.00000000cafebabe"));
+        let old = dir.join("hwloc-00000000000000aa.xml");
+        for p in [&dead, &busy, &old] {
+            std::fs::write(p, "partial").unwrap();
+        }
+        age(&dead, TMP_AGE + Duration::from_secs(60));
+        age(&old, ENTRY_AGE + Duration::from_secs(60));
         std::fs::remove_file(&f).unwrap();
-        assert_eq!(xml_file(&dir).unwrap(), f);
+        assert_eq!(xml_file(dir).unwrap(), f);
         assert!(!dead.exists(), "a dead writer's temporary file was kept");
+        assert!(!old.exists(), "an entry unused past ENTRY_AGE was kept");
+        assert!(busy.exists(), "a writer's fresh temporary file was removed");
         assert!(usable(&f));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn hostname_line_removed_only() {
-        let xml = "<?xml a?>\n<topology version=\"2.0\">\n  <info name=\"HostName\" value=\"n1\"/>\n  <info name=\"OSName\" value=\"Linux\"/>\n</topology>\n";
-        let out = without_hostname(xml);
-        assert!(!out.contains("HostName"));
+    fn local_names_removed_only() {
+        let xml = "<?xml a?>\n<topology version=\"2.0\">\n  <info name=\"HostName\" value=\"n1\"/>\n  <info name=\"LinuxCgroup\" value=\"/a/b\"/>\n  <info name=\"OSName\" value=\"Linux\"/>\n</topology>\n";
+        let out = without_local_names(xml);
+        assert!(!out.contains("HostName") && !out.contains("LinuxCgroup"));
         assert!(out.contains("OSName"));
         assert!(complete_xml(&out));
     }

@@ -160,9 +160,9 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         let cmd = match read_frame::<WorkerCmd>(&mut input) {
             Ok(Some(c)) => c,
             Ok(None) => break 0,
-            // The daemon ended without closing the stream first (its process exited with
-            // commands unread, as a one-shot DVM's HNP does): the ordinary end, not an error
-            // to print on the user's terminal.
+            // The daemon ended without closing the stream first (its process exited with this
+            // worker's replies or events unread, as a one-shot DVM's HNP does): the ordinary
+            // end, not an error to print on the user's terminal.
             Err(e) if daemon_gone(&e) => {
                 debug!("PMIx worker: the daemon is gone ({e})");
                 break 0;
@@ -239,7 +239,10 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
                 info!(pid = std::process::id(), "PMIx worker up");
                 WorkerReply { version: PmixServer::version(), pid: std::process::id(), ..Default::default() }
             }
-            Err(e) => failed(e),
+            Err(e) => {
+                super::topo_cache::forget_after_failed_init();
+                failed(e)
+            }
         };
     }
     let Some(s) = server.as_ref() else {
