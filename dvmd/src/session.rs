@@ -216,20 +216,17 @@ pub fn check_private_dir(dir: &Path) -> Result<()> {
     let uid = nix::unistd::getuid().as_raw();
     let mode = meta.mode() & 0o777;
     if !meta.is_dir() {
-        bail!("session directory {} is not a directory (a symlink?); refusing to use it", dir.display());
+        bail!("{} is not a directory (a symlink?); refusing to use it", dir.display());
     }
     if meta.uid() != uid {
         bail!(
-            "session directory {} belongs to uid {}, not to this user ({uid}); refusing to use it",
+            "directory {} belongs to uid {}, not to this user ({uid}); refusing to use it",
             dir.display(),
             meta.uid()
         );
     }
     if mode & 0o077 != 0 {
-        bail!(
-            "session directory {} has mode {mode:o}; it must not be open to group or others (chmod 700)",
-            dir.display()
-        );
+        bail!("directory {} has mode {mode:o}; it must not be open to group or others (chmod 700)", dir.display());
     }
     Ok(())
 }

@@ -99,14 +99,25 @@ fn a_damaged_cache_file_is_rediscovered() {
     dvm.stop();
     let files = xml_files();
     assert_eq!(files.len(), 1, "{files:?}");
+    // Truncated: not even taken for a document; the worker discovers into the cache again.
     std::fs::write(&files[0], "<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n").unwrap();
-
     let dvm = Dvm::start("hwtopo-cache2", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
     assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());
     assert_eq!(server_sources(&dvm), (1, 0), "(cached, discovered)\n{}", dvm.log());
     dvm.stop();
     assert_eq!(xml_files(), files);
     assert!(std::fs::read_to_string(&files[0]).unwrap().trim_end().ends_with("</topology>"), "not rewritten");
+
+    // Broken in the middle (starts and ends like one): libpmix would fail its init on it, and
+    // the job with it. The worker's own load refuses it: the entry is removed and this server
+    // discovers by itself; the job runs, its ranks still adopt the topology.
+    let broken = "<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n<object type=\"Bogus\"\n</topology>\n";
+    std::fs::write(&files[0], broken).unwrap();
+    let dvm = Dvm::start("hwtopo-cache3", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
+    assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());
+    assert_eq!(server_sources(&dvm), (0, 1), "(cached, discovered)\n{}", dvm.log());
+    dvm.stop();
+    assert!(xml_files().is_empty(), "the broken entry was kept");
     // Only the cache is left of both DVMs.
     let left: Vec<_> = std::fs::read_dir(cache.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, ["topology"], "left in the session root: {left:?}");

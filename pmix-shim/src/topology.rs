@@ -20,12 +20,17 @@ type Topology = *mut c_void;
 /// `HWLOC_TYPE_FILTER_KEEP_IMPORTANT` (hwloc 2's `enum hwloc_type_filter_e`).
 const KEEP_IMPORTANT: c_int = 3;
 
+/// `HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM`.
+const IS_THISSYSTEM: c_ulong = 1 << 1;
+
 #[link(name = "hwloc")]
 extern "C" {
     fn hwloc_get_api_version() -> c_uint;
     fn hwloc_topology_init(topology: *mut Topology) -> c_int;
     fn hwloc_topology_load(topology: Topology) -> c_int;
     fn hwloc_topology_set_io_types_filter(topology: Topology, filter: c_int) -> c_int;
+    fn hwloc_topology_set_xml(topology: Topology, xmlpath: *const c_char) -> c_int;
+    fn hwloc_topology_set_flags(topology: Topology, flags: c_ulong) -> c_int;
     fn hwloc_topology_destroy(topology: Topology);
     fn hwloc_topology_export_xmlbuffer(
         topology: Topology,
@@ -73,6 +78,36 @@ pub fn discover_xml() -> Result<String, TopologyError> {
     out
 }
 
+/// Load `path` the way libpmix 4.2.2 loads its `pmix_hwloc_topo_file` (XML, this system's):
+/// whether libpmix could start with it. hwloc's own parse is the only complete check of a file
+/// (a document damaged in its middle still starts and ends like one).
+pub fn load_xml_file(path: &std::path::Path) -> Result<(), TopologyError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| TopologyError::Hwloc { call: "hwloc_topology_set_xml (a NUL in the path)" })?;
+    let mut topo: Topology = std::ptr::null_mut();
+    // SAFETY: init writes a fresh handle into `topo`.
+    if unsafe { hwloc_topology_init(&mut topo) } != 0 || topo.is_null() {
+        return Err(TopologyError::Hwloc { call: "hwloc_topology_init" });
+    }
+    // SAFETY: an initialised, not yet loaded handle and a NUL-terminated path that outlives
+    // the calls.
+    let out = unsafe {
+        if hwloc_topology_set_xml(topo, c_path.as_ptr()) != 0 {
+            Err(TopologyError::Hwloc { call: "hwloc_topology_set_xml" })
+        } else if hwloc_topology_set_flags(topo, IS_THISSYSTEM) != 0 {
+            Err(TopologyError::Hwloc { call: "hwloc_topology_set_flags" })
+        } else if hwloc_topology_load(topo) != 0 {
+            Err(TopologyError::Hwloc { call: "hwloc_topology_load" })
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: `topo` came from a successful init and is not used afterwards.
+    unsafe { hwloc_topology_destroy(topo) };
+    out
+}
+
 fn export(topo: Topology) -> Result<String, TopologyError> {
     // SAFETY: `topo` is an initialised, not yet loaded handle.
     if unsafe { hwloc_topology_set_io_types_filter(topo, KEEP_IMPORTANT) } != 0 {
@@ -108,5 +143,27 @@ mod tests {
         // Every machine has at least one processing unit.
         assert!(xml.contains("type=\"PU\""));
         assert!(hwloc_version() >= 0x20000);
+    }
+
+    #[test]
+    fn loads_what_it_wrote_and_refuses_a_damaged_document() {
+        let dir = std::env::temp_dir().join(format!("dvm-shim-topo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.xml");
+        std::fs::write(&good, discover_xml().unwrap()).unwrap();
+        let loaded = load_xml_file(&good);
+        // Starts and ends like a topology, broken in the middle.
+        let bad = dir.join("bad.xml");
+        std::fs::write(
+            &bad,
+            "<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n<object type=\"Bogus\"\n</topology>\n",
+        )
+        .unwrap();
+        let refused = load_xml_file(&bad);
+        let missing = load_xml_file(&dir.join("missing.xml"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        loaded.expect("the discovered topology loads back");
+        assert!(refused.is_err(), "a damaged document was loaded");
+        assert!(missing.is_err(), "a missing file was loaded");
     }
 }

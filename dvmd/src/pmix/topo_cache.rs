@@ -133,13 +133,22 @@ pub fn prepare_worker() {
             warn!("hwloc left threads running in the PMIx worker; its server discovers the topology itself")
         }
         Ok(file) => {
-            std::env::set_var(TOPO_FILE_VAR, file);
             // Loading XML needs none of hwloc's plugins (its own parser reads it), yet hwloc
             // loads every plugin it finds at its first topology — libxml2 with ICU, X11 and
             // OpenCL libraries: ~3 ms of the ~3.5 ms a load took, none of it for the topology.
             // A directory that never exists (inside our private one) means no plugins here,
             // in the worker only; the ranks load theirs as they always do.
             std::env::set_var(PLUGINS_PATH_VAR, dir.join(NO_PLUGINS));
+            // libpmix fails its init on a file hwloc cannot load (it does not fall back to a
+            // discovery): load it first, as libpmix will.
+            match topology::load_xml_file(&file) {
+                Ok(()) => std::env::set_var(TOPO_FILE_VAR, file),
+                Err(e) => {
+                    warn!(file = %file.display(), "{e}: the cached topology is removed; the PMIx server discovers it itself");
+                    let _ = std::fs::remove_file(&file);
+                    std::env::remove_var(PLUGINS_PATH_VAR);
+                }
+            }
         }
         Err(e) => warn!("{e}; the PMIx server discovers the topology itself"),
     }
@@ -199,21 +208,8 @@ const ENTRY_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn private_dir(dir: &Path) -> Result<(), CacheError> {
     let err = |what: String| CacheError::Dir { dir: dir.to_owned(), what };
-    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) => return Err(err(e.to_string())),
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| err(e.to_string()))?;
-    if !meta.is_dir() {
-        return Err(err("not a directory".into()));
-    }
-    if meta.uid() != nix::unistd::getuid().as_raw() {
-        return Err(err(format!("owned by uid {}, not by this user", meta.uid())));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(err(format!("mode {:o} lets others in (want 0700)", meta.mode() & 0o777)));
-    }
-    Ok(())
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| err(e.to_string()))?;
+    crate::session::check_private_dir(dir).map_err(|e| err(format!("{e:#}")))
 }
 
 /// A complete hwloc v2 document of ours that libpmix can load.
@@ -342,7 +338,7 @@ mod tests {
         std::fs::create_dir_all(&t.0).unwrap();
         std::fs::set_permissions(&t.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         let e = xml_file(&t.0).unwrap_err().to_string();
-        assert!(e.contains("want 0700"), "{e}");
+        assert!(e.contains("has mode 777") && e.contains("chmod 700"), "{e}");
     }
 
     #[test]
