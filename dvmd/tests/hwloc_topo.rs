@@ -45,12 +45,21 @@ fn server_sources(dvm: &Dvm) -> (usize, usize) {
     (count(SERVER_FROM_FILE), count(SERVER_DISCOVERED))
 }
 
-/// The cached topology files of the DVM's user.
-fn cache_files(dvm: &Dvm) -> Vec<std::path::PathBuf> {
-    let dir = dvm.root.join(format!("dvm-{}", unsafe { libc::getuid() })).join("topology");
-    std::fs::read_dir(dir)
+/// This user's topology cache under a `DVM_TMPDIR` root.
+fn cache_dir(root: &std::path::Path) -> std::path::PathBuf {
+    root.join(format!("dvm-{}", nix::unistd::getuid())).join("topology")
+}
+
+/// The cached topology entries under a `DVM_TMPDIR` root.
+fn cache_files_in(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(cache_dir(root))
         .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "xml")).collect())
         .unwrap_or_default()
+}
+
+/// The cached topology entries of the DVM's user.
+fn cache_files(dvm: &Dvm) -> Vec<std::path::PathBuf> {
+    cache_files_in(&dvm.root)
 }
 
 /// Two daemons, four ranks each: every rank adopts its own daemon's shared-memory topology,
@@ -88,11 +97,8 @@ fn a_damaged_cache_file_is_rediscovered() {
     let _gone = RemoveOnDrop(root.clone());
     let tmpdir = root.to_str().unwrap();
     let env = [("OMPI_MCA_pml", "ob1"), ("PMIX_MCA_pmix_hwloc_verbose", "2"), ("DVM_TMPDIR", tmpdir)];
-    let cache = root.join(format!("dvm-{}", unsafe { libc::getuid() })).join("topology");
-    let xml_files = || -> Vec<std::path::PathBuf> {
-        let d = std::fs::read_dir(&cache).unwrap();
-        d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "xml")).collect()
-    };
+    let cache = cache_dir(&root);
+    let xml_files = || cache_files_in(&root);
 
     let dvm = Dvm::start("hwtopo-cache1", Nodes::Local { daemons: 1, slots: 2 }, 2, &env);
     assert_eq!(topology_sources(&dvm, 2), (2, 0, 0), "{}", dvm.log());

@@ -127,3 +127,75 @@ fn frozen_worker_does_not_hold_pterm() {
     });
     assert!(common::session_dirs(&dvm.root).is_empty(), "session dirs left: {}", dvm.log());
 }
+
+/// A daemon that exits with its worker's reply unread (as a one-shot DVM's HNP does) resets
+/// the worker's command stream: the worker ends quietly, exit status 0, and prints nothing on
+/// the terminal the daemon shared with the user (it used to print "command stream broken"
+/// after every one-shot `prun`).
+#[test]
+fn a_worker_whose_daemon_vanished_ends_quietly() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::os::unix::process::CommandExt;
+
+    use dvm_proto::pmixworker::{worker_cmd::Body, DeregisterNspace, WorkerCmd};
+    use prost::Message;
+
+    let (mut cmd_ours, cmd_theirs) = UnixStream::pair().unwrap();
+    let (ev_ours, ev_theirs) = UnixStream::pair().unwrap();
+    let fds = [cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd()];
+    let mut c = std::process::Command::new(common::DVMD);
+    c.arg("--pmix-worker").arg(format!("{},{}", fds[0], fds[1]));
+    c.env("DVM_NO_TOPO_CACHE", "1").env_remove("DVM_LOG").env_remove("RUST_LOG");
+    c.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    // SAFETY: only fcntl between fork and exec, on descriptors this test owns.
+    unsafe {
+        c.pre_exec(move || {
+            for fd in fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut worker = c.spawn().unwrap();
+    drop((cmd_theirs, ev_theirs));
+
+    // A command the worker answers (with an error: it has no server yet).
+    let cmd = WorkerCmd { body: Some(Body::DeregisterNspace(DeregisterNspace { nspace: "x".into() })) };
+    let body = cmd.encode_to_vec();
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    cmd_ours.write_all(&frame).unwrap();
+    // Its reply has arrived once the socket polls readable; it stays unread.
+    let mut pfd = libc::pollfd { fd: cmd_ours.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll on one valid descriptor; the timeout only guards against a hang.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+    assert_eq!(ready, 1, "the worker answered nothing");
+    // The daemon is gone, the reply unread: the worker's next read fails with ECONNRESET.
+    drop((cmd_ours, ev_ours));
+
+    let done = until_exit(&mut worker, Duration::from_secs(60));
+    let mut err = String::new();
+    worker.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(done.code(), Some(0), "worker exit: {done:?}; stderr:\n{err}");
+    assert!(err.trim().is_empty(), "the worker printed on the daemon's terminal:\n{err}");
+}
+
+/// Wait for `child` to exit; the bound only guards against a hang (then it is killed).
+fn until_exit(child: &mut std::process::Child, guard: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + guard;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the worker did not end within {guard:?} of its daemon's end");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
