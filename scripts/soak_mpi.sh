@@ -56,7 +56,7 @@ stop() {
     local left=() all=("${PIDS[@]}") p i
     # The PMIx workers running now must end with their daemons too.
     for p in "${PIDS[@]}"; do
-        mapfile -t -O "${#all[@]}" all < <(pgrep -P "$p" -f -- '--pmix-worker' || true)
+        mapfile -t -O "${#all[@]}" all < <(pgrep -P "$p" -x pmix-worker || true)
     done
     "$B/pterm" --dvm-uri "file:$URI_FILE" >/dev/null || echo "pterm failed" >&2
     URI_FILE=
@@ -99,7 +99,7 @@ sample() { # sample JOB: append to the CSV, print one table row, remember the va
     for p in "${PIDS[@]}"; do
         read -r r h < <(awk '/^VmRSS/{r=$2} /^VmHWM/{h=$2} END{print r, h}' "/proc/$p/status")
         # The daemon's PMIx worker, if one runs now (it is replaced while idle).
-        w=$(pgrep -P "$p" -f -- '--pmix-worker' | head -1 || true)
+        w=$(pgrep -P "$p" -x pmix-worker | head -1 || true)
         wr=0
         if [ -n "$w" ]; then
             wr=$(awk '/^VmRSS/{print $2}' "/proc/$w/status" 2>/dev/null || echo 0)

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{alive, mpi_bin, signal, text as out, until, wait_output, Dvm, Nodes};
+use common::{alive, comm, mpi_bin, signal, text as out, until, wait_output, Dvm, Nodes};
 
 const ENV: [(&str, &str); 1] = [("OMPI_MCA_pml", "ob1")];
 
@@ -23,6 +23,58 @@ fn allreduce_ok(dvm: &Dvm, np: u32) {
 fn started(child: &mut std::process::Child) {
     dvm_tests::wait_for_line(child.stdout.take().unwrap(), "linger started", Duration::from_secs(120))
         .unwrap_or_else(|e| panic!("the MPI job never started: {e}"));
+}
+
+/// The command line of a process (NULs as spaces).
+fn cmdline(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).replace('\0', " ")
+}
+
+/// `--pmix-start eager`: each daemon's first worker is forked at the daemon's start (its
+/// command line is the daemon's), not exec'd as `dvmd --pmix-worker`; the HNP, which forks
+/// nothing ahead, exec's its own. Those forked workers serve MPI jobs, a replacement after a
+/// job is exec'd, and all of them end with the DVM. A lazy DVM forks none ahead.
+#[test]
+fn a_daemons_first_worker_is_forked_at_its_start() {
+    let daemons = 3usize;
+    let dvm = Dvm::start_with_args(
+        "pmixprefork",
+        Nodes::Local { daemons: daemons as u32, slots: 2 },
+        2,
+        &ENV,
+        &["--pmix-start", "eager", "--pmix-recycle-kib", "0"],
+    );
+    until(Duration::from_secs(30), "every daemon running its first PMIx worker", || {
+        (0..daemons).all(|r| dvm.pmix_worker_of(r).is_some())
+    });
+    let first: Vec<u32> = (0..daemons).map(|r| dvm.pmix_worker_of(r).expect("worker")).collect();
+    assert!(cmdline(first[0]).contains("--pmix-worker"), "the HNP's worker: {}", cmdline(first[0]));
+    for (r, &w) in first.iter().enumerate().skip(1) {
+        let cmd = cmdline(w);
+        assert!(
+            cmd.contains("--daemon") && !cmd.contains("--pmix-worker"),
+            "daemon {r}'s first worker was not forked: {cmd}"
+        );
+        assert_eq!(comm(w).as_deref(), Some("pmix-worker"));
+    }
+    allreduce_ok(&dvm, 2 * daemons as u32);
+    // Recycled after the job: the next worker of every daemon is exec'd, and serves as well.
+    until(Duration::from_secs(30), "every daemon replacing its first PMIx worker", || {
+        (0..daemons).all(|r| dvm.pmix_worker_of(r).is_some_and(|w| !first.contains(&w)))
+    });
+    for r in 1..daemons {
+        let w = dvm.pmix_worker_of(r).expect("worker");
+        assert!(cmdline(w).contains("--pmix-worker"), "daemon {r}'s second worker: {}", cmdline(w));
+    }
+    allreduce_ok(&dvm, 2 * daemons as u32);
+    until(Duration::from_secs(10), "the forked workers to end", || first.iter().all(|&p| !alive(p)));
+    assert!(dvm.leftover_procs().is_empty(), "left: {:?}", dvm.leftover_procs());
+    dvm.stop();
+
+    let lazy = Dvm::start("pmixlazy", Nodes::Local { daemons: daemons as u32, slots: 2 }, 2, &ENV);
+    assert!(lazy.pmix_workers().is_empty(), "a lazy DVM started workers: {:?}", lazy.pmix_workers());
+    allreduce_ok(&lazy, 2 * daemons as u32);
+    lazy.stop();
 }
 
 /// `--pmix-recycle-kib 0`: every daemon replaces its worker after every job. Each job must

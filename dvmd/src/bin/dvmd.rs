@@ -57,7 +57,8 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
     /// When each daemon starts its PMIx server: `lazy` with the first job that reaches it (idle
-    /// daemons stay small), `eager` right after boot on a helper thread (a job is coming).
+    /// daemons stay small), `eager` right after boot (a job is coming; each daemon forks its
+    /// worker process as it starts).
     #[arg(long, default_value = "lazy", value_parser = ["lazy", "eager"])]
     pmix_start: String,
     /// A daemon's PMIx server runs in a worker process; once the worker has grown by this many
@@ -163,6 +164,13 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
         }
     };
+    if args.daemon && args.pmix_start == "eager" && daemon_slots(&args).is_some_and(|s| s > 0) {
+        // Its first PMIx worker, forked while this process has one thread and SIGINT/SIGTERM
+        // blocked (a failure only means the worker is started by exec later).
+        if let Err(e) = dvmd::pmix::prefork() {
+            tracing::warn!("cannot fork the PMIx worker ahead: {e}");
+        }
+    }
     if args.daemon || (args.daemonize && !args.daemonized_child) {
         // Daemons keep the default actions; so does the parent that only waits for a
         // daemonized HNP to be ready.
@@ -605,6 +613,16 @@ fn redirect_stderr(path: &std::path::Path) {
         unsafe {
             libc::dup2(f.as_raw_fd(), 2);
         }
+    }
+}
+
+/// The slots a daemon (`--daemon`) hosts, as [`run_daemon`] reads them; None if its
+/// arguments are incomplete (run_daemon says why).
+fn daemon_slots(args: &Args) -> Option<u32> {
+    match (&args.slurm_step_slots, args.rank) {
+        (Some(list), _) => slurm::step_rank_and_slots(list).ok().map(|(_, s)| s),
+        (None, Some(_)) => Some(args.slots),
+        (None, None) => None,
     }
 }
 

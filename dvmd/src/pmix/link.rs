@@ -13,16 +13,19 @@
 
 use std::io::{BufReader, BufWriter};
 use std::os::fd::AsRawFd;
+use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dvm_proto::pmixworker::{self as wire, worker_cmd::Body as Cmd, worker_event::Body as Ev, WorkerCmd, WorkerReply};
+use nix::sys::signal::Signal;
 use pmix_shim::{JobInfo, ProcId, Rank, ServerConfig, Status};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -276,11 +279,148 @@ impl Drop for WorkerReplyHandle {
 /// Channel items: the worker generation an event came from, and the event.
 pub(crate) type EventTx = mpsc::UnboundedSender<(u64, HostEvent)>;
 
+/// A worker's process: started by exec (`dvmd --pmix-worker`), or forked at the daemon's
+/// start ([`prefork`]).
+enum WorkerProc {
+    Spawned(Child),
+    Forked { pid: u32, status: Option<ExitStatus> },
+}
+
+impl WorkerProc {
+    fn id(&self) -> u32 {
+        match self {
+            WorkerProc::Spawned(c) => c.id(),
+            WorkerProc::Forked { pid, .. } => *pid,
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            WorkerProc::Spawned(c) => {
+                let _ = c.kill();
+            }
+            // Never after it was reaped: the pid may be someone else's by then.
+            WorkerProc::Forked { pid, status: None } => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            }
+            WorkerProc::Forked { .. } => {}
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            WorkerProc::Spawned(c) => c.try_wait(),
+            WorkerProc::Forked { pid, status } => {
+                if status.is_none() {
+                    *status = reap(*pid, false)?;
+                }
+                Ok(*status)
+            }
+        }
+    }
+
+    fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            WorkerProc::Spawned(c) => c.wait(),
+            WorkerProc::Forked { pid, status } => {
+                if status.is_none() {
+                    *status = reap(*pid, true)?;
+                }
+                status.ok_or_else(|| std::io::Error::other("waitpid returned no status"))
+            }
+        }
+    }
+}
+
+/// `waitpid` on one child of this process (blocking or not); its status once it has ended.
+fn reap(pid: u32, block: bool) -> std::io::Result<Option<ExitStatus>> {
+    let mut raw = 0;
+    loop {
+        // SAFETY: waitpid on a pid this process forked and has not reaped yet.
+        let r = unsafe { libc::waitpid(pid as i32, &mut raw, if block { 0 } else { libc::WNOHANG }) };
+        match r {
+            0 => return Ok(None),
+            r if r > 0 => return Ok(Some(ExitStatus::from_raw(raw))),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// The worker forked at the daemon's start, not yet taken by [`Worker::spawn`].
+struct Preforked {
+    pid: u32,
+    cmd: UnixStream,
+    ev: UnixStream,
+}
+
+static PREFORKED: Mutex<Option<Preforked>> = Mutex::new(None);
+
+/// Fork the daemon's first PMIx worker now, while the process has a single thread, so that
+/// worker costs a fork instead of an exec of dvmd (loading its libraries and starting it
+/// again: about half of what a worker's start costs). It runs [`super::worker::run`] on its
+/// ends of two socket pairs and waits for its `Init`; [`Worker::spawn`] takes it. Call before
+/// any thread exists (the tokio runtime, a reader thread), with SIGINT/SIGTERM still blocked
+/// (the worker keeps them blocked, as one started by exec does).
+pub fn prefork() -> std::io::Result<()> {
+    let (cmd_ours, cmd_theirs) = UnixStream::pair()?;
+    let (ev_ours, ev_theirs) = UnixStream::pair()?;
+    // SAFETY: single-threaded (the caller's contract), so the child may run any code.
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Child => {
+            drop((cmd_ours, ev_ours));
+            // What the exec'd worker gets: no stdin, no stdout (the daemon's may be the pipe
+            // the secret came on, or srun's); stderr shared with the daemon.
+            if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+                let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+                let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+            }
+            let code = super::worker::run(cmd_theirs.into_raw_fd(), ev_theirs.into_raw_fd());
+            std::process::exit(code.into())
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop((cmd_theirs, ev_theirs));
+            let pid = child.as_raw() as u32;
+            *PREFORKED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Preforked { pid, cmd: cmd_ours, ev: ev_ours });
+            Ok(())
+        }
+    }
+}
+
+/// The preforked worker, if one is waiting and still alive (one that ended is reaped here).
+fn take_preforked() -> Option<Preforked> {
+    let p = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    match reap(p.pid, false) {
+        Ok(None) => Some(p),
+        Ok(Some(st)) => {
+            warn!(pid = p.pid, "the preforked PMIx worker ended before its first job ({st}); starting another");
+            None
+        }
+        Err(e) => {
+            warn!(pid = p.pid, "cannot check the preforked PMIx worker: {e}; starting another");
+            None
+        }
+    }
+}
+
+/// End a preforked worker nobody took (the daemon ends without having needed a server).
+pub(crate) fn discard_preforked() {
+    let Some(p) = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    drop((p.cmd, p.ev));
+    let mut proc = WorkerProc::Forked { pid: p.pid, status: None };
+    proc.kill();
+    let _ = proc.wait();
+}
+
 /// A running worker process.
 pub(crate) struct Worker {
     pub gen: u64,
     link: Arc<WorkerLink>,
-    child: Child,
+    proc: WorkerProc,
     tmpdir: PathBuf,
     /// The `Init` reply is still to be read.
     init_pending: bool,
@@ -304,6 +444,15 @@ impl Worker {
     /// Start a worker and ask it to start its server with `cfg` (the answer is read by
     /// [`Worker::ready`]). Its events arrive on `events`, tagged with `gen`.
     pub fn spawn(cfg: &ServerConfig, gen: u64, events: EventTx) -> Result<Worker, WorkerError> {
+        let (proc, cmd_ours, ev_ours) = match take_preforked() {
+            Some(p) => (WorkerProc::Forked { pid: p.pid, status: None }, p.cmd, p.ev),
+            None => Self::exec()?,
+        };
+        Self::link_up(cfg, gen, events, proc, cmd_ours, ev_ours)
+    }
+
+    /// Start a worker by exec (`dvmd --pmix-worker CMD_FD,EVENT_FD`).
+    fn exec() -> Result<(WorkerProc, UnixStream, UnixStream), WorkerError> {
         let (cmd_ours, cmd_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
         let (ev_ours, ev_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
         let fds = [cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd()];
@@ -328,9 +477,21 @@ impl Worker {
                 Ok(())
             })
         };
-        let mut child = c.spawn().map_err(WorkerError::Spawn)?;
+        let child = c.spawn().map_err(WorkerError::Spawn)?;
         drop((cmd_theirs, ev_theirs));
-        let pid = child.id();
+        Ok((WorkerProc::Spawned(child), cmd_ours, ev_ours))
+    }
+
+    /// The daemon's side of a started worker: its command link, its event thread, its `Init`.
+    fn link_up(
+        cfg: &ServerConfig,
+        gen: u64,
+        events: EventTx,
+        mut proc: WorkerProc,
+        cmd_ours: UnixStream,
+        ev_ours: UnixStream,
+    ) -> Result<Worker, WorkerError> {
+        let pid = proc.id();
         // A worker stuck inside libpmix (or stopped) must not hold the actor for ever: every
         // libpmix call it makes is bounded by the op timeout, so an answer later than that, or
         // a command it does not take in that time, means it is stuck; the link then breaks.
@@ -344,8 +505,8 @@ impl Worker {
             Ok(r) => r,
             Err(e) => {
                 // Nothing this daemon starts is left running.
-                let _ = child.kill();
-                let _ = child.wait();
+                proc.kill();
+                let _ = proc.wait();
                 return Err(WorkerError::Spawn(e));
             }
         };
@@ -356,14 +517,14 @@ impl Worker {
             .name(format!("pmix-worker-{gen}"))
             .spawn(move || read_events(ev_ours, events_link, gen, events));
         if let Err(e) = thread {
-            let _ = child.kill();
-            let _ = child.wait();
+            proc.kill();
+            let _ = proc.wait();
             return Err(WorkerError::Spawn(e));
         }
         let worker = Worker {
             gen,
             link: link.clone(),
-            child,
+            proc,
             tmpdir: cfg.tmpdir.clone(),
             init_pending: true,
             baseline_kib: None,
@@ -464,7 +625,7 @@ impl Worker {
     /// `hurry` set (now or later): kill it at once instead (the daemon itself is ending: nothing
     /// the worker holds matters any more, and the daemon must not outlast its HNP's patience).
     pub fn retire(self, hurry: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-        let Worker { link, mut child, tmpdir, gen, .. } = self;
+        let Worker { link, proc: mut child, tmpdir, gen, .. } = self;
         link.close();
         std::thread::spawn(move || {
             let pid = child.id();
@@ -478,7 +639,7 @@ impl Worker {
                         if late {
                             warn!(pid, gen, "PMIx worker did not end within {WORKER_GRACE:?}; killing it");
                         }
-                        let _ = child.kill();
+                        child.kill();
                         break child.wait().ok();
                     }
                     Err(e) => {

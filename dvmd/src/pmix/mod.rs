@@ -62,6 +62,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::jobmap::Placement;
 pub use events::{event_payload, FROM_DVM};
+pub use link::prefork;
 pub(crate) use link::{EventTx, HostEvent};
 use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
@@ -397,6 +398,7 @@ impl PmixHost {
     /// session directory goes next; the HNP kills a daemon that lingers).
     pub(crate) fn shutdown(&mut self) {
         self.hurry.store(true, std::sync::atomic::Ordering::Relaxed);
+        link::discard_preforked();
         self.retire_worker();
         for h in self.retiring.drain(..) {
             let _ = h.join();

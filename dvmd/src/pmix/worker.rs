@@ -118,6 +118,9 @@ pub fn run(cmd_fd: RawFd, ev_fd: RawFd) -> u8 {
         // SAFETY: setting FD_CLOEXEC on a descriptor this process owns.
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
+    // One name for ps and pgrep however it started (a forked worker's command line is its
+    // daemon's, an exec'd one's `/proc/self/exe --pmix-worker`).
+    let _ = nix::sys::prctl::set_name(c"pmix-worker");
     // Still one thread: what libpmix reads from the environment at init goes there now.
     server_env();
     let replies: Replies = Arc::new(Mutex::new(HashMap::new()));

@@ -49,6 +49,30 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     all
 }
 
+/// A process's name (`/proc/<pid>/comm`), if it is still there.
+pub fn comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|c| c.trim_end().to_string())
+}
+
+/// Every live descendant of the HNP `pid` but the daemons' PMIx workers: an exec'd one
+/// (`dvmd --pmix-worker`) or one a daemon forked at its start (its command line is its
+/// parent's).
+fn daemon_tree(pid: u32) -> Vec<u32> {
+    let cmdline = |p: u32| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+    let parent = |p: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|f| f.parse::<u32>().ok())
+    };
+    descendants(pid)
+        .into_iter()
+        .filter(|&p| {
+            let cmd = cmdline(p);
+            let forked = parent(p).is_some_and(|pp| cmdline(pp) == cmd);
+            !forked && !String::from_utf8_lossy(&cmd).contains("--pmix-worker")
+        })
+        .collect()
+}
+
 /// Pids of every live process whose command line contains `needle`.
 pub fn procs_with(needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
@@ -163,7 +187,7 @@ impl Dvm {
                 panic!("dvmd did not start: {e}\n{log}");
             }
         };
-        let pids = std::iter::once(hnp.id()).chain(descendants(hnp.id())).collect();
+        let pids = std::iter::once(hnp.id()).chain(daemon_tree(hnp.id())).collect();
         Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster, _stdout: stdout }
     }
 
@@ -254,10 +278,10 @@ impl Dvm {
         children_of(d).into_iter().filter(|&c| !self.pids.contains(&c) && self.is_worker(c)).collect()
     }
 
-    /// The PMIx worker daemon `rank` runs now, if any (one that has started as a worker).
+    /// The PMIx worker daemon `rank` runs now, if any (one that has started as a worker: it
+    /// names itself `pmix-worker`, forked or exec'd).
     pub fn pmix_worker_of(&self, rank: usize) -> Option<u32> {
-        let workers = procs_with("--pmix-worker");
-        self.workers_of(rank).into_iter().find(|p| workers.contains(p))
+        self.workers_of(rank).into_iter().find(|&p| comm(p).as_deref() == Some("pmix-worker"))
     }
 
     /// pterm; then no daemon, no PMIx worker and no session directory may remain.
