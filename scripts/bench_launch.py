@@ -385,12 +385,12 @@ def outer():
     machine.append(f"loadavg at end: {' '.join(open('/proc/loadavg').read().split()[:3])}; "
                    f"wall time {time.time() - t_start:.0f} s")
     leftover = []
-    for pid in subprocess.run(["pgrep", "-x", "dvmd|orted|prun"], capture_output=True, text=True).stdout.split():
+    for pid in subprocess.run(["pgrep", "-x", "dvmd|pmix-worker|orted|prun"], capture_output=True, text=True).stdout.split():
         try:
             leftover.append(f"{pid} {os.readlink(f'/proc/{pid}/exe')}")
         except OSError:
             pass
-    machine.append(f"dvmd/orted/prun processes on the machine after the run (any owner): {leftover or 'none'}")
+    machine.append(f"dvmd/pmix-worker/orted/prun processes on the machine after the run (any owner): {leftover or 'none'}")
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(all_rows[0]))
         w.writeheader()

@@ -162,12 +162,12 @@ sl_verify_clean() {
   ds_say "nothing left behind: no container or network labelled $SL_LABEL (the images stay as a cache)"
 }
 
-# Every dvmd, srun and test program still running in any container, one line each.
+# Every dvmd (and PMIx worker), srun and test program still running in any container, one line each.
 sl_leftovers() {
   local c
   for c in $(sl_containers); do
     docker exec "$c" ps -eo pid,comm,args --no-headers 2>/dev/null \
-      | awk -v c="${c##*-}" '$2=="dvmd" || $2=="srun" || $3 ~ /^\/opt\/dvm\/mpi\// { print c ": " $0 }'
+      | awk -v c="${c##*-}" '$2=="dvmd" || $2=="pmix-worker" || $2=="srun" || $3 ~ /^\/opt\/dvm\/mpi\// { print c ": " $0 }'
   done
 }
 
@@ -177,7 +177,7 @@ sl_wait_clean() {
   while :; do
     left=$(sl_leftovers)
     jobs=$(sl_ctl "squeue -h -o '%i %T'" || true)
-    [ -z "$left" ] && [ -z "$jobs" ] && { ds_say "$what: no dvmd, srun or rank left in any container, no job in squeue ($((SECONDS - t0)) s)"; return 0; }
+    [ -z "$left" ] && [ -z "$jobs" ] && { ds_say "$what: no dvmd, PMIx worker, srun or rank left in any container, no job in squeue ($((SECONDS - t0)) s)"; return 0; }
     if [ $((SECONDS - t0)) -ge "$limit" ]; then
       ds_die "$what: after $limit s still running: ${left:-nothing}${jobs:+; squeue: $jobs}"
     fi
