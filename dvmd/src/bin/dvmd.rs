@@ -589,7 +589,9 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
         } else if now >= deadline + Duration::from_secs(2) {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // A one-shot prun waits for this: its srun step (or launch agents) ending is noticed
+        // within a millisecond.
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

@@ -363,7 +363,7 @@ static PREFORKED: Mutex<Option<Preforked>> = Mutex::new(None);
 /// Fork the daemon's first PMIx worker now, while the process has a single thread, so that
 /// worker costs a fork instead of an exec of dvmd (loading its libraries and starting it
 /// again: about half of what a worker's start costs). It runs [`super::worker::run`] on its
-/// ends of two socket pairs and waits for its `Init`; [`Worker::spawn`] takes it. Call before
+/// ends of two socket pairs and waits for its `Init`; `Worker::spawn` takes it. Call before
 /// any thread exists (the tokio runtime, a reader thread), with SIGINT/SIGTERM still blocked
 /// (the worker keeps them blocked, as one started by exec does).
 pub fn prefork() -> std::io::Result<()> {
