@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{alive, comm, mpi_bin, signal, text as out, until, wait_output, Dvm, Nodes};
+use common::{alive, comm, mpi_bin, signal, text as out, until, wait_output, Dvm, Nodes, DVMD};
 
 const ENV: [(&str, &str); 1] = [("OMPI_MCA_pml", "ob1")];
 
@@ -75,6 +75,44 @@ fn a_daemons_first_worker_is_forked_at_its_start() {
     assert!(lazy.pmix_workers().is_empty(), "a lazy DVM started workers: {:?}", lazy.pmix_workers());
     allreduce_ok(&lazy, 2 * daemons as u32);
     lazy.stop();
+}
+
+/// A daemon that fails before it needs a server (here: a malformed secret) ends the worker it
+/// forked at its start, killed and reaped, instead of leaving it to be adopted (a zombie under
+/// an init that does not reap). This process is made the subreaper: a worker the daemon left
+/// would be this process's child the moment the daemon has exited.
+#[test]
+fn a_daemon_failing_at_start_leaves_no_forked_worker() {
+    // SAFETY: prctl on this process only.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) }, 0);
+    let o = std::process::Command::new(DVMD)
+        .args(["--daemon", "--rank", "1", "--size", "2", "--hnp", "127.0.0.1:1", "--slots", "1"])
+        .args(["--pmix-start", "eager"])
+        .env("DVM_SECRET", "zz")
+        .env("DVM_LOG", "dvmd=debug")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (_, err) = out(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("DVM_SECRET"), "{err}");
+    let forked: i32 = err
+        .lines()
+        .find(|l| l.contains("PMIx worker forked ahead"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the daemon forked no worker ahead: {err}"));
+    // Our child now (alive or a zombie) only if the daemon left it: then end and reap it.
+    // SAFETY: waitpid/kill on a pid that is this process's child when the call succeeds.
+    let adopted = unsafe { libc::waitpid(forked, std::ptr::null_mut(), libc::WNOHANG) } != -1;
+    if adopted {
+        unsafe {
+            libc::kill(forked, libc::SIGKILL);
+            libc::waitpid(forked, std::ptr::null_mut(), 0);
+        }
+    }
+    assert!(!adopted, "the daemon left its forked worker {forked} behind");
 }
 
 /// `--pmix-recycle-kib 0`: every daemon replaces its worker after every job. Each job must

@@ -189,6 +189,8 @@ fn main() -> ExitCode {
     // heartbeats (a stalled daemon looks dead to its neighbours).
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     let result = if args.daemon { rt.block_on(run_daemon(args)) } else { rt.block_on(run_hnp(args)) };
+    // A worker forked ahead for a daemon that failed before needing it.
+    dvmd::pmix::discard_preforked();
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -385,6 +385,7 @@ pub fn prefork() -> std::io::Result<()> {
         nix::unistd::ForkResult::Parent { child } => {
             drop((cmd_theirs, ev_theirs));
             let pid = child.as_raw() as u32;
+            debug!(pid, "PMIx worker forked ahead");
             *PREFORKED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Preforked { pid, cmd: cmd_ours, ev: ev_ours });
             Ok(())
         }
@@ -407,8 +408,9 @@ fn take_preforked() -> Option<Preforked> {
     }
 }
 
-/// End a preforked worker nobody took (the daemon ends without having needed a server).
-pub(crate) fn discard_preforked() {
+/// End a preforked worker nobody took (the daemon ends without having needed a server, or
+/// failed before it could): killed and reaped here, not left to whoever adopts it.
+pub fn discard_preforked() {
     let Some(p) = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     drop((p.cmd, p.ev));
     let mut proc = WorkerProc::Forked { pid: p.pid, status: None };

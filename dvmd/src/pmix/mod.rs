@@ -62,7 +62,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::jobmap::Placement;
 pub use events::{event_payload, FROM_DVM};
-pub use link::prefork;
+pub use link::{discard_preforked, prefork};
 pub(crate) use link::{EventTx, HostEvent};
 use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
