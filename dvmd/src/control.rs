@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use dvm_proto::control::control_client::ControlClient;
 use dvm_proto::control::control_server::{Control, ControlServer};
 use dvm_proto::control::*;
@@ -215,6 +215,18 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(uri: DvmUri) -> Result<Client> {
+        // A URI kept from an earlier DVM (a `--report-uri` file, say): say so, not which path
+        // could not be read.
+        if std::fs::symlink_metadata(&uri.session).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            bail!(
+                "no DVM runs at {uri}: its session directory {} is gone (that DVM ended, or was stopped \
+                 with pterm)",
+                uri.session.display()
+            );
+        }
+        if let Some(pid) = uri.hnp_pid().filter(|&p| crate::session::process_gone(p)) {
+            bail!("no DVM runs at {uri}: its head process (dvmd, pid {pid}) has ended");
+        }
         crate::session::check_private_dir(&uri.session)?;
         let secret =
             DvmSecret::read_file(&uri.secret_path()).with_context(|| format!("cannot read the DVM secret of {uri}"))?;

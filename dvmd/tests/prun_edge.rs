@@ -284,6 +284,40 @@ fn assert_names_the_head(err: &str, hnp: u32, st: ExitStatus) {
     }
 }
 
+/// A URI kept from a DVM that has since ended (a `--report-uri` file reused): prun and pterm
+/// say no DVM runs there, in one sentence naming the URI, and exit 1; also when the head
+/// process was killed and left its session directory.
+#[test]
+fn a_uri_of_a_dvm_that_ended_is_refused_in_one_sentence() {
+    let dvm = Dvm::start("edge-gone", Nodes::Local { daemons: 2, slots: 1 }, 2, &[]);
+    let kept = std::env::temp_dir().join(format!("dvm-edge-gone-{}.uri", std::process::id()));
+    std::fs::copy(dvm.uri.trim_start_matches("file:"), &kept).unwrap();
+    let uri = format!("file:{}", kept.display());
+    let refused = |what: &str, cmd: &mut Command| -> String {
+        let o = cmd.env("DVM_TMPDIR", &dvm.root).stdin(Stdio::null()).output().unwrap();
+        let err = text(&o).1;
+        assert_eq!(o.status.code(), Some(1), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{what}: one sentence expected: {err}");
+        assert!(err.contains("no DVM runs at dvm://"), "{what}: {err}");
+        err
+    };
+    let hnp = dvm.pids[0];
+    // The head process killed: its session directory is still there.
+    signal(hnp, libc::SIGKILL);
+    assert!(wait_until(20, || !alive(hnp)), "the HNP did not die");
+    let err = refused("prun, head killed", Command::new(PRUN).args(["--dvm-uri", &uri, "-n", "1", "true"]));
+    assert!(err.contains(&format!("head process (dvmd, pid {hnp}) has ended")), "{err}");
+    // Once its session directory is gone too (as after pterm).
+    assert!(wait_until(20, || dvm.pids.iter().all(|&p| !alive(p))), "daemons outlived the HNP");
+    for d in session_dirs(&dvm.root) {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let err = refused("prun, session gone", Command::new(PRUN).args(["--dvm-uri", &uri, "-n", "1", "true"]));
+    assert!(err.contains("session directory") && err.contains("is gone"), "{err}");
+    refused("pterm, session gone", Command::new(PTERM).args(["--dvm-uri", &uri]));
+    let _ = std::fs::remove_file(&kept);
+}
+
 #[test]
 fn the_head_process_killed_during_a_job_on_a_persistent_dvm_is_named_in_one_sentence() {
     let dvm = Dvm::start("edge-hnp", Nodes::Local { daemons: 3, slots: 2 }, 2, &[]);
