@@ -290,7 +290,8 @@ fn assert_names_the_head(err: &str, hnp: u32, st: ExitStatus) {
 #[test]
 fn a_uri_of_a_dvm_that_ended_is_refused_in_one_sentence() {
     let dvm = Dvm::start("edge-gone", Nodes::Local { daemons: 2, slots: 1 }, 2, &[]);
-    let kept = std::env::temp_dir().join(format!("dvm-edge-gone-{}.uri", std::process::id()));
+    // In the test's root: removed with it, even when an assertion fails.
+    let kept = dvm.root.join("kept.uri");
     std::fs::copy(dvm.uri.trim_start_matches("file:"), &kept).unwrap();
     let uri = format!("file:{}", kept.display());
     let refused = |what: &str, cmd: &mut Command| -> String {
@@ -315,7 +316,6 @@ fn a_uri_of_a_dvm_that_ended_is_refused_in_one_sentence() {
     let err = refused("prun, session gone", Command::new(PRUN).args(["--dvm-uri", &uri, "-n", "1", "true"]));
     assert!(err.contains("session directory") && err.contains("is gone"), "{err}");
     refused("pterm, session gone", Command::new(PTERM).args(["--dvm-uri", &uri]));
-    let _ = std::fs::remove_file(&kept);
 }
 
 #[test]
