@@ -227,29 +227,16 @@ fn a_worker_whose_daemon_vanished_ends_quietly() {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
-    use std::os::unix::process::CommandExt;
 
     use dvm_proto::pmixworker::{worker_cmd::Body, DeregisterNspace, WorkerCmd};
     use prost::Message;
 
     let (mut cmd_ours, cmd_theirs) = UnixStream::pair().unwrap();
     let (ev_ours, ev_theirs) = UnixStream::pair().unwrap();
-    let fds = [cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd()];
-    let mut c = std::process::Command::new(common::DVMD);
-    c.arg("--pmix-worker").arg(format!("{},{}", fds[0], fds[1]));
+    let mut c =
+        dvmd::pmix::worker::command(std::path::Path::new(common::DVMD), cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd());
     c.env("DVM_NO_TOPO_CACHE", "1").env_remove("DVM_LOG").env_remove("RUST_LOG");
-    c.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
-    // SAFETY: only fcntl between fork and exec, on descriptors this test owns.
-    unsafe {
-        c.pre_exec(move || {
-            for fd in fds {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    c.stderr(std::process::Stdio::piped());
     let mut worker = c.spawn().unwrap();
     drop((cmd_theirs, ev_theirs));
 

@@ -15,10 +15,9 @@ use std::io::{BufReader, BufWriter};
 use std::os::fd::AsRawFd;
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -457,28 +456,15 @@ impl Worker {
     fn exec() -> Result<(WorkerProc, UnixStream, UnixStream), WorkerError> {
         let (cmd_ours, cmd_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
         let (ev_ours, ev_theirs) = UnixStream::pair().map_err(WorkerError::Spawn)?;
-        let fds = [cmd_theirs.as_raw_fd(), ev_theirs.as_raw_fd()];
-        let mut c = Command::new("/proc/self/exe");
-        c.arg("--pmix-worker").arg(format!("{},{}", fds[0], fds[1]));
-        c.stdin(Stdio::null()).stdout(Stdio::null());
-        // SAFETY: between fork and exec only an async-signal-safe call (fcntl).
-        //
         // The worker stays in its daemon's process group, so whatever kills the DVM's group
         // (a one-shot `prun` tearing its DVM down) kills the worker too, before the session
         // directories are swept; it holds SIGINT/SIGTERM blocked from dvmd's first
         // instruction, so a terminal's Ctrl-C reaches the daemon, which ends it in order.
-        unsafe {
-            c.pre_exec(move || {
-                for fd in fds {
-                    // The worker's two sockets survive the exec; every other descriptor keeps
-                    // its close-on-exec flag.
-                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            })
-        };
+        let mut c = super::worker::command(
+            std::path::Path::new("/proc/self/exe"),
+            cmd_theirs.as_raw_fd(),
+            ev_theirs.as_raw_fd(),
+        );
         let child = c.spawn().map_err(WorkerError::Spawn)?;
         drop((cmd_theirs, ev_theirs));
         Ok((WorkerProc::Spawned(child), cmd_ours, ev_ours))

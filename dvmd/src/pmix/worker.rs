@@ -91,7 +91,29 @@ impl Pending {
 
 type Replies = Arc<Mutex<HashMap<u64, Pending>>>;
 
-/// Parse `CMD_FD,EVENT_FD` as passed on the worker's command line.
+/// The command that starts a worker by exec: `program --pmix-worker CMD_FD,EVENT_FD`, the two
+/// descriptors kept open across the exec (every other keeps its close-on-exec flag), no stdin,
+/// no stdout; stderr and the process group are the caller's. `program` is dvmd.
+pub fn command(program: &std::path::Path, cmd_fd: RawFd, ev_fd: RawFd) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = std::process::Command::new(program);
+    c.arg("--pmix-worker").arg(format!("{cmd_fd},{ev_fd}"));
+    c.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+    // SAFETY: between fork and exec only an async-signal-safe call (fcntl).
+    unsafe {
+        c.pre_exec(move || {
+            for fd in [cmd_fd, ev_fd] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
+    };
+    c
+}
+
+/// Parse `CMD_FD,EVENT_FD` as passed on the worker's command line ([`command`]'s inverse).
 pub fn parse_fds(arg: &str) -> Option<(RawFd, RawFd)> {
     let (a, b) = arg.split_once(',')?;
     let (a, b): (RawFd, RawFd) = (a.parse().ok()?, b.parse().ok()?);
