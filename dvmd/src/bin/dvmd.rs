@@ -164,11 +164,13 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
         }
     };
-    if args.daemon && args.pmix_start == "eager" && daemon_slots(&args).is_some_and(|s| s > 0) {
-        // Its first PMIx worker, forked while this process has one thread and SIGINT/SIGTERM
-        // blocked (a failure only means the worker is started by exec later).
-        if let Err(e) = dvmd::pmix::prefork() {
-            tracing::warn!("cannot fork the PMIx worker ahead: {e}");
+    if let Some((rank, slots, _)) = args.daemon.then(|| daemon_identity(&args).ok()).flatten() {
+        if eager_pmix(&args, slots) {
+            // Its first PMIx worker, forked while this process has one thread and SIGINT/SIGTERM
+            // blocked (a failure only means the worker is started by exec later).
+            if let Err(e) = dvmd::pmix::prefork() {
+                tracing::warn!("daemon {rank}: cannot fork its PMIx worker ahead ({e}); it starts one by exec");
+            }
         }
     }
     if args.daemon || (args.daemonize && !args.daemonized_child) {
@@ -605,9 +607,15 @@ fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots
     daemon.set_session_dir(session);
     daemon
         .set_pmix_settings(dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib });
-    if args.pmix_start == "eager" && slots > 0 {
+    if eager_pmix(args, slots) {
         daemon.start_pmix_background();
     }
+}
+
+/// Whether a daemon with `slots` starts its PMIx server at boot (and, not the HNP, forks its
+/// worker as it starts): `--pmix-start eager`, and a slot a job could use.
+fn eager_pmix(args: &Args, slots: u32) -> bool {
+    args.pmix_start == "eager" && slots > 0
 }
 
 fn redirect_stderr(path: &std::path::Path) {
@@ -620,25 +628,21 @@ fn redirect_stderr(path: &std::path::Path) {
     }
 }
 
-/// The slots a daemon (`--daemon`) hosts, as [`run_daemon`] reads them; None if its
-/// arguments are incomplete (run_daemon says why).
-fn daemon_slots(args: &Args) -> Option<u32> {
+/// A daemon's (`--daemon`) rank, slots and, under Slurm, its node's name: from its srun step
+/// or from the arguments the HNP passed.
+fn daemon_identity(args: &Args) -> Result<(Rank, u32, Option<String>)> {
     match (&args.slurm_step_slots, args.rank) {
-        (Some(list), _) => slurm::step_rank_and_slots(list).ok().map(|(_, s)| s),
-        (None, Some(_)) => Some(args.slots),
-        (None, None) => None,
+        (Some(list), _) => {
+            let (rank, slots) = slurm::step_rank_and_slots(list).map_err(|e| anyhow!("dvmd --daemon: {e}"))?;
+            Ok((rank, slots, Some(slurm::own_node_name())))
+        }
+        (None, Some(rank)) => Ok((rank, args.slots, None)),
+        (None, None) => bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)"),
     }
 }
 
 async fn run_daemon(args: Args) -> Result<ExitCode> {
-    let (rank, slots, slurm_name) = match (&args.slurm_step_slots, args.rank) {
-        (Some(list), _) => {
-            let (rank, slots) = slurm::step_rank_and_slots(list).map_err(|e| anyhow!("dvmd --daemon: {e}"))?;
-            (rank, slots, Some(slurm::own_node_name()))
-        }
-        (None, Some(rank)) => (rank, args.slots, None),
-        (None, None) => bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)"),
-    };
+    let (rank, slots, slurm_name) = daemon_identity(&args)?;
     let (Some(size), Some(hnp)) = (args.size, args.hnp) else {
         bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)");
     };

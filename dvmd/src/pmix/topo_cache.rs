@@ -93,7 +93,9 @@ pub fn xml_file(dir: &Path) -> Result<PathBuf, CacheError> {
         .mode(0o600)
         .open(&lock_path)
         .map_err(|source| CacheError::Io { file: lock_path.clone(), source })?;
-    let _locked = lock_exclusive(&lock, LOCK_WAIT);
+    if !lock_exclusive(&lock, LOCK_WAIT) {
+        debug!(lock = %lock_path.display(), "discovering without the cache lock (busy for {LOCK_WAIT:?}, or no flock here)");
+    }
     // Another worker may have written it while this one waited (or gave up waiting).
     if usable(&file) {
         debug!(file = %file.display(), "topology from the cache (written by another worker)");
