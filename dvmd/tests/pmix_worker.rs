@@ -77,6 +77,33 @@ fn a_daemons_first_worker_is_forked_at_its_start() {
     lazy.stop();
 }
 
+/// A daemon killed outright (SIGKILL: no shutdown of its own) takes the worker it forked at
+/// its start with it: the worker's command stream ends and it exits.
+#[test]
+fn a_killed_daemons_forked_worker_ends() {
+    let dvm = Dvm::start_with_args(
+        "pmixforkkill",
+        Nodes::Local { daemons: 2, slots: 1 },
+        2,
+        &ENV,
+        &["--pmix-start", "eager"],
+    );
+    until(Duration::from_secs(30), "daemon 1 running its first PMIx worker", || dvm.pmix_worker_of(1).is_some());
+    let w = dvm.pmix_worker_of(1).expect("worker");
+    assert!(!cmdline(w).contains("--pmix-worker"), "daemon 1's worker was not forked: {}", cmdline(w));
+    signal(dvm.pids[1], libc::SIGKILL);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while alive(w) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lingered = alive(w);
+    if lingered {
+        // Adopted elsewhere once its daemon died: the test ends it itself.
+        signal(w, libc::SIGKILL);
+    }
+    assert!(!lingered, "the killed daemon's forked worker {w} was still running 30 s later");
+}
+
 /// A daemon that fails before it needs a server (here: a malformed secret) ends the worker it
 /// forked at its start, killed and reaped, instead of leaving it to be adopted (a zombie under
 /// an init that does not reap). This process is made the subreaper: a worker the daemon left
