@@ -382,8 +382,10 @@ impl Daemon {
             tags::LAUNCH => self.on_launch_map(payload),
             tags::JOB_CONTROL => self.on_job_control_xcast(payload),
             tags::TERMINATE => {
-                // Every local process ends with the DVM, at once.
+                // Every local process ends with the DVM, at once, and so does the PMIx worker
+                // (no job will use it), while the TERMINATE's acknowledgements roll up.
                 self.odls.kill_all();
+                self.pmix.end_now();
             }
             dtags::PMIX_EVENT => self.pmix.deliver_event(payload),
             dtags::TREE_QUERY => {

@@ -175,6 +175,44 @@ async fn fds_above_stderr_are_closed_and_the_proc_leads_its_own_group() {
     assert_eq!(lines.next(), None, "extra output: {out}");
 }
 
+/// A proc starts with no signal blocked, ignored or caught, whatever the starting thread had:
+/// here it blocks SIGUSR2, ignores SIGPIPE (as every Rust program does) and SIGHUP, and catches
+/// SIGUSR1 while the proc is started (the child runs in the daemon's memory until exec, so a
+/// handler left in place could run there). `cat` itself installs no handler.
+#[tokio::test(flavor = "current_thread")]
+async fn a_proc_starts_with_default_signal_dispositions_and_nothing_blocked() {
+    extern "C" fn on_usr1(_: libc::c_int) {}
+    let mut h = Harness::new(4096);
+    // SAFETY: signal dispositions and this thread's mask, restored below.
+    let (old_mask, old_hup, old_usr1) = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        let hup = libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        let usr1 = libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
+        (old, hup, usr1)
+    };
+    let p = h.run(spec(1, 0, &["cat", "/proc/self/status"])).await;
+    // SAFETY: restoring what was saved above.
+    unsafe {
+        libc::signal(libc::SIGHUP, old_hup);
+        libc::signal(libc::SIGUSR1, old_usr1);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
+    }
+    let out = p.stdout();
+    let sig: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("SigBlk:") || l.starts_with("SigIgn:") || l.starts_with("SigCgt:"))
+        .collect();
+    let zero = "0000000000000000";
+    assert_eq!(
+        sig,
+        [format!("SigBlk:\t{zero}"), format!("SigIgn:\t{zero}"), format!("SigCgt:\t{zero}")],
+        "the proc's signal state"
+    );
+}
 /// PR_SET_PDEATHSIG: the proc is killed when the thread that forked it exits. No kill_all and
 /// no drop here (the Odls is leaked), so only the kernel can deliver that SIGKILL.
 #[test]

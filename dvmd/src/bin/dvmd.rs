@@ -605,11 +605,15 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
 /// unless spawned there later, and a server would only take CPU from the boot.
 fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
     daemon.set_session_dir(session);
-    daemon
-        .set_pmix_settings(dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib });
+    daemon.set_pmix_settings(pmix_settings(session, args));
     if eager_pmix(args, slots) {
         daemon.start_pmix_background();
     }
+}
+
+/// Where a daemon's PMIx workers keep their files, and when one is replaced.
+fn pmix_settings(session: &std::path::Path, args: &Args) -> dvmd::pmix::PmixSettings {
+    dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib }
 }
 
 /// Whether a daemon with `slots` starts its PMIx server at boot (and, not the HNP, forks its
@@ -646,24 +650,45 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     let (Some(size), Some(hnp)) = (args.size, args.hnp) else {
         bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)");
     };
-    let secret = match std::env::var("DVM_SECRET") {
-        Ok(hex) => DvmSecret::from_hex(&hex).context("DVM_SECRET")?,
-        Err(_) => {
-            // The HNP writes the secret right after starting this process, so it is waiting in
-            // the pipe; if it is not there in time the HNP died before writing it, and this
-            // daemon must not linger (its stdin may never see end-of-file).
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let mut line = String::new();
-                let _ = tx.send(std::io::stdin().read_line(&mut line).map(|_| line));
-            });
-            let line = match rx.recv_timeout(SECRET_WAIT) {
-                Ok(r) => r.context("cannot read the DVM secret from stdin")?,
-                Err(_) => {
-                    bail!("no DVM secret on stdin within {SECRET_WAIT:?}: the HNP that started this daemon is gone")
-                }
-            };
-            DvmSecret::from_hex(line.trim()).context("the DVM secret on stdin")?
+    // The HNP writes the secret right after starting this process, but an srun step passes its
+    // stdin on only once every task has started: the read waits in a thread while this daemon
+    // prepares what needs no secret (its session directory, its PMIx server).
+    let secret_line = std::env::var("DVM_SECRET").is_err().then(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = tx.send(std::io::stdin().read_line(&mut line).map(|_| line));
+        });
+        rx
+    });
+    let host =
+        args.host_label.clone().or(slurm_name).unwrap_or_else(|| {
+            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
+        });
+    let mut session = Session::create(&format!("dvmd-r{rank}"))?;
+    if eager_pmix(&args, slots) {
+        dvmd::pmix::start_preforked(&pmix_settings(session.dir(), &args), &host);
+    }
+    let secret = match secret_line {
+        None => DvmSecret::from_hex(&std::env::var("DVM_SECRET").unwrap_or_default()).context("DVM_SECRET"),
+        // If the secret is not there in time the HNP died before writing it, and this daemon
+        // must not linger (its stdin may never see end-of-file).
+        Some(rx) => match rx.recv_timeout(SECRET_WAIT) {
+            Ok(r) => r
+                .context("cannot read the DVM secret from stdin")
+                .and_then(|l| DvmSecret::from_hex(l.trim()).context("the DVM secret on stdin")),
+            Err(_) => {
+                Err(anyhow!("no DVM secret on stdin within {SECRET_WAIT:?}: the HNP that started this daemon is gone"))
+            }
+        },
+    };
+    let secret = match secret {
+        Ok(s) => s,
+        Err(e) => {
+            // The worker goes before its directory does.
+            dvmd::pmix::discard_preforked();
+            session.remove();
+            return Err(e);
         }
     };
     let topo = Topology::new(rank, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
@@ -673,12 +698,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     } else {
         bind
     };
-    let host =
-        args.host_label.clone().or(slurm_name).unwrap_or_else(|| {
-            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
-        });
     let epoch = dvmd::daemon::new_epoch();
-    let mut session = Session::create(&format!("dvmd-r{rank}"))?;
     let (transport, events) = Transport::bind(transport_config(&args, rank, epoch, SocketAddr::new(bind, 0), secret))
         .await
         .with_context(|| format!("daemon {rank} on host {host}: cannot listen on {bind}"))?;

@@ -1,14 +1,14 @@
-//! fork/exec of one proc: resolve the executable, check the working directory, and start the
-//! child in its own process group with PDEATHSIG set and every inherited fd >= 3 closed.
+//! Starting one proc: resolve the executable, check the working directory, and start the
+//! child (vfork-style) in its own process group with PDEATHSIG set and every inherited fd >= 3
+//! closed.
 //! Every failure is returned as the tail of a one-sentence reason ("executable './a.out' not
 //! found"); the caller prefixes node, job and rank.
 
-use std::ffi::OsStr;
+use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use nix::unistd::{access, AccessFlags};
 
@@ -25,68 +25,231 @@ pub(super) struct Launched {
     pub stderr: OwnedFd,
 }
 
-/// Start `spec` or say why not. Returns once the child has exec'd (std's CLOEXEC error pipe),
-/// so exec and chdir failures are reported here, never as an exit status.
+/// Start `spec` or say why not. Returns once the child has exec'd, so exec and chdir failures
+/// are reported here, never as an exit status.
+///
+/// The child is started with `clone(CLONE_VM | CLONE_VFORK)`, as glibc's `posix_spawn` does:
+/// it runs on its own stack in the daemon's memory until it execs, so starting a proc costs
+/// neither a copy of the daemon's page tables nor the copy-on-write faults a fork leaves the
+/// daemon with afterwards. (`posix_spawn` itself cannot set `PR_SET_PDEATHSIG`.)
 pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
     let argv0 = spec.argv.first().filter(|a| !a.is_empty()).ok_or("the command line is empty")?;
     let wdir = checked_wdir(&spec.wdir)?;
     let program = resolve(argv0, &spec.env, &wdir)?;
-
-    let mut cmd = Command::new(&program);
-    cmd.arg0(argv0)
-        .args(&spec.argv[1..])
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))))
-        .current_dir(&wdir)
-        .stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // setpgid(0, 0) in the child: the daemon signals the whole group.
-        .process_group(0);
-    let parent = std::process::id() as libc::pid_t;
-    let fd_limit = fd_limit();
-    // SAFETY: `child_setup` only makes raw syscalls (async-signal-safe, no allocation).
-    unsafe { cmd.pre_exec(move || child_setup(parent, fd_limit)) };
-
-    let mut child = cmd.spawn().map_err(|e| exec_error(&e, argv0, &program))?;
-    let pid = child.id() as i32;
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let stdout = OwnedFd::from(child.stdout.take().expect("stdout is piped"));
-    let stderr = OwnedFd::from(child.stderr.take().expect("stderr is piped"));
-    // Dropping std's Child neither waits nor kills: the caller reaps `pid`.
-    drop(child);
-    Ok(Launched { pid, stdin, stdout, stderr })
+    let image = Image::new(spec, &program, &wdir)?;
+    let pipe = |what: &str| pipe_cloexec().map_err(|e| format!("cannot create the {what} pipe: {e}"));
+    let (stdin_child, stdin_ours) = if spec.stdin {
+        let (r, w) = pipe("stdin")?;
+        (r, Some(w))
+    } else {
+        let null = std::fs::File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+        (OwnedFd::from(null), None)
+    };
+    let (stdout, stdout_child) = pipe("stdout")?;
+    let (stderr, stderr_child) = pipe("stderr")?;
+    let mut args = ChildArgs {
+        image: &image,
+        stdio: [stdin_child.as_raw_fd(), stdout_child.as_raw_fd(), stderr_child.as_raw_fd()],
+        parent: std::process::id() as libc::pid_t,
+        fd_limit: fd_limit(),
+        failed: (0, 0),
+    };
+    let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot start a process: {e}"))?;
+    let (stage, errno) = args.failed;
+    if stage != 0 {
+        // The child exited without exec'ing (it wrote why first): reap it here.
+        // SAFETY: waitpid on our own child, which has exited.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        let e = io::Error::from_raw_os_error(errno);
+        return Err(match stage {
+            STAGE_CHDIR => format!("working directory '{}' is not usable: {e}", wdir.display()),
+            STAGE_SETUP => format!("cannot set up the process of '{argv0}': {e}"),
+            _ => exec_error(&e, argv0, &program),
+        });
+    }
+    Ok(Launched { pid, stdin: stdin_ours, stdout, stderr })
 }
 
-/// Runs in the forked child before exec. Async-signal-safe: raw syscalls only.
-fn child_setup(parent: libc::pid_t, fd_limit: libc::c_int) -> io::Result<()> {
-    // SAFETY: plain syscalls on values we own; nothing here allocates or takes a lock.
-    unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
+/// Where the child failed (`ChildArgs::failed`).
+const STAGE_SETUP: i32 = 1;
+const STAGE_CHDIR: i32 = 2;
+const STAGE_EXEC: i32 = 3;
+
+/// Everything the child needs, prepared before it exists: it may not allocate. The pointer
+/// arrays (null-terminated) point into the `CString`s kept beside them.
+struct Image {
+    program: CString,
+    wdir: CString,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// `/bin/sh program args...`: what `execvp` runs for an executable file without `#!`.
+    sh_argv_ptrs: Vec<*const libc::c_char>,
+    _strings: Vec<CString>,
+}
+
+impl Image {
+    fn new(spec: &ProcSpec, program: &Path, wdir: &Path) -> Result<Image, String> {
+        let c = |what: &str, b: &[u8]| CString::new(b).map_err(|_| format!("{what} contains a NUL byte"));
+        let program = c("the executable's path", program.as_os_str().as_bytes())?;
+        let argv = spec.argv.iter().map(|a| c("an argument", a.as_bytes())).collect::<Result<Vec<_>, _>>()?;
+        // Like std's Command: the last setting of a variable wins.
+        let mut env: Vec<(&str, &str)> = Vec::with_capacity(spec.env.len());
+        for (k, v) in &spec.env {
+            match env.iter_mut().find(|(name, _)| name == k) {
+                Some(slot) => slot.1 = v,
+                None => env.push((k, v)),
+            }
         }
-        // The daemon may have died between fork and prctl: then no PDEATHSIG would ever come.
-        if libc::getppid() != parent {
+        let envp = env
+            .iter()
+            .map(|(k, v)| c(&format!("environment variable {k}"), format!("{k}={v}").as_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let wdir = c("the working directory", wdir.as_os_str().as_bytes())?;
+        let sh = c("", b"/bin/sh")?;
+        let ptrs = |v: &[&CString]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
+        let argv_ptrs = ptrs(&argv.iter().collect::<Vec<_>>());
+        let envp_ptrs = ptrs(&envp.iter().collect::<Vec<_>>());
+        let sh_argv_ptrs = ptrs(&[&sh, &program].into_iter().chain(argv.iter().skip(1)).collect::<Vec<_>>());
+        // The strings' buffers stay where they are when the vectors move: the pointers hold.
+        let mut strings = argv;
+        strings.extend(envp);
+        strings.push(sh);
+        Ok(Image { program, wdir, argv_ptrs, envp_ptrs, sh_argv_ptrs, _strings: strings })
+    }
+}
+
+/// What the child reads (and, on failure, writes) in the daemon's memory.
+struct ChildArgs<'a> {
+    image: &'a Image,
+    stdio: [RawFd; 3],
+    parent: libc::pid_t,
+    fd_limit: libc::c_int,
+    /// (stage, errno) of a failure before exec; (0, 0) if the child exec'd.
+    failed: (i32, i32),
+}
+
+/// A pipe with both ends close-on-exec: (read end, write end).
+fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the array with two new descriptors, which we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors nobody else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The child's stack: it needs little (raw syscalls only) and is freed once it has exec'd.
+const CHILD_STACK: usize = 256 * 1024;
+
+/// `clone(CLONE_VM | CLONE_VFORK)` running [`child_main`]; returns once the child has exec'd
+/// or exited. Every signal is blocked in this thread meanwhile, so no handler of the daemon
+/// runs on the child's side before [`child_main`] has reset them.
+fn spawn_vfork(args: &mut ChildArgs<'_>) -> io::Result<libc::pid_t> {
+    // SAFETY: an anonymous private mapping we unmap below; the child only uses it until exec.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHILD_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if stack == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: sigset operations on local values; pthread_sigmask on this thread only.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        // The stack grows down from the end of the mapping (16-byte aligned).
+        let top = (stack as usize + CHILD_STACK) & !15;
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            args as *mut ChildArgs<'_> as *mut libc::c_void,
+        );
+        let err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        libc::munmap(stack, CHILD_STACK);
+        if pid < 0 {
+            return Err(err);
+        }
+        pid
+    };
+    Ok(pid)
+}
+
+/// The child, in the daemon's memory until exec: raw syscalls only — no allocation, no lock,
+/// nothing that touches the daemon's state except `ChildArgs::failed`.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` the parent passed; the parent is suspended until this
+    // process execs or exits, so nothing else uses it meanwhile.
+    let args = unsafe { &mut *(arg as *mut ChildArgs<'_>) };
+    let fail = |args: &mut ChildArgs<'_>, stage: i32| -> libc::c_int {
+        args.failed = (stage, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+        // SAFETY: _exit never returns and runs no handler.
+        unsafe { libc::_exit(127) }
+    };
+    // SAFETY: plain syscalls on values prepared by the parent; nothing here allocates.
+    unsafe {
+        // A proc starts with every signal at its default action: the daemon's handlers must
+        // not run here, and what it ignores (SIGPIPE, say) is not the proc's business. A raw
+        // rt_sigaction with an all-zero action (SIG_DFL, no flags, empty mask; the layout is
+        // the kernel's) also reaches the signals glibc keeps for itself.
+        let dfl = [0u64; 4];
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
+            }
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            return fail(args, STAGE_SETUP);
+        }
+        // The daemon may have died before prctl: then no PDEATHSIG would ever come.
+        if libc::getppid() != args.parent {
             libc::_exit(1);
         }
-        // A proc starts with no signal blocked, whatever the forking thread held (the HNP
-        // holds SIGINT/SIGTERM on its runtime threads from its first instruction).
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        // Mark (not close) fds >= 3 close-on-exec: std's exec-error pipe is one of them and must
-        // stay open until exec so a failed exec is still reported. At exec the effect is the
-        // same as close_range(3, ~0, 0).
+        // Its own process group: the daemon signals the whole group.
+        if libc::setpgid(0, 0) != 0 {
+            return fail(args, STAGE_SETUP);
+        }
+        for (target, &fd) in args.stdio.iter().enumerate() {
+            // dup2 clears close-on-exec on the copy; the originals close at exec.
+            if libc::dup2(fd, target as libc::c_int) < 0 {
+                return fail(args, STAGE_SETUP);
+            }
+        }
+        if libc::chdir(args.image.wdir.as_ptr()) != 0 {
+            return fail(args, STAGE_CHDIR);
+        }
+        // Every other fd of the daemon closes at exec (close_range(3, ~0, 0) in effect).
         if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
             // Kernel < 5.11: one fcntl per possible fd (EBADF on unused ones is fine).
-            for fd in 3..fd_limit {
+            for fd in 3..args.fd_limit {
                 libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
             }
         }
+        // A proc starts with no signal blocked, whatever the daemon's thread held.
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        let image = args.image;
+        libc::execve(image.program.as_ptr(), image.argv_ptrs.as_ptr(), image.envp_ptrs.as_ptr());
+        let errno = *libc::__errno_location();
+        if errno == libc::ENOEXEC {
+            // No #!: run it under /bin/sh, as execvp does.
+            libc::execve(image.sh_argv_ptrs[0], image.sh_argv_ptrs.as_ptr(), image.envp_ptrs.as_ptr());
+        }
+        args.failed = (STAGE_EXEC, errno);
+        libc::_exit(127)
     }
-    Ok(())
 }
-
 /// The highest fd the child could have inherited (+1), for the close_range fallback.
 fn fd_limit() -> libc::c_int {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };

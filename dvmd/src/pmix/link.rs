@@ -355,6 +355,8 @@ struct Preforked {
     pid: u32,
     cmd: UnixStream,
     ev: UnixStream,
+    /// The server directory of the `Init` already sent ([`init_preforked`]), if one was.
+    init: Option<PathBuf>,
 }
 
 static PREFORKED: Mutex<Option<Preforked>> = Mutex::new(None);
@@ -385,15 +387,50 @@ pub fn prefork() -> std::io::Result<()> {
             drop((cmd_theirs, ev_theirs));
             let pid = child.as_raw() as u32;
             debug!(pid, "PMIx worker forked ahead");
-            *PREFORKED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Preforked { pid, cmd: cmd_ours, ev: ev_ours });
+            *PREFORKED.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Preforked { pid, cmd: cmd_ours, ev: ev_ours, init: None });
             Ok(())
         }
     }
 }
 
-/// The preforked worker, if one is waiting and still alive (one that ended is reaped here).
-fn take_preforked() -> Option<Preforked> {
+/// Send the preforked worker its `Init` now, so that its server starts while the daemon still
+/// waits for something else (its secret, which Slurm's srun passes on only once every task of
+/// the step has started). [`Worker::spawn`] with the same configuration then takes the worker
+/// with its server starting or up and reads the `Init` reply as if it had sent it. Nothing
+/// happens if no worker was forked ahead; a worker that cannot take the command is ended (the
+/// first job then starts one by exec).
+pub fn init_preforked(cfg: &ServerConfig) {
+    let mut slot = PREFORKED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(p) = slot.as_mut() else { return };
+    if p.init.is_some() {
+        return;
+    }
+    match write_frame(&mut &p.cmd, &WorkerCmd { body: Some(init_cmd(cfg)) }) {
+        Ok(()) => {
+            debug!(pid = p.pid, tmpdir = %cfg.tmpdir.display(), "PMIx worker told to start its server ahead");
+            p.init = Some(cfg.tmpdir.clone());
+        }
+        Err(e) => {
+            warn!(pid = p.pid, "cannot start the preforked PMIx worker's server ahead: {e}; ending it");
+            drop(slot);
+            discard_preforked();
+        }
+    }
+}
+
+/// The preforked worker for a server configured as `cfg`, if one is waiting and still alive
+/// (one that ended is reaped here, one started ahead for another directory is ended).
+fn take_preforked(cfg: &ServerConfig) -> Option<Preforked> {
     let p = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    if p.init.as_ref().is_some_and(|dir| *dir != cfg.tmpdir) {
+        warn!(pid = p.pid, "the preforked PMIx worker was started for another directory; starting another");
+        let mut proc = WorkerProc::Forked { pid: p.pid, status: None };
+        drop((p.cmd, p.ev));
+        proc.kill();
+        let _ = proc.wait();
+        return None;
+    }
     match reap(p.pid, false) {
         Ok(None) => Some(p),
         Ok(Some(st)) => {
@@ -407,14 +444,22 @@ fn take_preforked() -> Option<Preforked> {
     }
 }
 
-/// End a preforked worker nobody took (the daemon ends without having needed a server, or
-/// failed before it could): killed and reaped here, not left to whoever adopts it.
 pub fn discard_preforked() {
     let Some(p) = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     drop((p.cmd, p.ev));
     let mut proc = WorkerProc::Forked { pid: p.pid, status: None };
     proc.kill();
     let _ = proc.wait();
+}
+
+/// The command that starts a worker's server as `cfg` says.
+fn init_cmd(cfg: &ServerConfig) -> Cmd {
+    Cmd::Init(wire::Init {
+        tmpdir: cfg.tmpdir.display().to_string(),
+        hostname: cfg.hostname.clone().unwrap_or_default(),
+        share_topology: cfg.share_topology,
+        op_timeout_ms: cfg.op_timeout.as_millis() as u64,
+    })
 }
 
 /// A running worker process.
@@ -445,11 +490,14 @@ impl Worker {
     /// Start a worker and ask it to start its server with `cfg` (the answer is read by
     /// [`Worker::ready`]). Its events arrive on `events`, tagged with `gen`.
     pub fn spawn(cfg: &ServerConfig, gen: u64, events: EventTx) -> Result<Worker, WorkerError> {
-        let (proc, cmd_ours, ev_ours) = match take_preforked() {
-            Some(p) => (WorkerProc::Forked { pid: p.pid, status: None }, p.cmd, p.ev),
-            None => Self::exec()?,
+        let (proc, cmd_ours, ev_ours, init_sent) = match take_preforked(cfg) {
+            Some(p) => (WorkerProc::Forked { pid: p.pid, status: None }, p.cmd, p.ev, p.init.is_some()),
+            None => {
+                let (proc, cmd, ev) = Self::exec()?;
+                (proc, cmd, ev, false)
+            }
         };
-        Self::link_up(cfg, gen, events, proc, cmd_ours, ev_ours)
+        Self::link_up(cfg, gen, events, proc, cmd_ours, ev_ours, init_sent)
     }
 
     /// Start a worker by exec (`dvmd --pmix-worker CMD_FD,EVENT_FD`).
@@ -470,7 +518,8 @@ impl Worker {
         Ok((WorkerProc::Spawned(child), cmd_ours, ev_ours))
     }
 
-    /// The daemon's side of a started worker: its command link, its event thread, its `Init`.
+    /// The daemon's side of a started worker: its command link, its event thread, its `Init`
+    /// (unless `init_sent`: then only its reply is still to be read).
     fn link_up(
         cfg: &ServerConfig,
         gen: u64,
@@ -478,6 +527,7 @@ impl Worker {
         mut proc: WorkerProc,
         cmd_ours: UnixStream,
         ev_ours: UnixStream,
+        init_sent: bool,
     ) -> Result<Worker, WorkerError> {
         let pid = proc.id();
         // A worker stuck inside libpmix (or stopped) must not hold the actor for ever: every
@@ -517,15 +567,11 @@ impl Worker {
             init_pending: true,
             baseline_kib: None,
         };
-        let init = wire::Init {
-            tmpdir: cfg.tmpdir.display().to_string(),
-            hostname: cfg.hostname.clone().unwrap_or_default(),
-            share_topology: cfg.share_topology,
-            op_timeout_ms: cfg.op_timeout.as_millis() as u64,
-        };
-        // A failed write breaks the link: the caller's ready() then reports it, and the caller
-        // retires (ends, and if need be kills) the worker.
-        let _ = link.post(Cmd::Init(init));
+        if !init_sent {
+            // A failed write breaks the link: the caller's ready() then reports it, and the
+            // caller retires (ends, and if need be kills) the worker.
+            let _ = link.post(init_cmd(cfg));
+        }
         Ok(worker)
     }
 

@@ -249,6 +249,25 @@ fn fence_status(e: &FenceError) -> pmix_shim::Status {
     }
 }
 
+/// The server of a daemon's `gen`-th worker on `host`.
+fn server_config(settings: &PmixSettings, host: &str, gen: u64) -> ServerConfig {
+    let mut cfg = ServerConfig::new(settings.dir.join(format!("w{gen}")));
+    cfg.hostname = Some(host.to_string());
+    cfg.op_timeout = link::WORKER_OP_TIMEOUT;
+    // libpmix discovers the topology in PMIx_server_init either way; shared, each rank
+    // adopts it (shared memory, else XML) instead of discovering it again.
+    cfg.share_topology = share_topology();
+    cfg
+}
+
+/// Start the server of the worker forked ahead ([`prefork`]) now, as the daemon's first
+/// worker on `host` with `settings` (what the daemon will configure), before the daemon itself
+/// is up: a daemon of an srun step waits for its secret until srun has started every task,
+/// and its server starts meanwhile instead of after. The daemon's first worker then takes it.
+pub fn start_preforked(settings: &PmixSettings, host: &str) {
+    link::init_preforked(&server_config(settings, host, 1));
+}
+
 impl PmixHost {
     pub(crate) fn new(me: Rank, host: String, events: EventTx) -> PmixHost {
         PmixHost {
@@ -314,13 +333,7 @@ impl PmixHost {
     }
 
     fn config(&self, settings: &PmixSettings, gen: u64) -> ServerConfig {
-        let mut cfg = ServerConfig::new(settings.dir.join(format!("w{gen}")));
-        cfg.hostname = Some(self.host.clone());
-        cfg.op_timeout = link::WORKER_OP_TIMEOUT;
-        // libpmix discovers the topology in PMIx_server_init either way; shared, each rank
-        // adopts it (shared memory, else XML) instead of discovering it again.
-        cfg.share_topology = share_topology();
-        cfg
+        server_config(settings, &self.host, gen)
     }
 
     /// Start a worker now without waiting for its server, so it is ready (or nearly) when a
@@ -394,12 +407,20 @@ impl PmixHost {
         self.start_background();
     }
 
+    /// The DVM is terminating: the worker is killed now, without waiting for it (its exit
+    /// overlaps the rest of the termination; [`PmixHost::shutdown`] reaps it). No server is
+    /// started after this.
+    pub(crate) fn end_now(&mut self) {
+        self.hurry.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.settings = None;
+        link::discard_preforked();
+        self.retire_worker();
+    }
+
     /// The daemon ends: every worker is killed at once and reaped, its directory removed (the
     /// session directory goes next; the HNP kills a daemon that lingers).
     pub(crate) fn shutdown(&mut self) {
-        self.hurry.store(true, std::sync::atomic::Ordering::Relaxed);
-        link::discard_preforked();
-        self.retire_worker();
+        self.end_now();
         for h in self.retiring.drain(..) {
             let _ = h.join();
         }
