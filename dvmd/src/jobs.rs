@@ -41,6 +41,15 @@ pub const TIMEOUT_EXIT: i32 = 124;
 /// the head process lost.
 pub const TERMINATED_EXIT: i32 = 125;
 
+/// Timer slack (µs) of the procs on a machine the job oversubscribes (more of its procs than
+/// cores). A waiting rank that sleeps in short steps (Open MPI 4.1 waits for every fence of
+/// MPI_Init and MPI_Finalize with `usleep(100)` between progress calls: 10 000 wake-ups a
+/// second) then wakes with other timers instead of alone, and leaves the cores to the ranks
+/// that still work; a fence's end reaches it at most this much later. On 2 cores with 64 ranks
+/// MPI_Init+Finalize went from 5-20 s to 1.5 s (docs/slurm.md). `-x DVM_TIMER_SLACK_US=N` sets
+/// another value (0: the kernel's default).
+pub const OVERSUBSCRIBED_TIMER_SLACK_US: u64 = 2_000;
+
 fn terminated_reason(jobid: u32) -> String {
     format!("the DVM was terminated (pterm) while job {jobid} ran")
 }
@@ -616,8 +625,9 @@ impl Daemon {
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
         // A setting in the daemon's environment (inherited by the ranks) or `-x` wins.
         let on_machine = if loopback { map.nprocs } else { procs.len() as u32 };
-        let yield_idle = crate::pmix::oversubscribed(on_machine, crate::pmix::node_cores())
-            && !env.iter().any(|(k, _)| k == crate::pmix::YIELD_VAR);
+        let oversubscribed = crate::pmix::oversubscribed(on_machine, crate::pmix::node_cores());
+        let yield_idle = oversubscribed && !env.iter().any(|(k, _)| k == crate::pmix::YIELD_VAR);
+        let timer_slack_us = if oversubscribed { OVERSUBSCRIBED_TIMER_SLACK_US } else { 0 };
         let stdin_rank = match StdinTarget::try_from(map.stdin_target) {
             Ok(StdinTarget::All) => None,
             Ok(StdinTarget::None) => Some(u32::MAX),
@@ -659,6 +669,7 @@ impl Daemon {
                 env: penv,
                 wdir: app.wdir.clone().into(),
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),
+                timer_slack_us,
             };
             self.odls_mut().spawn(spec);
         }

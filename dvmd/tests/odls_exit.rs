@@ -237,3 +237,37 @@ fn pdeathsig_kills_the_proc_when_its_forking_thread_exits() {
     let status = nix::sys::wait::waitpid(pid, None).unwrap();
     assert_eq!(status, nix::sys::wait::WaitStatus::Signaled(pid, nix::sys::signal::Signal::SIGKILL, false));
 }
+
+/// The proc's timer slack: the kernel's default (inherited) unless the daemon chose one; the
+/// proc's own `DVM_TIMER_SLACK_US` wins either way, and a malformed one is a launch failure
+/// that names it.
+#[tokio::test]
+async fn timer_slack_is_what_the_daemon_chose_unless_the_proc_env_says_otherwise() {
+    let mut h = Harness::new(4096);
+    let inherited = std::fs::read_to_string("/proc/self/timerslack_ns").expect("timerslack_ns").trim().to_string();
+    let slack = |h: &mut Harness, rank: u32, us: u64, env: Option<&str>| {
+        let mut s = spec(1, rank, &["cat", "/proc/self/timerslack_ns"]);
+        s.timer_slack_us = us;
+        if let Some(v) = env {
+            s.env.push(("DVM_TIMER_SLACK_US".into(), v.into()));
+        }
+        s
+    };
+    let s = slack(&mut h, 0, 0, None);
+    assert_eq!(h.run(s).await.stdout().trim(), inherited, "no slack chosen: the daemon's own");
+    let s = slack(&mut h, 1, 2_000, None);
+    assert_eq!(h.run(s).await.stdout().trim(), "2000000", "2000 us chosen by the daemon");
+    let s = slack(&mut h, 2, 2_000, Some("0"));
+    assert_eq!(h.run(s).await.stdout().trim(), inherited, "the proc's DVM_TIMER_SLACK_US=0 wins");
+    let s = slack(&mut h, 3, 0, Some("750"));
+    assert_eq!(h.run(s).await.stdout().trim(), "750000", "the proc's DVM_TIMER_SLACK_US=750 wins");
+    for (rank, bad) in [(4, "fast"), (5, "-1"), (6, "2000000")] {
+        let s = slack(&mut h, rank, 0, Some(bad));
+        assert_eq!(
+            h.launch_error(s).await,
+            format!(
+                "node n3: cannot start rank {rank} of job 1: DVM_TIMER_SLACK_US='{bad}' is not a number of microseconds from 0 to 1000000"
+            )
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Ranks on an oversubscribed machine are told to yield while they wait
-//! (`OMPI_MCA_mpi_yield_when_idle=1`): a job with more procs on this machine than its cores
-//! gets it in every rank, a job that fits does not, and the user's own value is kept.
+//! (`OMPI_MCA_mpi_yield_when_idle=1`) and get a coarser timer slack (their short sleeps wake
+//! together): a job with more procs on this machine than its cores gets both in every rank, a
+//! job that fits neither, and the user's own values are kept.
 //! The expectation comes from the core count this test reads itself (the daemons it starts
 //! inherit its affinity), never from a timing.
 
@@ -63,6 +64,44 @@ fn local_daemons_share_the_cores() {
     all_equal(&yield_values(&dvm, &["--map-by", "node", "-n", &n]), over, "1", &format!("{over} procs by node"));
     let fit = c.to_string();
     all_equal(&yield_values(&dvm, &["--map-by", "node", "-n", &fit]), c, "-", &format!("{c} procs by node"));
+    dvm.stop();
+}
+
+/// Every rank's timer slack in ns (`/proc/self/timerslack_ns`), one per rank.
+fn slack_values(dvm: &Dvm, args: &[&str]) -> Vec<String> {
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend_from_slice(&["cat", "/proc/self/timerslack_ns"]);
+    let o = dvm.prun(&a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "prun {args:?}: {:?}\n{err}\n{}", o.status, dvm.log());
+    out.lines().map(|l| l.trim().to_string()).collect()
+}
+
+#[test]
+fn oversubscribed_ranks_get_a_coarser_timer_slack() {
+    let c = cores();
+    let over = c + 1;
+    // The daemons inherit this process's slack; so do ranks the DVM leaves alone.
+    let own = std::fs::read_to_string("/proc/self/timerslack_ns").expect("timerslack_ns").trim().to_string();
+    let chosen = (dvmd::jobs::OVERSUBSCRIBED_TIMER_SLACK_US * 1000).to_string();
+    assert_ne!(own, chosen, "this test needs a slack other than the DVM's choice to tell them apart");
+    let dvm = Dvm::start("slack1", Nodes::Local { daemons: 1, slots: over }, 2, &[]);
+    let n = over.to_string();
+    all_equal(&slack_values(&dvm, &["-n", &n]), over, &chosen, &format!("timer slack, {over} procs on {c} cores"));
+    let fit = c.to_string();
+    all_equal(&slack_values(&dvm, &["-n", &fit]), c, &own, &format!("timer slack, {c} procs on {c} cores"));
+    // The user's choice wins, either way.
+    all_equal(&slack_values(&dvm, &["-x", "DVM_TIMER_SLACK_US=0", "-n", &n]), over, &own, "oversubscribed, -x =0");
+    all_equal(&slack_values(&dvm, &["-x", "DVM_TIMER_SLACK_US=300", "-n", "1"]), 1, "300000", "fitting, -x =300");
+    // A malformed one fails the job with a sentence that names it.
+    let o = dvm.prun(&["-x", "DVM_TIMER_SLACK_US=soon", "-n", "1", "true"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "a malformed DVM_TIMER_SLACK_US must fail the job");
+    assert!(
+        err.contains("cannot start rank 0 of job")
+            && err.contains("DVM_TIMER_SLACK_US='soon' is not a number of microseconds"),
+        "stderr: {err}"
+    );
     dvm.stop();
 }
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::{access, AccessFlags};
 
-use super::ProcSpec;
+use super::{ProcSpec, TIMER_SLACK_VAR};
 
 /// What `execvp` searches when the proc's environment has no PATH (glibc's default).
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
@@ -36,6 +36,7 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
     let argv0 = spec.argv.first().filter(|a| !a.is_empty()).ok_or("the command line is empty")?;
     let wdir = checked_wdir(&spec.wdir)?;
     let program = resolve(argv0, &spec.env, &wdir)?;
+    let slack_us = timer_slack_us(spec)?;
     let image = Image::new(spec, &program, &wdir)?;
     let pipe = |what: &str| pipe_cloexec().map_err(|e| format!("cannot create the {what} pipe: {e}"));
     let (stdin_child, stdin_ours) = if spec.stdin {
@@ -52,6 +53,7 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
         stdio: [stdin_child.as_raw_fd(), stdout_child.as_raw_fd(), stderr_child.as_raw_fd()],
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
+        timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
         failed: (0, 0),
     };
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot start a process: {e}"))?;
@@ -68,6 +70,21 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
         });
     }
     Ok(Launched { pid, stdin: stdin_ours, stdout, stderr })
+}
+
+/// The timer slack the proc gets (µs): [`TIMER_SLACK_VAR`] from its environment (the last
+/// setting), else what the daemon chose.
+fn timer_slack_us(spec: &ProcSpec) -> Result<u64, String> {
+    match spec.env.iter().rev().find(|(k, _)| k == TIMER_SLACK_VAR) {
+        None => Ok(spec.timer_slack_us),
+        // At most a second: a larger slack is a mistake, not a setting.
+        Some((_, v)) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&us| us <= 1_000_000)
+            .ok_or_else(|| format!("{TIMER_SLACK_VAR}='{v}' is not a number of microseconds from 0 to 1000000")),
+    }
 }
 
 /// Where the child failed (`ChildArgs::failed`).
@@ -124,6 +141,8 @@ struct ChildArgs<'a> {
     stdio: [RawFd; 3],
     parent: libc::pid_t,
     fd_limit: libc::c_int,
+    /// 0: the kernel's default (inherited).
+    timer_slack_ns: libc::c_ulong,
     /// (stage, errno) of a failure before exec; (0, 0) if the child exec'd.
     failed: (i32, i32),
 }
@@ -214,6 +233,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // The daemon may have died before prctl: then no PDEATHSIG would ever come.
         if libc::getppid() != args.parent {
             libc::_exit(1);
+        }
+        if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
+            return fail(args, STAGE_SETUP);
         }
         // Its own process group: the daemon signals the whole group.
         if libc::setpgid(0, 0) != 0 {

@@ -56,7 +56,15 @@ pub struct ProcSpec {
     pub wdir: PathBuf,
     /// A pipe fed by `write_stdin`; otherwise stdin is /dev/null.
     pub stdin: bool,
+    /// The proc's timer slack in microseconds (`PR_SET_TIMERSLACK`: how late the kernel may
+    /// end its sleeps, to wake it together with other timers); 0 keeps the kernel's default.
+    /// [`TIMER_SLACK_VAR`] in `env` wins.
+    pub timer_slack_us: u64,
 }
+
+/// A proc's timer slack in microseconds, set in its environment (`-x DVM_TIMER_SLACK_US=0`):
+/// overrides what the daemon chose ([`ProcSpec::timer_slack_us`]); 0 keeps the kernel's default.
+pub const TIMER_SLACK_VAR: &str = "DVM_TIMER_SLACK_US";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stream {

@@ -22,6 +22,7 @@ pub fn spec(jobid: u32, rank: u32, argv: &[&str]) -> ProcSpec {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         wdir: "/".into(),
         stdin: false,
+        timer_slack_us: 0,
     }
 }
 
