@@ -245,7 +245,7 @@ fn pdeathsig_kills_the_proc_when_its_forking_thread_exits() {
 async fn timer_slack_is_what_the_daemon_chose_unless_the_proc_env_says_otherwise() {
     let mut h = Harness::new(4096);
     let inherited = std::fs::read_to_string("/proc/self/timerslack_ns").expect("timerslack_ns").trim().to_string();
-    let slack = |h: &mut Harness, rank: u32, us: u64, env: Option<&str>| {
+    let slack = |rank: u32, us: u64, env: Option<&str>| {
         let mut s = spec(1, rank, &["cat", "/proc/self/timerslack_ns"]);
         s.timer_slack_us = us;
         if let Some(v) = env {
@@ -253,16 +253,16 @@ async fn timer_slack_is_what_the_daemon_chose_unless_the_proc_env_says_otherwise
         }
         s
     };
-    let s = slack(&mut h, 0, 0, None);
+    let s = slack(0, 0, None);
     assert_eq!(h.run(s).await.stdout().trim(), inherited, "no slack chosen: the daemon's own");
-    let s = slack(&mut h, 1, 2_000, None);
+    let s = slack(1, 2_000, None);
     assert_eq!(h.run(s).await.stdout().trim(), "2000000", "2000 us chosen by the daemon");
-    let s = slack(&mut h, 2, 2_000, Some("0"));
+    let s = slack(2, 2_000, Some("0"));
     assert_eq!(h.run(s).await.stdout().trim(), inherited, "the proc's DVM_TIMER_SLACK_US=0 wins");
-    let s = slack(&mut h, 3, 0, Some("750"));
+    let s = slack(3, 0, Some("750"));
     assert_eq!(h.run(s).await.stdout().trim(), "750000", "the proc's DVM_TIMER_SLACK_US=750 wins");
     for (rank, bad) in [(4, "fast"), (5, "-1"), (6, "2000000")] {
-        let s = slack(&mut h, rank, 0, Some(bad));
+        let s = slack(rank, 0, Some(bad));
         assert_eq!(
             h.launch_error(s).await,
             format!(
