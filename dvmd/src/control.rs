@@ -268,7 +268,12 @@ impl Client {
     }
     pub async fn launch_plan(&mut self, spec: JobSpec) -> Result<LaunchPlanReply> {
         let req = self.authed("launch_plan", LaunchRequest { spec: Some(spec) }).await?;
-        Ok(self.inner.launch_plan(req).await?.into_inner())
+        // A refused plan (the job does not map) is the DVM's sentence, not an RPC status.
+        match self.inner.launch_plan(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) if s.code() == tonic::Code::InvalidArgument => Err(anyhow::anyhow!("{}", s.message())),
+            Err(s) => Err(s.into()),
+        }
     }
     pub async fn stdin(&mut self, input: impl tokio_stream::Stream<Item = StdinMsg> + Send + 'static) -> Result<()> {
         let req = self.authed("stdin", input).await?;

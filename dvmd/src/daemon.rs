@@ -67,6 +67,9 @@ pub struct Hnp {
     tree_query: Option<(u64, Vec<TreeView>, TreeViewsTx)>,
     bench: Option<oneshot::Sender<Result<dvm_proto::control::BenchReply, String>>>,
     next_query: u64,
+    /// The DVM exists for one job (`dvmd --one-job`, a one-shot prun's): once a job has
+    /// ended, or a launch was refused, it terminates itself.
+    pub one_job: bool,
 }
 
 impl Hnp {
@@ -83,6 +86,7 @@ impl Hnp {
             tree_query: None,
             bench: None,
             next_query: 1,
+            one_job: false,
         }
     }
 }
@@ -563,6 +567,18 @@ impl Daemon {
     pub(crate) fn jobs_all_ended(&mut self) {
         if self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
             self.terminate_now();
+        } else if self.hnp.as_ref().is_some_and(|h| h.one_job) {
+            self.terminate_one_job_dvm();
+        }
+    }
+
+    /// HNP of a `--one-job` DVM: its job has ended (its prun has the result on its way), so
+    /// the DVM terminates, as if its prun had asked.
+    pub(crate) fn terminate_one_job_dvm(&mut self) {
+        if self.hnp.as_ref().is_some_and(|h| h.one_job) && !self.core.is_terminating() {
+            debug!("the DVM's one job has ended; terminating");
+            let (tx, _rx) = oneshot::channel();
+            self.on_control(ControlCmd::Terminate(tx));
         }
     }
 

@@ -211,6 +211,7 @@ impl Daemon {
             Err(e) => {
                 let _ =
                     tx.try_send(Ok(event(job_event::Event::Ended(JobEnded { exit_code: 1, message: e.to_string() }))));
+                self.terminate_one_job_dvm();
                 return;
             }
         };

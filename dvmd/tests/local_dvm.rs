@@ -405,3 +405,42 @@ async fn a_lost_daemon_is_named_and_the_tree_repairs() {
     dvm.pterm();
     dvm.assert_clean();
 }
+
+/// `dvmd --one-job` (what a one-shot prun starts) ends itself, in order and leaving nothing,
+/// once its one job has ended — and once a launch was refused; a DVM without it keeps running.
+#[tokio::test]
+async fn a_one_job_dvm_ends_itself_after_its_job() {
+    let prun = |uri: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_prun"))
+            .arg("--dvm-uri")
+            .arg(format!("file:{}", uri.display()))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // A job that ran: the DVM exits 0 by itself (the guard only bounds a hang).
+    let mut dvm = TestDvm::start("onejob1", &["--local", "3", "--one-job"], &[]).expect("boot");
+    dvm.learn_pids().await;
+    let out = prun(&dvm.uri_file, &["-n", "3", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(wait_exit(&mut dvm.hnp, EXIT_GUARD), Some(0), "the one-job DVM did not end after its job");
+    dvm.assert_clean();
+
+    // A launch refused (it does not map): the same.
+    let mut dvm = TestDvm::start("onejob2", &["--local", "2", "--one-job"], &[]).expect("boot");
+    dvm.learn_pids().await;
+    let out = prun(&dvm.uri_file, &["-n", "100", "true"]);
+    assert!(!out.status.success());
+    assert_eq!(wait_exit(&mut dvm.hnp, EXIT_GUARD), Some(0), "the one-job DVM did not end after a refused launch");
+    dvm.assert_clean();
+
+    // Without it, the DVM outlives its jobs.
+    let mut dvm = TestDvm::start("onejob3", &["--local", "2"], &[]).expect("boot");
+    dvm.learn_pids().await;
+    let out = prun(&dvm.uri_file, &["-n", "2", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = prun(&dvm.uri_file, &["-n", "2", "true"]);
+    assert!(out.status.success(), "a second job on a DVM without --one-job: {}", String::from_utf8_lossy(&out.stderr));
+    dvm.pterm();
+    dvm.assert_clean();
+}

@@ -154,6 +154,11 @@ fn run_suite(radix: u32) {
         .unwrap_or_else(|| panic!("no per-proc figure in: {so}"));
     assert!(per_proc < 1.0, "{so}");
     assert!(procs_with("1000.5").is_empty(), "--launch-sizes started processes");
+    // A plan that does not map is the DVM's one sentence, not an RPC status.
+    let out = dvm.prun(&["--launch-sizes", "-n", "100000", "true"]);
+    let se = text(&out).1;
+    assert!(!out.status.success(), "an unmappable plan must fail");
+    assert!(se.starts_with("prun: cannot map 100000 processes") && !se.contains("status"), "{se}");
 
     // MPMD.
     let out = dvm.prun(&["-n", "1", "sh", "-c", "echo A$DVM_APPNUM", ":", "-n", "2", "sh", "-c", "echo B$DVM_APPNUM"]);

@@ -126,6 +126,10 @@ struct Args {
     /// directory, so no other `prun`, `pterm` or `dvm-bench` discovers it.
     #[arg(long, hide = true)]
     private: bool,
+    /// A one-shot DVM for one job: it terminates itself once that job has ended (or was
+    /// refused), so its `prun` waits for it to end instead of asking.
+    #[arg(long, hide = true)]
+    one_job: bool,
 }
 
 /// SIGINT and SIGTERM, held from the first instruction of `main` until the HNP's handlers
@@ -382,6 +386,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         epoch,
     };
     let mut hnp = Hnp::new(own, session.dir().display().to_string());
+    hnp.one_job = args.one_job;
     let (ready_tx, ready_rx) = oneshot::channel();
     hnp.ready = Some(ready_tx);
 

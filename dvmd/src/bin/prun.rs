@@ -270,7 +270,7 @@ async fn run(cmd: PrunCommand) -> Result<i32> {
                     if let Some(lost) = e.downcast_mut::<LostDvm>() {
                         lost.how = t.how_it_ended().await;
                         t.kill_all();
-                    } else if let Err(stop) = t.stop(&mut signals).await {
+                    } else if let Err(stop) = t.stop(&mut signals, true).await {
                         eprintln!("prun: {stop:#}");
                     }
                     return Err(e);
@@ -280,7 +280,9 @@ async fn run(cmd: PrunCommand) -> Result<i32> {
                 t.kill_all();
                 return Ok(r.code);
             }
-            match t.stop(&mut signals).await {
+            // The job has ended: the DVM (`--one-job`) is terminating itself. Only a plan
+            // (`--launch-sizes`) launched nothing, and the DVM is asked.
+            match t.stop(&mut signals, cmd.launch_sizes).await {
                 Ok(None) => Ok(r.code),
                 Ok(Some(sig)) => Ok(if r.code == 0 { 128 + sig } else { r.code }),
                 Err(e) => {
@@ -332,8 +334,9 @@ impl Transient {
             // dvmd reads the allocation from the environment it inherits.
             OneShot::Slurm => {}
         }
-        // A job is coming at once: PMIx servers start during the boot, not with the job.
-        cmd.arg("--pmix-start").arg("eager").arg("--private");
+        // A job is coming at once: PMIx servers start during the boot, not with the job. The
+        // DVM ends itself when that job has ended.
+        cmd.arg("--pmix-start").arg("eager").arg("--private").arg("--one-job");
         // Nor should a link probe share the links with the job.
         cmd.arg("--no-link-probe");
         // Extra dvmd options for one-shot DVMs (e.g. "--radix 2 --launch-agent ...").
@@ -391,9 +394,10 @@ impl Transient {
         Ok(Boot::Ready(Box::new(t)))
     }
 
-    /// Terminate the DVM in order, like pterm. A SIGINT/SIGTERM meanwhile, or a DVM that has not
-    /// stopped within [`STOP_WAIT`], kills it instead. Returns the signal that came, if any.
-    async fn stop(&mut self, signals: &mut Signals) -> Result<Option<i32>> {
+    /// Wait until the DVM has ended in order: asked to terminate, like pterm (`ask`), or
+    /// terminating itself because its job ended. A SIGINT/SIGTERM meanwhile, or a DVM that has
+    /// not stopped within [`STOP_WAIT`], kills it instead. Returns the signal that came, if any.
+    async fn stop(&mut self, signals: &mut Signals, ask: bool) -> Result<Option<i32>> {
         enum Stop {
             Done(std::result::Result<Result<std::process::ExitStatus>, tokio::time::error::Elapsed>),
             Signal(i32),
@@ -402,8 +406,10 @@ impl Transient {
             let uri = self.uri.clone();
             let child = &mut self.child;
             let orderly = async move {
-                let mut client = Client::connect(uri).await?;
-                client.terminate().await?;
+                if ask {
+                    let mut client = Client::connect(uri).await?;
+                    client.terminate().await?;
+                }
                 Ok(child.wait().await?)
             };
             tokio::select! {
