@@ -7,12 +7,14 @@
 #   SKIP_BUILD=1 BIN=target/debug scripts/bench_yield.sh   # binaries already built
 #
 # One persistent 1-daemon DVM (`dvmd --local 1`); NP ranks of tests/mpi/collectives (ROUNDS
-# rounds of MPI_Allreduce + MPI_Barrier) per run. Three arms, the same program and MCA settings
+# rounds of MPI_Allreduce + MPI_Barrier) per run. Four arms, the same program and MCA settings
 # (OMPI_MCA_pml=ob1 in the environment of dvmd and mpirun, so of every rank):
-#   yield    prun as built (NP > cores: the ranks get OMPI_MCA_mpi_yield_when_idle=1)
+#   yield    prun as built (NP > cores: the ranks get OMPI_MCA_mpi_yield_when_idle=1 and a
+#            2 ms timer slack)
+#   noslack  prun -x DVM_TIMER_SLACK_US=0 (yield, the kernel's default timer slack)
 #   poll     prun -x OMPI_MCA_mpi_yield_when_idle=0 (the behaviour before: ranks busy-poll)
 #   mpirun   mpirun --oversubscribe (Open MPI's own launcher, which sets yield itself)
-# Interleaved ABBA: odd repetitions run yield, poll, mpirun; even ones mpirun, poll, yield.
+# Interleaved ABBA: odd repetitions run the arms in that order, even ones in reverse.
 # Wall time of each command (launch to exit) in ms; medians and per-repetition paired ratios.
 # Not part of CI: it measures, and the poll arm alone takes ~20 s per run on 2 cores.
 # The DVM is stopped with pterm; its pid is then checked (and killed, failing, if left).
@@ -56,6 +58,7 @@ run() { # run ARM: one timed run, appends "rep,arm,ms" to the CSV
     local cmd
     case $1 in
     yield) cmd=("${PRUN[@]}" -n "$NP" "$PROG" "$ROUNDS") ;;
+    noslack) cmd=("${PRUN[@]}" -x DVM_TIMER_SLACK_US=0 -n "$NP" "$PROG" "$ROUNDS") ;;
     poll) cmd=("${PRUN[@]}" -x OMPI_MCA_mpi_yield_when_idle=0 -n "$NP" "$PROG" "$ROUNDS") ;;
     mpirun) cmd=(mpirun --oversubscribe -n "$NP" "$PROG" "$ROUNDS") ;;
     esac
@@ -73,7 +76,7 @@ run() { # run ARM: one timed run, appends "rep,arm,ms" to the CSV
 
 echo "rep,arm,ms" >"$OUT/yield-bench.csv"
 for rep in $(seq "$REPS"); do
-    if [ $((rep % 2)) = 1 ]; then order="yield poll mpirun"; else order="mpirun poll yield"; fi
+    if [ $((rep % 2)) = 1 ]; then order="yield noslack poll mpirun"; else order="mpirun poll noslack yield"; fi
     for arm in $order; do run $arm; done
     echo "rep $rep: $(grep "^$rep," "$OUT/yield-bench.csv" | cut -d, -f2,3 | xargs) (loadavg $(cut -d' ' -f1 /proc/loadavg))"
 done
@@ -91,12 +94,12 @@ med = lambda xs: statistics.median(xs)
 print(f"\n{np_} ranks x {rounds} rounds (MPI_Allreduce + MPI_Barrier) on one daemon, {cores} cores, {len(reps)} repetitions\n")
 print("| arm | median ms | min ms | max ms |")
 print("|---|---:|---:|---:|")
-for arm, label in [("yield", "prun (as built: yield)"), ("poll", "prun -x ...yield_when_idle=0 (busy-poll)"), ("mpirun", "mpirun --oversubscribe")]:
+for arm, label in [("yield", "prun (as built: yield, 2 ms timer slack)"), ("noslack", "prun -x DVM_TIMER_SLACK_US=0 (yield only)"), ("poll", "prun -x ...yield_when_idle=0 (busy-poll)"), ("mpirun", "mpirun --oversubscribe")]:
     v = [by[arm][i] for i in reps]
     print(f"| {label} | {med(v):.0f} | {min(v)} | {max(v)} |")
 print("\n| paired ratio (per repetition) | median | min | max |")
 print("|---|---:|---:|---:|")
-for a, b in [("yield", "mpirun"), ("poll", "mpirun"), ("poll", "yield")]:
+for a, b in [("yield", "mpirun"), ("noslack", "mpirun"), ("poll", "mpirun"), ("yield", "noslack"), ("poll", "yield")]:
     q = [by[a][i] / by[b][i] for i in reps]
     print(f"| {a} / {b} | {med(q):.2f} | {min(q):.2f} | {max(q):.2f} |")
 EOF
