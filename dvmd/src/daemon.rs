@@ -44,6 +44,9 @@ pub enum Input {
     LookupTimeout(u64),
     /// HNP: the grace a rank that called PMIx_Abort has to exit by itself passed.
     AbortGrace { jobid: u32, rank: u32 },
+    /// HNP: a job's prun has been sent its last event and has hung up (or was gone); 0 for a
+    /// launch that was refused.
+    JobStreamClosed(u32),
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
@@ -252,6 +255,9 @@ impl Daemon {
             Input::JobClientGone(j) => self.on_client_gone(j),
             Input::IofDelivered { jobid, daemon, bytes } => self.on_iof_delivered(jobid, daemon, bytes),
             Input::TerminateNow => self.terminate_now(),
+            // A one-job DVM ends once its prun has everything: not before, or output still
+            // queued for a slow reader would be lost with the DVM.
+            Input::JobStreamClosed(_) => self.terminate_one_job_dvm(),
             Input::LookupTimeout(token) => self.on_lookup_timeout(token),
             Input::AbortGrace { jobid, rank } => self.on_abort_grace(jobid, rank),
             Input::ChildExited(started, how) => {
@@ -567,13 +573,11 @@ impl Daemon {
     pub(crate) fn jobs_all_ended(&mut self) {
         if self.hnp.as_ref().is_some_and(|h| h.terminate_pending) {
             self.terminate_now();
-        } else if self.hnp.as_ref().is_some_and(|h| h.one_job) {
-            self.terminate_one_job_dvm();
         }
     }
 
-    /// HNP of a `--one-job` DVM: its job has ended (its prun has the result on its way), so
-    /// the DVM terminates, as if its prun had asked.
+    /// HNP of a `--one-job` DVM: its job has ended and its prun has received everything and
+    /// hung up ([`Input::JobStreamClosed`]), so the DVM terminates, as if its prun had asked.
     pub(crate) fn terminate_one_job_dvm(&mut self) {
         if self.hnp.as_ref().is_some_and(|h| h.one_job) && !self.core.is_terminating() {
             debug!("the DVM's one job has ended; terminating");

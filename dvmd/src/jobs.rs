@@ -211,7 +211,11 @@ impl Daemon {
             Err(e) => {
                 let _ =
                     tx.try_send(Ok(event(job_event::Event::Ended(JobEnded { exit_code: 1, message: e.to_string() }))));
-                self.terminate_one_job_dvm();
+                let actor = self.input_tx();
+                tokio::spawn(async move {
+                    tx.closed().await;
+                    let _ = actor.send(Input::JobStreamClosed(0));
+                });
                 return;
             }
         };
@@ -851,6 +855,9 @@ async fn forwarder(
                     let _ = actor.send(Input::JobClientGone(jobid));
                 }
                 if last {
+                    // Until prun hangs up, the stream may still hold what it has not read.
+                    tx.closed().await;
+                    let _ = actor.send(Input::JobStreamClosed(jobid));
                     return;
                 }
             }

@@ -247,6 +247,27 @@ fn a_closed_stdout_ends_a_one_shot_job_quietly_with_status_141() {
     }
 }
 
+/// A one-shot DVM ends itself when its job ends, but not before its prun has read everything:
+/// a prun whose reader stalls past the job's end (and past the 5 s the head process gives its
+/// control server to finish at exit) still gets every byte and the job's status. The stall is
+/// the scenario, not a measured quantity: nothing here passes or fails on a time.
+#[test]
+fn a_one_shot_dvm_waits_for_a_stalled_reader_before_it_ends() {
+    let mut s = Scratch::new("stall1");
+    let marker = s.marker("stall1");
+    // 8 ranks x 900,000 bytes: each within its daemon's output window, so the job ends while
+    // prun, blocked on its full stdout pipe, has megabytes still to take — more than the
+    // loopback socket buffers hold.
+    let script = format!("head -c 900000 /dev/zero | tr '\\0' x # {marker}");
+    let prun = s.prun(&["--local", "8", "-n", "8", "sh", "-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(9));
+    let out = prun.wait_with_output().unwrap();
+    assert_eq!(out.stdout.len(), 7_200_000, "prun lost output of a job whose DVM ended itself");
+    assert!(out.stdout.iter().all(|&b| b == b'x'));
+    assert!(out.status.success(), "the job's status: {:?}", out.status);
+    s.assert_clean("after a stalled reader");
+}
+
 #[test]
 fn a_closed_stdout_ends_a_job_on_a_persistent_dvm_quietly_with_status_141() {
     let dvm = Dvm::start("edge-pipe", Nodes::Local { daemons: 3, slots: 2 }, 2, &[]);

@@ -650,6 +650,15 @@ fn daemon_identity(args: &Args) -> Result<(Rank, u32, Option<String>)> {
     }
 }
 
+/// Ends the PMIx worker forked ahead, if no daemon took it, when dropped.
+struct PreforkedWorkerFirst;
+
+impl Drop for PreforkedWorkerFirst {
+    fn drop(&mut self) {
+        dvmd::pmix::discard_preforked();
+    }
+}
+
 async fn run_daemon(args: Args) -> Result<ExitCode> {
     let (rank, slots, slurm_name) = daemon_identity(&args)?;
     let (Some(size), Some(hnp)) = (args.size, args.hnp) else {
@@ -671,6 +680,9 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
             nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
         });
     let mut session = Session::create(&format!("dvmd-r{rank}"))?;
+    // Declared after the session, so dropped before it on every early return: a worker
+    // started ahead (writing into the session) ends before its directory is removed.
+    let _worker_first = PreforkedWorkerFirst;
     if eager_pmix(&args, slots) {
         dvmd::pmix::start_preforked(&pmix_settings(session.dir(), &args), &host);
     }
@@ -687,15 +699,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
             }
         },
     };
-    let secret = match secret {
-        Ok(s) => s,
-        Err(e) => {
-            // The worker goes before its directory does.
-            dvmd::pmix::discard_preforked();
-            session.remove();
-            return Err(e);
-        }
-    };
+    let secret = secret?;
     let topo = Topology::new(rank, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
     let bind = args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let advertised = if bind.is_unspecified() {

@@ -163,7 +163,8 @@ const CHILD_STACK: usize = 256 * 1024;
 
 /// `clone(CLONE_VM | CLONE_VFORK)` running [`child_main`]; returns once the child has exec'd
 /// or exited. Every signal is blocked in this thread meanwhile, so no handler of the daemon
-/// runs on the child's side before [`child_main`] has reset them.
+/// runs on the child's side before [`child_main`] has reset them. Needs glibc 2.25 or later
+/// (Debian 12 has 2.36): older `clone` wrappers overwrite the calling thread's cached pid.
 fn spawn_vfork(args: &mut ChildArgs<'_>) -> io::Result<libc::pid_t> {
     // SAFETY: an anonymous private mapping we unmap below; the child only uses it until exec.
     let stack = unsafe {
