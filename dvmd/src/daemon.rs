@@ -44,9 +44,9 @@ pub enum Input {
     LookupTimeout(u64),
     /// HNP: the grace a rank that called PMIx_Abort has to exit by itself passed.
     AbortGrace { jobid: u32, rank: u32 },
-    /// HNP: a job's prun has been sent its last event and has hung up (or was gone); 0 for a
-    /// launch that was refused.
-    JobStreamClosed(u32),
+    /// HNP: a job's prun (or that of a refused launch) has been sent its last event and has
+    /// hung up, or was gone.
+    JobStreamClosed,
 }
 
 type TreeViewsTx = oneshot::Sender<Result<TreeViewsReply, String>>;
@@ -257,7 +257,7 @@ impl Daemon {
             Input::TerminateNow => self.terminate_now(),
             // A one-job DVM ends once its prun has everything: not before, or output still
             // queued for a slow reader would be lost with the DVM.
-            Input::JobStreamClosed(_) => self.terminate_one_job_dvm(),
+            Input::JobStreamClosed => self.terminate_one_job_dvm(),
             Input::LookupTimeout(token) => self.on_lookup_timeout(token),
             Input::AbortGrace { jobid, rank } => self.on_abort_grace(jobid, rank),
             Input::ChildExited(started, how) => {

@@ -214,7 +214,7 @@ impl Daemon {
                 let actor = self.input_tx();
                 tokio::spawn(async move {
                     tx.closed().await;
-                    let _ = actor.send(Input::JobStreamClosed(0));
+                    let _ = actor.send(Input::JobStreamClosed);
                 });
                 return;
             }
@@ -857,7 +857,7 @@ async fn forwarder(
                 if last {
                     // Until prun hangs up, the stream may still hold what it has not read.
                     tx.closed().await;
-                    let _ = actor.send(Input::JobStreamClosed(jobid));
+                    let _ = actor.send(Input::JobStreamClosed);
                     return;
                 }
             }

@@ -303,3 +303,63 @@ fn until_exit(child: &mut std::process::Child, guard: Duration) -> std::process:
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A daemon of an srun step gets its secret on stdin only once every task of the step has
+/// started; meanwhile its forked worker starts the PMIx server (the `Init` goes ahead of the
+/// secret). If the secret never comes (the HNP is gone: stdin closes), the daemon exits naming
+/// it, its worker — by then a running server — is killed and reaped before the session
+/// directory goes, and nothing is left. This process is the subreaper, as above.
+#[test]
+fn a_daemon_waiting_for_its_secret_has_its_server_up_and_leaves_nothing_when_it_never_comes() {
+    // SAFETY: prctl on this process only.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) }, 0);
+    let root = std::env::temp_dir().join(format!("dvm-secretwait-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let log = root.join("daemon.log");
+    let mut daemon = std::process::Command::new(DVMD)
+        .args(["--daemon", "--rank", "1", "--size", "2", "--hnp", "127.0.0.1:1", "--slots", "1"])
+        .args(["--pmix-start", "eager"])
+        .env("DVM_TMPDIR", &root)
+        .env("DVM_LOG", "dvmd=debug")
+        .env_remove("DVM_SECRET")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    // The server comes up while stdin stays silent.
+    until(Duration::from_secs(60), "the forked worker's PMIx server to start before the secret", || {
+        logged().contains("PMIx worker up")
+    });
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon ended before its secret came: {}", logged());
+    assert_eq!(common::session_dirs(&root).len(), 1, "the daemon's session directory while it waits");
+    // The HNP is gone: stdin closes without a secret.
+    drop(daemon.stdin.take());
+    let st = daemon.wait().unwrap();
+    let err = logged();
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("dvmd: daemon 1 on host ")
+            && err.contains("stdin closed before the DVM secret came: the HNP that started this daemon is gone"),
+        "the failure names the daemon and the missing secret: {err}"
+    );
+    let forked: i32 = err
+        .lines()
+        .find(|l| l.contains("PMIx worker forked ahead"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the daemon forked no worker ahead: {err}"));
+    // SAFETY: waitpid/kill on a pid that is this process's child when the call succeeds.
+    let adopted = unsafe { libc::waitpid(forked, std::ptr::null_mut(), libc::WNOHANG) } != -1;
+    if adopted {
+        unsafe {
+            libc::kill(forked, libc::SIGKILL);
+            libc::waitpid(forked, std::ptr::null_mut(), 0);
+        }
+    }
+    let left = common::session_dirs(&root);
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(!adopted, "the daemon left its worker {forked} (a running server) behind");
+    assert!(left.is_empty(), "session directories left behind: {left:?}");
+}

@@ -667,7 +667,8 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
     // The HNP writes the secret right after starting this process, but an srun step passes its
     // stdin on only once every task has started: the read waits in a thread while this daemon
     // prepares what needs no secret (its session directory, its PMIx server).
-    let secret_line = std::env::var("DVM_SECRET").is_err().then(|| {
+    let env_secret = std::env::var("DVM_SECRET").ok();
+    let secret_line = env_secret.is_none().then(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
@@ -687,10 +688,13 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
         dvmd::pmix::start_preforked(&pmix_settings(session.dir(), &args), &host);
     }
     let secret = match secret_line {
-        None => DvmSecret::from_hex(&std::env::var("DVM_SECRET").unwrap_or_default()).context("DVM_SECRET"),
+        None => DvmSecret::from_hex(env_secret.as_deref().unwrap_or_default()).context("DVM_SECRET"),
         // If the secret is not there in time the HNP died before writing it, and this daemon
         // must not linger (its stdin may never see end-of-file).
         Some(rx) => match rx.recv_timeout(SECRET_WAIT) {
+            Ok(Ok(l)) if l.is_empty() => {
+                Err(anyhow!("stdin closed before the DVM secret came: the HNP that started this daemon is gone"))
+            }
             Ok(r) => r
                 .context("cannot read the DVM secret from stdin")
                 .and_then(|l| DvmSecret::from_hex(l.trim()).context("the DVM secret on stdin")),
@@ -699,7 +703,7 @@ async fn run_daemon(args: Args) -> Result<ExitCode> {
             }
         },
     };
-    let secret = secret?;
+    let secret = secret.with_context(|| format!("daemon {rank} on host {host}"))?;
     let topo = Topology::new(rank, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
     let bind = args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let advertised = if bind.is_unspecified() {

@@ -4,9 +4,9 @@
 //! Every failure is returned as the tail of a one-sentence reason ("executable './a.out' not
 //! found"); the caller prefixes node, job and rank.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -38,7 +38,9 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
     let program = resolve(argv0, &spec.env, &wdir)?;
     let slack_us = timer_slack_us(spec)?;
     let image = Image::new(spec, &program, &wdir)?;
-    let pipe = |what: &str| pipe_cloexec().map_err(|e| format!("cannot create the {what} pipe: {e}"));
+    let pipe = |what: &str| {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("cannot create the {what} pipe: {e}"))
+    };
     let (stdin_child, stdin_ours) = if spec.stdin {
         let (r, w) = pipe("stdin")?;
         (r, Some(w))
@@ -54,22 +56,21 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
         timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
-        failed: (0, 0),
+        failed: None,
     };
-    let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot start a process: {e}"))?;
-    let (stage, errno) = args.failed;
-    if stage != 0 {
-        // The child exited without exec'ing (it wrote why first): reap it here.
-        // SAFETY: waitpid on our own child, which has exited.
-        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-        let e = io::Error::from_raw_os_error(errno);
-        return Err(match stage {
-            STAGE_CHDIR => format!("working directory '{}' is not usable: {e}", wdir.display()),
-            STAGE_SETUP => format!("cannot set up the process of '{argv0}': {e}"),
-            _ => exec_error(&e, argv0, &program),
-        });
-    }
-    Ok(Launched { pid, stdin: stdin_ours, stdout, stderr })
+    let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
+    let Some((step, errno)) = args.failed else {
+        return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr });
+    };
+    // The child exited without exec'ing (it wrote why first): reap it here.
+    // SAFETY: waitpid on our own child, which has exited.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    let e = io::Error::from_raw_os_error(errno);
+    Err(match step {
+        Step::Chdir => format!("working directory '{}' is not usable: {e}", wdir.display()),
+        Step::Exec => exec_error(&e, argv0, &program),
+        Step::Setup(what) => format!("cannot {what} for '{argv0}': {e}"),
+    })
 }
 
 /// The timer slack the proc gets (µs): [`TIMER_SLACK_VAR`] from its environment (the last
@@ -87,10 +88,14 @@ fn timer_slack_us(spec: &ProcSpec) -> Result<u64, String> {
     }
 }
 
-/// Where the child failed (`ChildArgs::failed`).
-const STAGE_SETUP: i32 = 1;
-const STAGE_CHDIR: i32 = 2;
-const STAGE_EXEC: i32 = 3;
+/// Where the child failed before exec (`ChildArgs::failed`).
+#[derive(Clone, Copy)]
+enum Step {
+    /// What it was doing ("set its process group"), for the sentence.
+    Setup(&'static str),
+    Chdir,
+    Exec,
+}
 
 /// Everything the child needs, prepared before it exists: it may not allocate. The pointer
 /// arrays (null-terminated) point into the `CString`s kept beside them.
@@ -122,15 +127,15 @@ impl Image {
             .map(|(k, v)| c(&format!("environment variable {k}"), format!("{k}={v}").as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         let wdir = c("the working directory", wdir.as_os_str().as_bytes())?;
-        let sh = c("", b"/bin/sh")?;
-        let ptrs = |v: &[&CString]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
-        let argv_ptrs = ptrs(&argv.iter().collect::<Vec<_>>());
-        let envp_ptrs = ptrs(&envp.iter().collect::<Vec<_>>());
-        let sh_argv_ptrs = ptrs(&[&sh, &program].into_iter().chain(argv.iter().skip(1)).collect::<Vec<_>>());
+        let ptrs =
+            |v: &mut dyn Iterator<Item = &CStr>| v.map(CStr::as_ptr).chain([std::ptr::null()]).collect::<Vec<_>>();
+        let argv_ptrs = ptrs(&mut argv.iter().map(CString::as_c_str));
+        let envp_ptrs = ptrs(&mut envp.iter().map(CString::as_c_str));
+        let sh_argv_ptrs =
+            ptrs(&mut [c"/bin/sh", program.as_c_str()].into_iter().chain(argv.iter().skip(1).map(CString::as_c_str)));
         // The strings' buffers stay where they are when the vectors move: the pointers hold.
         let mut strings = argv;
         strings.extend(envp);
-        strings.push(sh);
         Ok(Image { program, wdir, argv_ptrs, envp_ptrs, sh_argv_ptrs, _strings: strings })
     }
 }
@@ -143,19 +148,8 @@ struct ChildArgs<'a> {
     fd_limit: libc::c_int,
     /// 0: the kernel's default (inherited).
     timer_slack_ns: libc::c_ulong,
-    /// (stage, errno) of a failure before exec; (0, 0) if the child exec'd.
-    failed: (i32, i32),
-}
-
-/// A pipe with both ends close-on-exec: (read end, write end).
-fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the array with two new descriptors, which we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both are fresh descriptors nobody else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    /// The step that failed before exec, and its errno; None if the child exec'd.
+    failed: Option<(Step, i32)>,
 }
 
 /// The child's stack: it needs little (raw syscalls only) and is freed once it has exec'd.
@@ -211,8 +205,8 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildArgs` the parent passed; the parent is suspended until this
     // process execs or exits, so nothing else uses it meanwhile.
     let args = unsafe { &mut *(arg as *mut ChildArgs<'_>) };
-    let fail = |args: &mut ChildArgs<'_>, stage: i32| -> libc::c_int {
-        args.failed = (stage, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+    let fail = |args: &mut ChildArgs<'_>, step: Step| -> libc::c_int {
+        args.failed = Some((step, io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)));
         // SAFETY: _exit never returns and runs no handler.
         unsafe { libc::_exit(127) }
     };
@@ -229,27 +223,27 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             }
         }
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-            return fail(args, STAGE_SETUP);
+            return fail(args, Step::Setup("set PR_SET_PDEATHSIG"));
         }
         // The daemon may have died before prctl: then no PDEATHSIG would ever come.
         if libc::getppid() != args.parent {
             libc::_exit(1);
         }
         if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
-            return fail(args, STAGE_SETUP);
+            return fail(args, Step::Setup("set its timer slack"));
         }
         // Its own process group: the daemon signals the whole group.
         if libc::setpgid(0, 0) != 0 {
-            return fail(args, STAGE_SETUP);
+            return fail(args, Step::Setup("give it its own process group"));
         }
         for (target, &fd) in args.stdio.iter().enumerate() {
             // dup2 clears close-on-exec on the copy; the originals close at exec.
             if libc::dup2(fd, target as libc::c_int) < 0 {
-                return fail(args, STAGE_SETUP);
+                return fail(args, Step::Setup("connect its stdin, stdout and stderr"));
             }
         }
         if libc::chdir(args.image.wdir.as_ptr()) != 0 {
-            return fail(args, STAGE_CHDIR);
+            return fail(args, Step::Chdir);
         }
         // Every other fd of the daemon closes at exec (close_range(3, ~0, 0) in effect).
         if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
@@ -266,10 +260,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         libc::execve(image.program.as_ptr(), image.argv_ptrs.as_ptr(), image.envp_ptrs.as_ptr());
         let errno = *libc::__errno_location();
         if errno == libc::ENOEXEC {
-            // No #!: run it under /bin/sh, as execvp does.
+            // No #!: run it under /bin/sh, as execvp does (if even that fails, the file's own
+            // ENOEXEC is the reason given).
             libc::execve(image.sh_argv_ptrs[0], image.sh_argv_ptrs.as_ptr(), image.envp_ptrs.as_ptr());
         }
-        args.failed = (STAGE_EXEC, errno);
+        args.failed = Some((Step::Exec, errno));
         libc::_exit(127)
     }
 }

@@ -19,8 +19,9 @@
 //! Traps:
 //! - PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process:
 //!   call `spawn` from the actor's own long-lived thread, never from `spawn_blocking`.
-//! - Hence `spawn` forks inline: it returns once the child has exec'd (std waits on its
-//!   CLOEXEC pipe), which is what turns exec failures into `LaunchFailed` instead of exit 127.
+//! - Hence `spawn` starts the child inline: it returns once the child has exec'd (the
+//!   vfork-style clone suspends the calling thread until then), which is what turns exec
+//!   failures into `LaunchFailed` instead of exit 127.
 //! - Every method that starts work spawns tokio tasks: call them inside the runtime.
 //! - A proc whose background children keep its stdout open has not finished: `Exited` waits
 //!   for their EOF (as in PRRTE); `kill_job` still reaches them through the process group.

@@ -425,10 +425,7 @@ fn take_preforked(cfg: &ServerConfig) -> Option<Preforked> {
     let p = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take()?;
     if p.init.as_ref().is_some_and(|dir| *dir != cfg.tmpdir) {
         warn!(pid = p.pid, "the preforked PMIx worker was started for another directory; starting another");
-        let mut proc = WorkerProc::Forked { pid: p.pid, status: None };
-        drop((p.cmd, p.ev));
-        proc.kill();
-        let _ = proc.wait();
+        p.end();
         return None;
     }
     match reap(p.pid, false) {
@@ -444,12 +441,22 @@ fn take_preforked(cfg: &ServerConfig) -> Option<Preforked> {
     }
 }
 
+/// End a preforked worker nobody took (the daemon ends without having needed a server, or
+/// failed before it could): killed and reaped here, not left to whoever adopts it.
 pub fn discard_preforked() {
-    let Some(p) = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
-    drop((p.cmd, p.ev));
-    let mut proc = WorkerProc::Forked { pid: p.pid, status: None };
-    proc.kill();
-    let _ = proc.wait();
+    if let Some(p) = PREFORKED.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        p.end();
+    }
+}
+
+impl Preforked {
+    /// Kill and reap it.
+    fn end(self) {
+        drop((self.cmd, self.ev));
+        let mut proc = WorkerProc::Forked { pid: self.pid, status: None };
+        proc.kill();
+        let _ = proc.wait();
+    }
 }
 
 /// The command that starts a worker's server as `cfg` says.
