@@ -123,6 +123,12 @@ fn a_daemon_failing_at_start_leaves_no_forked_worker() {
     let (_, err) = out(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("DVM_SECRET"), "{err}");
+    assert!(!left_its_forked_worker(&err), "the daemon left its forked worker behind: {err}");
+}
+
+/// Whether the daemon whose debug log is `err` left the worker it forked ahead (it logged
+/// the pid) to this process, the subreaper: then the worker is ended and reaped here.
+fn left_its_forked_worker(err: &str) -> bool {
     let forked: i32 = err
         .lines()
         .find(|l| l.contains("PMIx worker forked ahead"))
@@ -130,7 +136,7 @@ fn a_daemon_failing_at_start_leaves_no_forked_worker() {
         .and_then(|p| p.split_whitespace().next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("the daemon forked no worker ahead: {err}"));
-    // Our child now (alive or a zombie) only if the daemon left it: then end and reap it.
+    // Our child now (alive or a zombie) only if the daemon left it.
     // SAFETY: waitpid/kill on a pid that is this process's child when the call succeeds.
     let adopted = unsafe { libc::waitpid(forked, std::ptr::null_mut(), libc::WNOHANG) } != -1;
     if adopted {
@@ -139,7 +145,7 @@ fn a_daemon_failing_at_start_leaves_no_forked_worker() {
             libc::waitpid(forked, std::ptr::null_mut(), 0);
         }
     }
-    assert!(!adopted, "the daemon left its forked worker {forked} behind");
+    adopted
 }
 
 /// `--pmix-recycle-kib 0`: every daemon replaces its worker after every job. Each job must
@@ -343,23 +349,9 @@ fn a_daemon_waiting_for_its_secret_has_its_server_up_and_leaves_nothing_when_it_
             && err.contains("stdin closed before the DVM secret came: the HNP that started this daemon is gone"),
         "the failure names the daemon and the missing secret: {err}"
     );
-    let forked: i32 = err
-        .lines()
-        .find(|l| l.contains("PMIx worker forked ahead"))
-        .and_then(|l| l.split("pid=").nth(1))
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("the daemon forked no worker ahead: {err}"));
-    // SAFETY: waitpid/kill on a pid that is this process's child when the call succeeds.
-    let adopted = unsafe { libc::waitpid(forked, std::ptr::null_mut(), libc::WNOHANG) } != -1;
-    if adopted {
-        unsafe {
-            libc::kill(forked, libc::SIGKILL);
-            libc::waitpid(forked, std::ptr::null_mut(), 0);
-        }
-    }
+    let adopted = left_its_forked_worker(&err);
     let left = common::session_dirs(&root);
     let _ = std::fs::remove_dir_all(&root);
-    assert!(!adopted, "the daemon left its worker {forked} (a running server) behind");
+    assert!(!adopted, "the daemon left its worker (a running server) behind: {err}");
     assert!(left.is_empty(), "session directories left behind: {left:?}");
 }
