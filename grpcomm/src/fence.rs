@@ -46,6 +46,7 @@ use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
 use crate::allgather::exchange::Exchange;
+use crate::movement::FenceShape;
 use crate::{Ctx, Effect, FenceMovementMode, Movement};
 use tracker::{child_slots, lost, FenceTracker, OwnSlot, Run, SubtreeContrib};
 
@@ -128,6 +129,11 @@ pub struct FenceRequest {
     pub data: Bytes,
     /// Fail with `Timeout` if not complete after this many nanoseconds.
     pub timeout: Option<u64>,
+    /// Bytes the caller expects a collecting fence to release, for `auto` to price the first
+    /// one over a signature (later ones use what the previous one released). Every
+    /// participant must pass the same value: derive it from what all of them hold (the procs
+    /// array, a benchmark's size), never from this daemon's own data.
+    pub size_hint: Option<u64>,
 }
 
 /// Identifies one fence: signature and sequence number.
@@ -171,6 +177,24 @@ struct SigRecord {
     /// whose lateral link was lost may still wait for blocks sent just before the end (it is
     /// at most one fence behind, since this daemon cannot finish the next without it).
     finished: Option<(u64, Box<Exchange>)>,
+    /// (seq, bytes) of the last collecting fence that succeeded here: what `auto` prices the
+    /// next collecting fence with. Identical on every participant once that fence is retired
+    /// everywhere, which is why a priced fence waits in `deferred` until then.
+    released: Option<(u64, u64)>,
+    /// Collecting fences started locally under a byte-pricing mode while an earlier
+    /// collecting fence over the signature was still in flight here: their movement is chosen
+    /// once it retires. Each has a tracker (own slot waiting), so what comes early is held.
+    deferred: BTreeMap<u64, Deferred>,
+}
+
+/// A local start whose movement waits for the previous collecting fence (see
+/// `SigRecord::deferred`).
+#[derive(Debug)]
+struct Deferred {
+    req: FenceRequest,
+    mode: FenceMovementMode,
+    /// Absolute deadline, if the request had a timeout.
+    deadline: Option<u64>,
 }
 
 impl SigRecord {
@@ -244,6 +268,8 @@ pub(crate) struct FenceState {
     /// until the loss is noticed again, and by then this daemon may have finished, and
     /// forgotten, the exchange that owed it.
     lateral_lost: BTreeSet<Rank>,
+    /// Local starts deferred over every signature (see `SigRecord::deferred`).
+    deferred: usize,
 }
 
 fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
@@ -268,7 +294,13 @@ fn retire(
     from: Option<Rank>,
 ) {
     let mut t = rec.trackers.remove(&seq);
-    let started = t.as_ref().is_some_and(FenceTracker::started);
+    // A fence still deferred here ends before it began (an error came down): its caller hears.
+    let started = t.as_ref().is_some_and(FenceTracker::started) | rec.deferred.remove(&seq).is_some();
+    if let (Ok(data), Some(t)) = (&result, &t) {
+        if t.collect && t.started() && rec.released.is_none_or(|(s, _)| s < seq) {
+            rec.released = Some((seq, data.len() as u64));
+        }
+    }
     let release = result.is_err() || t.as_ref().is_none_or(FenceTracker::releases_success);
     if let Some(Run::Allgather(ex)) = t.as_mut().map(|t| std::mem::replace(&mut t.run, Run::Tree)) {
         if result.is_ok() {
@@ -349,13 +381,83 @@ fn send_error_up(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, t: &FenceTra
     ctx.send(parent, Body::Contrib(m));
 }
 
+/// This daemon's own start of fence `seq`: choose the movement and put its part in.
+fn begin(
+    ctx: &mut Ctx<'_>,
+    sig: &FenceSignature,
+    seq: u64,
+    rec: &mut SigRecord,
+    req: FenceRequest,
+    mode: FenceMovementMode,
+    lateral_lost: &BTreeSet<Rank>,
+) {
+    let me = ctx.topo.me();
+    let shape = shape_of(ctx, sig, rec, &req);
+    let movement = mode.for_fence(req.collect, &shape, &ctx.cfg.link);
+    let t =
+        rec.trackers.entry(seq).or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
+    t.collect = req.collect;
+    if let Some(timeout) = req.timeout {
+        let at = ctx.now.saturating_add(timeout);
+        t.deadline = Some(at);
+        t.timeout_ns = timeout;
+        ctx.out.push(Effect::ArmTimer { at });
+    }
+    debug!(rank = me, key = ?sig.key, seq, movement = movement.name(), est = shape.bytes, "fence started");
+    match movement {
+        // A barrier carries no data on any movement (a real one arrives with 8 bytes).
+        Movement::Allgather => {
+            let data = if req.collect { req.data } else { Bytes::new() };
+            allgather::start(ctx, sig, seq, rec, data, lateral_lost)
+        }
+        m => {
+            let data = if m == Movement::TreeGatherRelease { req.data } else { Bytes::new() };
+            t.own = OwnSlot::Filled { movement: m.id(), data };
+            let early = std::mem::replace(&mut t.run, Run::Tree);
+            if let Run::Pending { early } = early {
+                if let Some((from, b)) = early.first() {
+                    let err = FenceError::MovementMismatch {
+                        expected: m.name().into(),
+                        got: Movement::name_of(b.movement),
+                        daemon: *from,
+                    };
+                    fail(ctx, sig, seq, rec, err);
+                    return;
+                }
+            }
+            progress(ctx, sig, seq, rec);
+        }
+    }
+}
+
+/// What `auto` prices fence `req` with: the participant count and the deepest participant's
+/// depth in the failure-free tree (never the repaired one, which daemons learn at different
+/// moments), and the bytes the previous collecting fence over the signature released here —
+/// or, for the first, the caller's hint.
+fn shape_of(ctx: &Ctx<'_>, sig: &FenceSignature, rec: &SigRecord, req: &FenceRequest) -> FenceShape {
+    let tree = ctx.topo.repaired().tree();
+    let deepest = match &sig.participants {
+        Participants::All => tree.size().saturating_sub(1),
+        Participants::Daemons(d) => d.last().copied().unwrap_or(0),
+    };
+    let bytes = if req.collect { rec.released.map(|(_, b)| b).or(req.size_hint).unwrap_or(0) } else { 0 };
+    FenceShape {
+        participants: tracker::participant_count(ctx.topo, &sig.participants),
+        depth: tree.depth(deepest),
+        radix: tree.radix(),
+        bytes,
+    }
+}
+
 impl FenceState {
     pub fn new() -> Self {
         Self::default()
     }
 
     pub fn start(&mut self, ctx: &mut Ctx<'_>, req: FenceRequest, mode: FenceMovementMode) -> FenceId {
-        let sig = FenceSignature::new(req.sig.key, req.sig.participants);
+        let mut req = req;
+        req.sig = FenceSignature::new(req.sig.key, req.sig.participants);
+        let sig = req.sig.clone();
         let me = ctx.topo.me();
         let current = self.sigs.get(&sig).map_or(0, |r| r.started);
         let refused = match sig.participants.check(ctx.topo.size()) {
@@ -398,44 +500,40 @@ impl FenceState {
             emit(ctx, &sig, seq, result);
             return id;
         }
-        let count = tracker::participant_count(ctx.topo, &sig.participants);
-        let movement = mode.for_fence(req.collect, count);
-        let t = rec
-            .trackers
-            .entry(seq)
-            .or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
-        if let Some(timeout) = req.timeout {
-            let at = ctx.now.saturating_add(timeout);
-            t.deadline = Some(at);
-            t.timeout_ns = timeout;
-            ctx.out.push(Effect::ArmTimer { at });
+        rec.trackers.entry(seq).or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
+        // Priced by what the previous collecting fence released: wait until it has, here.
+        let earlier_in_flight = rec.trackers.range(..seq).any(|(_, t)| t.collect && t.started())
+            || rec.deferred.range(..seq).next().is_some();
+        if req.collect && mode.prices_bytes() && earlier_in_flight {
+            let deadline = req.timeout.map(|t| ctx.now.saturating_add(t));
+            debug!(rank = me, key = ?sig.key, seq, "collecting fence waits for the previous one to price it");
+            rec.deferred.insert(seq, Deferred { req, mode, deadline });
+            self.deferred += 1;
+            return id;
         }
-        debug!(rank = me, key = ?sig.key, seq, movement = movement.name(), "fence started");
-        match movement {
-            // A barrier carries no data on any movement (a real one arrives with 8 bytes).
-            Movement::Allgather => {
-                let data = if req.collect { req.data } else { Bytes::new() };
-                allgather::start(ctx, &sig, seq, rec, data, &self.lateral_lost)
-            }
-            m => {
-                let data = if m == Movement::TreeGatherRelease { req.data } else { Bytes::new() };
-                t.own = OwnSlot::Filled { movement: m.id(), data };
-                let early = std::mem::replace(&mut t.run, Run::Tree);
-                if let Run::Pending { early } = early {
-                    if let Some((from, b)) = early.first() {
-                        let err = FenceError::MovementMismatch {
-                            expected: m.name().into(),
-                            got: Movement::name_of(b.movement),
-                            daemon: *from,
-                        };
-                        fail(ctx, &sig, seq, rec, err);
-                        return id;
-                    }
-                }
-                progress(ctx, &sig, seq, rec);
-            }
-        }
+        begin(ctx, &sig, seq, rec, req, mode, &self.lateral_lost);
         id
+    }
+
+    /// Begin every deferred start whose earlier collecting fences have all retired here, in
+    /// sequence order (called after every input).
+    pub(crate) fn after_input(&mut self, ctx: &mut Ctx<'_>) {
+        if self.deferred == 0 {
+            return;
+        }
+        for (sig, rec) in self.sigs.iter_mut() {
+            while let Some((&seq, _)) = rec.deferred.first_key_value() {
+                if rec.trackers.range(..seq).any(|(_, t)| t.collect && t.started()) {
+                    break;
+                }
+                let Some(d) = rec.deferred.remove(&seq) else { break };
+                self.deferred -= 1;
+                let mut req = d.req;
+                req.timeout = d.deadline.map(|at| at.saturating_sub(ctx.now).max(1));
+                begin(ctx, sig, seq, rec, req, d.mode, &self.lateral_lost);
+            }
+        }
+        self.deferred = self.sigs.values().map(|r| r.deferred.len()).sum();
     }
 
     pub fn on_contrib(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceContrib) {

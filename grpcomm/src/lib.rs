@@ -35,7 +35,9 @@ pub mod testnet;
 pub mod xcast;
 
 pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
-pub use movement::{BcastMovementMode, FenceMovementMode, LinkModel, Movement, UnknownBcastMovement, UnknownMovement};
+pub use movement::{
+    BcastMovementMode, FenceMovementMode, FenceShape, LinkModel, Movement, UnknownBcastMovement, UnknownMovement,
+};
 pub use xcast::XcastId;
 
 /// Application tags carried by xcast and scatter.
@@ -199,9 +201,18 @@ impl Grpcomm {
             Some(Body::Forward(m)) => x.on_forward(&mut ctx, from, m),
             Some(Body::Ack(m)) => x.on_ack(&mut ctx, from, m),
             Some(Body::Done(m)) => x.on_done(&mut ctx, from, m),
-            Some(Body::Contrib(m)) => f.on_contrib(&mut ctx, from, m),
-            Some(Body::Release(m)) => f.on_release(&mut ctx, from, m),
-            Some(Body::Block(m)) => f.on_block(&mut ctx, from, m),
+            Some(Body::Contrib(m)) => {
+                f.on_contrib(&mut ctx, from, m);
+                f.after_input(&mut ctx);
+            }
+            Some(Body::Release(m)) => {
+                f.on_release(&mut ctx, from, m);
+                f.after_input(&mut ctx);
+            }
+            Some(Body::Block(m)) => {
+                f.on_block(&mut ctx, from, m);
+                f.after_input(&mut ctx);
+            }
             Some(Body::Xblock(m)) => x.on_block(&mut ctx, from, m),
             Some(Body::Scatter(m)) => s.on_scatter(&mut ctx, from, m),
             None => ctx.out.push(Effect::Dropped { from, reason: "empty grpcomm message".into() }),
@@ -240,7 +251,9 @@ impl Grpcomm {
     pub fn fence_with(&mut self, req: FenceRequest, now: u64, mode: FenceMovementMode) -> FenceId {
         self.now = self.now.max(now);
         let (mut ctx, _, f, _) = self.split();
-        f.start(&mut ctx, req, mode)
+        let id = f.start(&mut ctx, req, mode);
+        f.after_input(&mut ctx);
+        id
     }
 
     /// Forget a fence signature whose owner (a job) is gone: its sequence counter and the
@@ -265,6 +278,7 @@ impl Grpcomm {
         let (mut ctx, x, f, _) = self.split();
         x.topology_changed(&mut ctx, &delta);
         f.topology_changed(&mut ctx, &delta);
+        f.after_input(&mut ctx);
         Ok(delta)
     }
 
@@ -273,6 +287,7 @@ impl Grpcomm {
         let (mut ctx, x, f, _) = self.split();
         x.peer_unreachable(&mut ctx, peer);
         f.peer_unreachable(&mut ctx, peer);
+        f.after_input(&mut ctx);
     }
 
     /// Time passed; fire expired timeouts.
@@ -281,6 +296,7 @@ impl Grpcomm {
         let (mut ctx, x, f, _) = self.split();
         x.tick(&mut ctx);
         f.tick(&mut ctx);
+        f.after_input(&mut ctx);
     }
 
     /// Tell the machines the current time without firing timers (drivers call this before

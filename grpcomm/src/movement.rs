@@ -3,9 +3,11 @@
 //! table: the movement id travels with every fence contribution and block, and a mismatch
 //! fails the fence by name.
 //!
-//! Selection uses only inputs every participant of an operation holds identically: the
-//! configured [`FenceMovementMode`], the collect flag and the participant count (both from
-//! the request and its signature) — never a payload size, which differs per rank.
+//! A fence's movement is chosen from inputs every participant holds identically: the
+//! configured [`FenceMovementMode`], the collect flag, and a [`FenceShape`] (participant count
+//! and tree depth from the signature, an estimate of the bytes released that every
+//! participant derives alike) priced with the DVM's one [`LinkModel`] — never a payload size
+//! of this daemon's own, which differs per rank.
 
 use std::fmt;
 use std::str::FromStr;
@@ -66,14 +68,41 @@ impl Movement {
 /// Which movement fences use (`fence_movement` in [`crate::Config`], `dvmd --fence-movement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum FenceMovementMode {
-    /// Barrier on the tree (zero bytes: a high-radix tree beats a dissemination exchange),
-    /// collecting fence on the allgather.
+    /// Each fence on the movement its [`FenceShape`] prices cheaper under the [`LinkModel`].
     Auto,
     /// Everything on the tree: barrier rollup, or gather and release.
     #[default]
     Tree,
     /// Everything on the allgather (a barrier exchanges empty blocks).
     Allgather,
+}
+
+/// What an `auto` fence is priced from. Every field is one every participant of the fence
+/// holds alike: the count and the depth come from the signature and the failure-free tree,
+/// the byte estimate from what the fence's owner released before (or the caller's hint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceShape {
+    /// Participating daemons.
+    pub participants: u64,
+    /// Depth, in the failure-free tree, of the deepest participant (a tree fence rolls up to
+    /// the root and releases down from it).
+    pub depth: u32,
+    /// The tree's radix.
+    pub radix: u32,
+    /// Bytes the fence is expected to release (0 for a barrier).
+    pub bytes: u64,
+}
+
+impl FenceShape {
+    /// ⌈log₂ P⌉: the allgather's rounds.
+    fn rounds(&self) -> f64 {
+        f64::from(self.participants.max(1).next_power_of_two().trailing_zeros())
+    }
+
+    /// Busiest daemon's fan-out in a tree release: `min(radix, P − 1)`, at least 1.
+    fn fan_out(&self) -> f64 {
+        self.participants.saturating_sub(1).clamp(1, u64::from(self.radix.max(1))) as f64
+    }
 }
 
 impl FenceMovementMode {
@@ -88,17 +117,31 @@ impl FenceMovementMode {
         }
     }
 
-    /// The movement of one fence. `collect` is `PMIX_COLLECT_DATA`; `participants` is the
-    /// participant count read from the signature (every participant reads the same). A
-    /// fence of one participant needs no exchange at all, and the tree answers it locally.
-    pub fn for_fence(self, collect: bool, participants: u64) -> Movement {
+    /// The movement of one fence. `collect` is `PMIX_COLLECT_DATA`. A fence of one participant
+    /// needs no exchange at all, and the tree answers it locally. Under `auto` the cheaper of
+    /// the two models wins; a tie stays on the tree.
+    pub fn for_fence(self, collect: bool, shape: &FenceShape, link: &LinkModel) -> Movement {
         let tree = if collect { Movement::TreeGatherRelease } else { Movement::TreeBarrier };
         match self {
             FenceMovementMode::Tree => tree,
             FenceMovementMode::Allgather => Movement::Allgather,
-            FenceMovementMode::Auto if collect && participants > 1 => Movement::Allgather,
-            FenceMovementMode::Auto => tree,
+            FenceMovementMode::Auto if shape.participants <= 1 => tree,
+            FenceMovementMode::Auto => {
+                let shape = FenceShape { bytes: if collect { shape.bytes } else { 0 }, ..*shape };
+                if link.allgather_fence_ns(&shape) < link.tree_fence_ns(&shape) {
+                    Movement::Allgather
+                } else {
+                    tree
+                }
+            }
         }
+    }
+
+    /// Whether this mode's choice for a collecting fence depends on a byte estimate (the
+    /// framing then keeps a participant's collecting fences over one signature in order, so
+    /// that every participant prices fence k after fence k − 1 has released everywhere).
+    pub fn prices_bytes(self) -> bool {
+        self == FenceMovementMode::Auto
     }
 }
 
@@ -134,6 +177,25 @@ impl Default for LinkModel {
 }
 
 impl LinkModel {
+    /// Modelled time of a tree fence: the contributions roll up `depth` levels (the root's
+    /// link takes in all `M` released bytes), the result goes down `depth` levels, each
+    /// daemon sending it to each of its children in turn.
+    ///
+    /// `T_tree = 2·depth·α + (1 + depth·min(radix, P − 1))·M·β`
+    pub fn tree_fence_ns(&self, s: &FenceShape) -> f64 {
+        let d = f64::from(s.depth.max(1));
+        2.0 * d * self.alpha_ns + (1.0 + d * s.fan_out()) * s.bytes as f64 * self.beta_ns_per_byte
+    }
+
+    /// Modelled time of an allgather fence over P participants: ⌈log₂ P⌉ rounds, and every
+    /// participant takes in everything but its own share.
+    ///
+    /// `T_allgather = ⌈log₂ P⌉·α + M·(P − 1)/P·β`
+    pub fn allgather_fence_ns(&self, s: &FenceShape) -> f64 {
+        let p = s.participants.max(1) as f64;
+        s.rounds() * self.alpha_ns + s.bytes as f64 * (p - 1.0) / p * self.beta_ns_per_byte
+    }
+
     /// Modelled time of a whole-payload tree broadcast of `bytes` over `live` daemons on a
     /// tree of `radix` and `depth` levels: at each level a daemon sends the payload to each
     /// of its children in turn, so the last child of a level starts one fan-out later.
@@ -285,16 +347,51 @@ mod tests {
     }
 
     #[test]
-    fn selection_depends_on_the_shared_inputs_only() {
+    fn forced_modes_ignore_the_shape_and_one_participant_stays_local() {
         use FenceMovementMode::*;
+        let link = LinkModel::default();
         for p in 1..=64u64 {
-            assert_eq!(Tree.for_fence(true, p), Movement::TreeGatherRelease);
-            assert_eq!(Tree.for_fence(false, p), Movement::TreeBarrier);
-            assert_eq!(Allgather.for_fence(true, p), Movement::Allgather);
-            assert_eq!(Allgather.for_fence(false, p), Movement::Allgather);
-            assert_eq!(Auto.for_fence(false, p), Movement::TreeBarrier);
-            let want = if p > 1 { Movement::Allgather } else { Movement::TreeGatherRelease };
-            assert_eq!(Auto.for_fence(true, p), want);
+            for bytes in [0, 64, 1 << 20] {
+                let s = FenceShape { participants: p, depth: 2, radix: 4, bytes };
+                assert_eq!(Tree.for_fence(true, &s, &link), Movement::TreeGatherRelease);
+                assert_eq!(Tree.for_fence(false, &s, &link), Movement::TreeBarrier);
+                assert_eq!(Allgather.for_fence(true, &s, &link), Movement::Allgather);
+                assert_eq!(Allgather.for_fence(false, &s, &link), Movement::Allgather);
+            }
+        }
+        let one = FenceShape { participants: 1, depth: 0, radix: 64, bytes: 1 << 30 };
+        assert_eq!(Auto.for_fence(true, &one, &link), Movement::TreeGatherRelease);
+        assert_eq!(Auto.for_fence(false, &one, &link), Movement::TreeBarrier);
+    }
+
+    #[test]
+    fn auto_takes_the_cheaper_model_by_size_and_depth() {
+        use FenceMovementMode::*;
+        let link = LinkModel::default(); // 50 µs, 1 ns/B
+        let shape =
+            |participants: u64, depth: u32, radix: u32, bytes: u64| FenceShape { participants, depth, radix, bytes };
+        // A flat tree over 17 daemons: two hops against five rounds keep small fences on the
+        // tree; 64 KiB per daemon puts 17 · 1.1 MiB on the root's link and goes lateral.
+        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 0), &link), Movement::TreeBarrier);
+        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 * 64), &link), Movement::TreeGatherRelease);
+        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 << 16), &link), Movement::Allgather);
+        // A barrier's estimate is ignored: no bytes move.
+        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 17 << 16), &link), Movement::TreeBarrier);
+        // A binary tree of depth 4 over 16: eight hops against four rounds.
+        assert_eq!(Auto.for_fence(false, &shape(16, 4, 2, 0), &link), Movement::Allgather);
+        // 4096 daemons on a radix-64 tree: 64 B each is 256 KiB through the root 129 times.
+        assert_eq!(Auto.for_fence(true, &shape(4096, 2, 64, 4096 * 64), &link), Movement::Allgather);
+        assert_eq!(Auto.for_fence(false, &shape(4096, 2, 64, 0), &link), Movement::TreeBarrier);
+        // The choice is exactly the cheaper model, at every size.
+        for p in [2u64, 3, 5, 16, 17, 64, 100, 4096] {
+            for (depth, radix) in [(1, 64), (2, 4), (4, 2), (12, 2)] {
+                for bytes in [0u64, 1, 64, 1024, 8192, 65_536, 1 << 20].map(|b| b * p) {
+                    let s = shape(p, depth, radix, bytes);
+                    let lateral = link.allgather_fence_ns(&s) < link.tree_fence_ns(&s);
+                    let want = if lateral { Movement::Allgather } else { Movement::TreeGatherRelease };
+                    assert_eq!(Auto.for_fence(true, &s, &link), want, "{s:?}");
+                }
+            }
         }
     }
 }

@@ -159,7 +159,8 @@ fn hostile_input_is_dropped_or_fails_by_name_never_panics() {
     g.handle(1, msg(contrib(&sig, 0, 3, 1, vec![e])));
     let fx = effects(&mut g);
     assert!(fx.iter().any(|e| matches!(e, Effect::Send { to: 2, .. })), "error released to 2: {fx:?}");
-    let id = g.fence(FenceRequest { sig: sig.clone(), collect: true, data: Bytes::new(), timeout: None }, 0);
+    let id = g
+        .fence(FenceRequest { sig: sig.clone(), collect: true, data: Bytes::new(), timeout: None, size_hint: None }, 0);
     assert_eq!(id.seq, 0);
     let fx = effects(&mut g);
     assert!(
@@ -173,7 +174,7 @@ fn hostile_input_is_dropped_or_fails_by_name_never_panics() {
     g.handle(1, msg(contrib(&sig, 0, 77, 1, vec![])));
     g.handle(2, msg(contrib(&sig, 0, 2, 1, vec![])));
     g.handle(2, msg(contrib(&sig, 0, 2, 1, vec![]))); // duplicate: dropped before merging
-    g.fence(FenceRequest { sig: sig.clone(), collect: false, data: Bytes::new(), timeout: None }, 0);
+    g.fence(FenceRequest { sig: sig.clone(), collect: false, data: Bytes::new(), timeout: None, size_hint: None }, 0);
     let fx = effects(&mut g);
     let want =
         FenceError::MovementMismatch { expected: "tree-barrier".into(), got: "unknown movement 77".into(), daemon: 1 };

@@ -212,9 +212,7 @@ fn check_fences(sc: &Scenario, t: &Trace, v: &mut Vec<String>) {
         // own: when a participant is lost mid-exchange, survivors that already held every block
         // keep their result while the others fail with LostConnection. Oks must still agree
         // with each other (and the oracle), errors with each other.
-        let members = chain.members.len() as u64;
-        let release_free =
-            sc.cfg.fence_movement.for_fence(calls[0].collect, members) == dvm_grpcomm::Movement::Allgather;
+        let release_free = sc.cfg.fence_movement != dvm_grpcomm::FenceMovementMode::Tree;
         let end_all = results.iter().map(|x| x.1).max().unwrap_or(0);
         let may_split = release_free && !clean(t, chain, end_all);
         let firsts: Vec<(Rank, u64, &Result<Bytes, FenceError>)> = if may_split {

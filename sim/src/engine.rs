@@ -288,7 +288,10 @@ impl<'s> Engine<'s> {
         let c: &FenceChain = &self.sc.chains[chain];
         let s = &c.steps[step];
         let data = c.contribution(chain, step, daemon);
-        let req = FenceRequest { sig: c.sig.clone(), collect: s.collect, data: data.clone(), timeout: s.timeout };
+        // The hint every member derives alike: the chain's contribution size times its members.
+        let size_hint = c.contrib_len.map(|l| l as u64 * c.members.len() as u64);
+        let req =
+            FenceRequest { sig: c.sig.clone(), collect: s.collect, data: data.clone(), timeout: s.timeout, size_hint };
         let id = self.net.fence(daemon, req, self.q.now());
         self.q.note(|| format!("d{daemon} FENCE chain {chain} step {step} seq {}", id.seq));
         self.pending_fence.insert((daemon, chain), self.trace.fence_calls.len());

@@ -9,7 +9,7 @@
 //! `(d + ⌈log₂N⌉)·α + 2·M·β`.
 
 use bytes::Bytes;
-use dvm_grpcomm::{tags, FenceMovementMode, FenceSignature, LinkModel, Movement, Participants, Rank};
+use dvm_grpcomm::{tags, FenceMovementMode, FenceShape, FenceSignature, LinkModel, Movement, Participants, Rank};
 
 use crate::net::NetModel;
 use crate::scenario::{FenceChain, FenceStep, Scenario, XcastPlan};
@@ -137,8 +137,16 @@ pub fn project_with(op: Op, n: u32, radix: u32, net: &NetModel, mode: impl Into<
     sc.cfg.link = link_model(net);
     let movement = match op {
         Op::Xcast(m) => mode.bcast.for_bcast(true, m as u64, n, radix, sc.height(), &sc.cfg.link),
-        Op::Barrier => mode.fence.for_fence(false, u64::from(n)),
-        Op::Modex(_) => mode.fence.for_fence(true, u64::from(n)),
+        Op::Barrier | Op::Modex(_) => {
+            let collect = matches!(op, Op::Modex(_));
+            let shape = FenceShape {
+                participants: u64::from(n),
+                depth: sc.height(),
+                radix,
+                bytes: op.bytes() as u64 * u64::from(n),
+            };
+            mode.fence.for_fence(collect, &shape, &sc.cfg.link)
+        }
     };
     // Compression would make the payload size depend on its content; the model counts bytes.
     sc.cfg.compress_threshold = usize::MAX;

@@ -239,7 +239,9 @@ impl Core {
         b.next += 1;
         let collect = bench_collect(b.kind, i);
         let data = if collect { b.data(me, i) } else { Bytes::new() };
-        let req = FenceRequest { sig: b.sig.clone(), collect, data, timeout: Some(BENCH_FENCE_TIMEOUT_NS) };
+        // Every daemon knows the benchmark's size and its participants alike.
+        let size_hint = collect.then(|| b.bytes.saturating_mul(b.participants.len() as u64));
+        let req = FenceRequest { sig: b.sig.clone(), collect, data, timeout: Some(BENCH_FENCE_TIMEOUT_NS), size_hint };
         let owner = FenceOwner::Bench(b.id);
         let mode = b.fence_movement;
         if let Some(hb) = self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {

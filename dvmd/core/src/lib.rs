@@ -50,6 +50,9 @@ pub mod dtags {
     pub const BENCH_XCAST: u32 = super::tags::USER + 3;
     /// A PMIx event for ranks on other daemons (`dvm.daemon.PmixEvent`; dvmd delivers it).
     pub const PMIX_EVENT: u32 = super::tags::USER + 4;
+    /// The link model the HNP measured (`probe::encode_link`): every daemon prices its fences
+    /// with it. Delivered before `Ready`, so before any job's launch.
+    pub const LINK_MODEL: u32 = super::tags::USER + 5;
 }
 
 /// Who asked for a fence: its completion goes back to that owner only.
@@ -177,6 +180,8 @@ struct HnpState {
     /// Measure the link once ready ([`Core::measure_link`]).
     probe_wanted: bool,
     probe: Option<probe::LinkProbe>,
+    /// The broadcast of the measured link model; `Ready` waits for its completion.
+    link_xcast: Option<XcastId>,
 }
 
 /// One daemon's decisions.
@@ -236,6 +241,7 @@ impl Core {
                 next_bench: 1,
                 probe_wanted: false,
                 probe: None,
+                link_xcast: None,
             }
         });
         let mut epochs = BTreeMap::new();
@@ -669,6 +675,7 @@ impl Core {
                 }
             }
         }
+        self.link_probe_lost(&newly);
         self.out.push(Effect::DaemonsFailed { newly });
         self.check_bench_done();
     }
@@ -759,6 +766,7 @@ impl Core {
                 self.out.push(Effect::Deliver { tag, payload });
             }
             dtags::BENCH => self.on_bench_start(payload),
+            dtags::LINK_MODEL => self.on_link_model(&payload),
             dtags::BENCH_XCAST => self.on_bench_xcast(payload),
             _ => self.out.push(Effect::Deliver { tag, payload }),
         }
@@ -768,9 +776,15 @@ impl Core {
         let owner = self.xcast_owners.remove(&id);
         let Some(hnp) = self.hnp.as_mut() else { return };
         if hnp.wireup == Some(id) && !hnp.ready {
-            hnp.ready = true;
-            self.out.push(Effect::Ready);
-            self.start_link_probe();
+            // The link is measured, and its model held everywhere, before the DVM takes jobs.
+            if !self.start_link_probe() {
+                self.declare_ready();
+            }
+            return;
+        }
+        if hnp.link_xcast == Some(id) {
+            hnp.link_xcast = None;
+            self.declare_ready();
             return;
         }
         if hnp.terminate == Some(id) {
@@ -779,6 +793,15 @@ impl Core {
         }
         if let Some(XcastOwner::BenchXcast(b)) = owner {
             self.on_bench_xcast_done(b);
+        }
+    }
+
+    /// HNP: every daemon holds the contact table (and the link model): the DVM takes jobs.
+    pub(crate) fn declare_ready(&mut self) {
+        let Some(hnp) = self.hnp.as_mut() else { return };
+        if !hnp.ready {
+            hnp.ready = true;
+            self.out.push(Effect::Ready);
         }
     }
 

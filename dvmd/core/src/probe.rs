@@ -1,18 +1,21 @@
-//! The HNP's measurement of its link, for the broadcast movement choice (`auto` compares the
-//! tree and scatter-allgather by α and β): once the DVM is ready, a few round trips of an
-//! empty and of a large ping to its first live child, alternating. α is half the median empty
+//! The HNP's measurement of its link, for the movement choices (`auto` prices the tree against
+//! the lateral movements by α and β): once every daemon holds the contact table, a few round
+//! trips of an empty and of a large ping to its first live child, alternating. α is half the median empty
 //! round trip; β is the difference of the two medians over twice the large payload (it went
 //! both ways). Both include what a daemon adds per message and per byte (framing, sealing,
 //! the event loop), which is what a broadcast pays too.
 //!
 //! Owns: the probe's pings (their sequence numbers carry [`PROBE_SEQ_BIT`], so a benchmark's
-//! pings are never mistaken for them) and the one update of the link model. Never: blocks
-//! anything; until it finishes, or if the child is lost, the configured model stands.
+//! pings are never mistaken for them) and the one update of the link model, broadcast to every
+//! daemon (`dtags::LINK_MODEL`) before the DVM is declared ready: fences are priced on every
+//! participant with the same α and β, and every job's launch comes after that broadcast in
+//! the total order of broadcasts. If the child is lost, the configured model stands.
+//! Never: lets a daemon price with a model the others do not hold.
 
 use bytes::Bytes;
 use dvm_grpcomm::LinkModel;
 use dvm_proto::daemon::{daemon_cmd, Ping};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{Core, Rank};
 
@@ -52,15 +55,42 @@ impl Core {
         }
     }
 
-    /// The DVM became ready: start the probe if it was asked for and there is a child.
-    pub(crate) fn start_link_probe(&mut self) {
-        let Some(h) = self.hnp.as_mut() else { return };
-        if !h.probe_wanted || h.probe.is_some() {
-            return;
+    /// Every daemon holds the contact table: start the probe if it was asked for and there
+    /// is a child. False if there is nothing to wait for.
+    pub(crate) fn start_link_probe(&mut self) -> bool {
+        let Some(&peer) = self.g.topology().children().first() else { return false };
+        let Some(h) = self.hnp.as_mut() else { return false };
+        if !h.probe_wanted || h.probe.is_some() || h.link_xcast.is_some() {
+            return false;
         }
-        let Some(&peer) = self.g.topology().children().first() else { return };
         h.probe = Some(LinkProbe { peer, issued: 0, sent_at: 0, small: Vec::new(), large: Vec::new() });
         self.next_probe_ping();
+        true
+    }
+
+    /// Daemons were declared lost: a probe of one of them ends with the configured model.
+    pub(crate) fn link_probe_lost(&mut self, newly: &[Rank]) {
+        let Some(h) = self.hnp.as_mut() else { return };
+        let Some(p) = h.probe.as_ref().filter(|p| newly.contains(&p.peer)) else { return };
+        info!(peer = p.peer, "link probe's daemon lost: the configured link model stands");
+        h.probe = None;
+        h.probe_wanted = false;
+        self.declare_ready();
+    }
+
+    /// The HNP's measured model arrived (every daemon, the HNP too).
+    pub(crate) fn on_link_model(&mut self, payload: &[u8]) {
+        match decode_link(payload) {
+            Some(link) => {
+                info!(
+                    alpha_us = link.alpha_ns / 1e3,
+                    bandwidth_mb_s = 1e3 / link.beta_ns_per_byte,
+                    "link model from the HNP: fences and broadcasts are priced by it"
+                );
+                self.g.set_link(link);
+            }
+            None => warn!(len = payload.len(), "malformed link model broadcast ignored"),
+        }
     }
 
     fn next_probe_ping(&mut self) {
@@ -93,7 +123,9 @@ impl Core {
     }
 
     fn finish_link_probe(&mut self) {
-        let Some(p) = self.hnp.as_mut().and_then(|h| h.probe.as_mut()) else { return };
+        let Some(h) = self.hnp.as_mut() else { return };
+        let Some(mut p) = h.probe.take() else { return };
+        h.probe_wanted = false;
         let (small, large) = (median(&mut p.small), median(&mut p.large));
         let link = LinkModel {
             alpha_ns: small / 2.0,
@@ -103,15 +135,52 @@ impl Core {
             peer = p.peer,
             alpha_us = link.alpha_ns / 1e3,
             bandwidth_mb_s = 1e3 / link.beta_ns_per_byte,
-            "link measured (median of {ROUNDS} round trips each of 0 and {LARGE} bytes); broadcasts choose their movement by it"
+            "link measured (median of {ROUNDS} round trips each of 0 and {LARGE} bytes); broadcast to every daemon"
         );
-        self.g.set_link(link);
+        let id = self.g.xcast(crate::dtags::LINK_MODEL, encode_link(&link));
+        self.xcast_owners.insert(id, crate::XcastOwner::Core);
+        if let Some(h) = self.hnp.as_mut() {
+            h.link_xcast = Some(id);
+        }
     }
+}
+
+/// α and β as two little-endian f64 (nanoseconds, nanoseconds per byte).
+pub fn encode_link(link: &LinkModel) -> Bytes {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&link.alpha_ns.to_le_bytes());
+    v.extend_from_slice(&link.beta_ns_per_byte.to_le_bytes());
+    Bytes::from(v)
+}
+
+/// The inverse of [`encode_link`]; `None` for anything but 16 bytes of two finite,
+/// non-negative numbers.
+pub fn decode_link(b: &[u8]) -> Option<LinkModel> {
+    let (a, rest) = b.split_first_chunk::<8>()?;
+    let beta: &[u8; 8] = rest.try_into().ok()?;
+    let (alpha_ns, beta_ns_per_byte) = (f64::from_le_bytes(*a), f64::from_le_bytes(*beta));
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    (ok(alpha_ns) && ok(beta_ns_per_byte)).then_some(LinkModel { alpha_ns, beta_ns_per_byte })
 }
 
 #[cfg(test)]
 mod tests {
     use super::median;
+
+    #[test]
+    fn link_model_round_trips_and_garbage_is_refused() {
+        use super::{decode_link, encode_link, LinkModel};
+        let link = LinkModel { alpha_ns: 512.5, beta_ns_per_byte: 0.25 };
+        assert_eq!(decode_link(&encode_link(&link)), Some(link));
+        assert_eq!(decode_link(&[0; 15]), None);
+        assert_eq!(decode_link(&[0; 17]), None);
+        let mut nan = encode_link(&link).to_vec();
+        nan[..8].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert_eq!(decode_link(&nan), None);
+        let mut neg = encode_link(&link).to_vec();
+        neg[8..].copy_from_slice(&(-1.0f64).to_le_bytes());
+        assert_eq!(decode_link(&neg), None);
+    }
 
     #[test]
     fn median_of_a_few() {

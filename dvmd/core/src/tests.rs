@@ -285,7 +285,13 @@ fn every_armed_deadline_fires_not_only_the_earliest() {
     let sig = |name: &str| FenceSignature::new(name.as_bytes().to_vec(), Participants::Daemons(vec![0, 1]));
     let t0 = net.now;
     for (name, key, timeout) in [("late", 2, 20_000_000), ("early", 1, 10_000_000)] {
-        let req = FenceRequest { sig: sig(name), collect: false, data: Bytes::new(), timeout: Some(timeout) };
+        let req = FenceRequest {
+            sig: sig(name),
+            collect: false,
+            data: Bytes::new(),
+            timeout: Some(timeout),
+            size_hint: None,
+        };
         net.input(0, Input::Fence { owner: FenceOwner::Pmix(key), req });
     }
     let first = net.cores[0].next_deadline().expect("a deadline is armed");
@@ -402,16 +408,23 @@ proptest::proptest! {
     }
 }
 
-/// The HNP asked to measure its link does so once ready: from round trips of 1 µs per frame
-/// and 1 ns per payload byte, α is 1 µs (one frame each way, give or take frames of the boot
-/// still in flight) and β 1 ns/B; the broadcast choice then uses them. Not asked, it sends no
-/// probe and keeps the configured model.
+/// The HNP asked to measure its link does so before it is ready: from round trips of 1 µs per
+/// frame and 1 ns per payload byte, α is 1 µs (one frame each way, give or take frames of the
+/// boot still in flight) and β 1 ns/B; every daemon holds that model by the time the DVM is
+/// ready (fences are priced by it on every participant alike). Not asked, it sends no probe
+/// and keeps the configured model.
 #[test]
 fn the_hnp_measures_its_link_only_when_asked() {
     let net = Net::boot_with(4, 2, 1, |c| c.measure_link());
     let link = net.cores[0].g.config().link;
     assert!((1_000.0..=3_000.0).contains(&link.alpha_ns), "alpha {} ns", link.alpha_ns);
     assert!((0.99..=1.01).contains(&link.beta_ns_per_byte), "beta {} ns/B", link.beta_ns_per_byte);
+    for (r, c) in net.cores.iter().enumerate() {
+        assert_eq!(c.g.config().link, link, "daemon {r} holds another link model");
+    }
+    let ready_at = net.seen[0].iter().position(|e| matches!(e, Effect::Ready));
+    assert_eq!(net.seen[0].iter().filter(|e| matches!(e, Effect::Ready)).count(), 1, "ready once");
+    assert!(ready_at.is_some());
 
     let quiet = Net::boot_with(4, 2, 1, |_| {});
     assert_eq!(quiet.cores[0].g.config().link, Config::default().link);

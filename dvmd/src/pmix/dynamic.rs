@@ -295,7 +295,8 @@ impl PmixHost {
         }
         info!(what, procs = procs.len(), key, "PMIx {what} -> grpcomm barrier over the participants' daemons");
         let timeout = timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
-        let fence = GFence { sig, collect, data, timeout };
+        let size_hint = collect.then(|| procs.len() as u64 * super::MODEX_BYTES_PER_PROC);
+        let fence = GFence { sig, collect, data, timeout, size_hint };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
     }
 

@@ -182,8 +182,9 @@ impl PmixHost {
         let fkey = self.next_id;
         self.next_id += 1;
         info!(what, %id, members = procs.len(), assign, key = fkey, "PMIx group {what} -> grpcomm fence");
+        let size_hint = collect.then(|| procs.len() as u64 * super::MODEX_BYTES_PER_PROC);
         self.fences.insert(fkey, FenceWaiter::Group(GroupWait { op, id, assign, procs, reply }));
-        let fence = GFence { sig, collect, data, timeout };
+        let fence = GFence { sig, collect, data, timeout, size_hint };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(fkey), req: fence });
     }
 

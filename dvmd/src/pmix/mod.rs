@@ -66,6 +66,11 @@ pub use link::{discard_preforked, prefork};
 pub(crate) use link::{EventTx, HostEvent};
 use link::{FenceUpcall, Worker, WorkerReplyHandle};
 
+/// What `auto` prices the first collecting fence over a set of procs with, per proc: Open
+/// MPI 4.1's modex with the TCP BTL is 44–68 bytes a rank. Every daemon of the fence derives
+/// the same hint from the procs array (or the job's size, for a wildcard).
+pub(crate) const MODEX_BYTES_PER_PROC: u64 = 64;
+
 /// One job's namespace on this daemon.
 struct PmixJob {
     nspace: String,
@@ -725,7 +730,9 @@ impl PmixHost {
         self.next_id += 1;
         self.fences.insert(key, FenceWaiter::Upcall(req.reply));
         debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
-        let fence = GFence { sig, collect: req.collect, data: req.data, timeout };
+        let nprocs = if wildcard { u64::from(job.placement.nprocs()) } else { req.procs.len() as u64 };
+        let size_hint = req.collect.then(|| nprocs * MODEX_BYTES_PER_PROC);
+        let fence = GFence { sig, collect: req.collect, data: req.data, timeout, size_hint };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
     }
 

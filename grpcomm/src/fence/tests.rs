@@ -25,7 +25,7 @@ fn settle(net: &mut Links) -> Vec<(Rank, FenceResult)> {
 }
 
 fn modex(sig: &FenceSignature, data: &'static [u8]) -> FenceRequest {
-    FenceRequest { sig: sig.clone(), collect: true, data: Bytes::from_static(data), timeout: Some(10) }
+    FenceRequest { sig: sig.clone(), collect: true, data: Bytes::from_static(data), timeout: Some(10), size_hint: None }
 }
 
 #[test]

@@ -78,6 +78,8 @@ pub(super) struct FenceTracker {
     /// Local deadline (participants that started with a timeout).
     pub deadline: Option<u64>,
     pub timeout_ns: u64,
+    /// Started here as a collecting fence (`PMIX_COLLECT_DATA`).
+    pub collect: bool,
 }
 
 impl FenceTracker {
@@ -90,6 +92,7 @@ impl FenceTracker {
             failed: None,
             deadline: None,
             timeout_ns: 0,
+            collect: false,
         };
         t.reset_children(children);
         t

@@ -28,7 +28,7 @@ pub fn oracle(sig: &FenceSignature, n: u32, seq: u64, collect: bool) -> Bytes {
 }
 
 pub fn request(sig: &FenceSignature, r: Rank, seq: u64, collect: bool) -> FenceRequest {
-    FenceRequest { sig: sig.clone(), collect, data: data_of(r, seq), timeout: None }
+    FenceRequest { sig: sig.clone(), collect, data: data_of(r, seq), timeout: None, size_hint: None }
 }
 
 /// Every participant completed fences 0..k over `sig` exactly once with the oracle's bytes

@@ -249,9 +249,8 @@ fn check_fences(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, hnp_a
         // is lost mid-exchange, survivors that already held every block keep their (checked)
         // result and the rest fail. Successes agree with each other, failures with each other.
         let lost_member = job.members.iter().any(|m| failed.contains(m) || !t.running(*m));
-        let collect = job.steps[step];
-        let may_split = lost_member
-            && sc.cfg.fence_movement.for_fence(collect, job.members.len() as u64) == dvm_grpcomm::Movement::Allgather;
+        // Any mode but the tree may put this fence on the allgather (auto prices each one).
+        let may_split = lost_member && sc.cfg.fence_movement != dvm_grpcomm::FenceMovementMode::Tree;
         let mut reference: Option<(Rank, &Result<Bytes, FenceError>)> = None;
         let mut reference_err: Option<(Rank, &Result<Bytes, FenceError>)> = None;
         for c in &callers {

@@ -628,7 +628,13 @@ impl<'s> CoreEngine<'s> {
         }
         let plan = &self.sc.jobs[job];
         let data = plan.contribution(job, step, daemon);
-        let req = FenceRequest { sig: plan.sig.clone(), collect: plan.steps[step], data: data.clone(), timeout: None };
+        let req = FenceRequest {
+            sig: plan.sig.clone(),
+            collect: plan.steps[step],
+            data: data.clone(),
+            timeout: None,
+            size_hint: None,
+        };
         let key = key_of(job, step);
         self.pending.insert((daemon, key), self.trace.fence_calls.len());
         self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.q.now(), done: None });
