@@ -215,7 +215,11 @@ struct Pair {
     lateral: &'static str,
     tree_us: Vec<f64>,
     lateral_us: Vec<f64>,
+    auto_us: Vec<f64>,
+    /// lateral / tree, per group.
     ratios: Vec<f64>,
+    /// auto / the faster of tree and lateral, per group.
+    auto_ratios: Vec<f64>,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -233,8 +237,9 @@ fn p50_us(r: &BenchReply) -> f64 {
 }
 
 /// `--compare-movements`: for the barrier, each modex size and each xcast size, run the tree
-/// movement (A) and the lateral one (B) as A B B A, `reps` times, on the same DVM; print each
-/// arm's median p50 and the median (min–max) of the paired ratios B/A.
+/// movement (A), the lateral one (B) and `auto` (C) as A B C C B A, `reps` times, on the same
+/// DVM; print each arm's median p50, the median (min–max) of the paired ratios B/A, and of
+/// auto over the faster of A and B in the same group.
 async fn compare_movements(c: &mut Client, args: &Args, reps: u32) -> Result<()> {
     let mut cases: Vec<(&'static str, BenchKind, u64, &'static str, &'static str)> =
         vec![("barrier", BenchKind::Barrier, 0, "tree", "allgather")];
@@ -244,53 +249,95 @@ async fn compare_movements(c: &mut Client, args: &Args, reps: u32) -> Result<()>
     let mut daemons = 0;
     for (op, kind, bytes, tree, lateral) in cases {
         let count = if kind == BenchKind::Xcast { args.count.min(100) } else { args.count };
-        let mut p = Pair { op, bytes, tree, lateral, tree_us: Vec::new(), lateral_us: Vec::new(), ratios: Vec::new() };
+        let mut p = Pair {
+            op,
+            bytes,
+            tree,
+            lateral,
+            tree_us: Vec::new(),
+            lateral_us: Vec::new(),
+            auto_us: Vec::new(),
+            ratios: Vec::new(),
+            auto_ratios: Vec::new(),
+        };
         for _ in 0..reps {
-            let mut t = 0.0;
-            let mut l = 0.0;
-            for arm in [tree, lateral, lateral, tree] {
+            let (mut t, mut l, mut a) = (0.0, 0.0, 0.0);
+            for arm in [tree, lateral, "auto", "auto", lateral, tree] {
                 let r = bench_on(c, kind, count, bytes, arm).await?;
                 daemons = r.daemons;
                 let us = p50_us(&r);
-                if arm == tree {
-                    p.tree_us.push(us);
-                    t += us;
-                } else {
-                    p.lateral_us.push(us);
-                    l += us;
+                match arm {
+                    "auto" => {
+                        p.auto_us.push(us);
+                        a += us;
+                    }
+                    x if x == tree => {
+                        p.tree_us.push(us);
+                        t += us;
+                    }
+                    _ => {
+                        p.lateral_us.push(us);
+                        l += us;
+                    }
                 }
             }
             p.ratios.push(l / t);
+            p.auto_ratios.push(a / t.min(l));
         }
         pairs.push(p);
     }
-    println!("# {daemons} daemons; {reps} ABBA groups per row; ratio = lateral / tree, paired per group");
+    let span = |v: &[f64]| {
+        let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), &r| (a.min(r), b.max(r)));
+        format!("{lo:.2}-{hi:.2}")
+    };
     println!(
-        "{:<8} {:>9} {:>10} {:>12} {:>10} {:>12} {:>8} {:>15}",
-        "op", "bytes", "tree", "tree_p50_us", "lateral", "lat_p50_us", "ratio", "ratio_min_max"
+        "# {daemons} daemons; {reps} ABCCBA groups per row; ratio = lateral / tree, auto/best = auto / the faster of \
+         the two, paired per group"
+    );
+    println!(
+        "{:<8} {:>9} {:>10} {:>12} {:>10} {:>12} {:>12} {:>8} {:>11} {:>9} {:>11}",
+        "op",
+        "bytes",
+        "tree",
+        "tree_p50_us",
+        "lateral",
+        "lat_p50_us",
+        "auto_p50_us",
+        "ratio",
+        "ratio_range",
+        "auto/best",
+        "auto_range"
     );
     for p in &pairs {
-        let (lo, hi) = p.ratios.iter().fold((f64::MAX, f64::MIN), |(a, b), &r| (a.min(r), b.max(r)));
         println!(
-            "{:<8} {:>9} {:>10} {:>12.1} {:>10} {:>12.1} {:>8.2} {:>15}",
+            "{:<8} {:>9} {:>10} {:>12.1} {:>10} {:>12.1} {:>12.1} {:>8.2} {:>11} {:>9.2} {:>11}",
             p.op,
             p.bytes,
             p.tree,
             median(&p.tree_us),
             p.lateral,
             median(&p.lateral_us),
+            median(&p.auto_us),
             median(&p.ratios),
-            format!("{lo:.2}-{hi:.2}")
+            span(&p.ratios),
+            median(&p.auto_ratios),
+            span(&p.auto_ratios),
         );
     }
     if let Some(path) = &args.csv {
         let mut f = std::fs::File::create(path).with_context(|| format!("--csv {path}"))?;
-        writeln!(f, "op,bytes,daemons,group,tree,tree_p50_us,lateral,lateral_p50_us,ratio")?;
+        writeln!(f, "op,bytes,daemons,group,tree,tree_p50_us,lateral,lateral_p50_us,ratio,auto_p50_us,auto_vs_best")?;
         for p in &pairs {
             for (g, r) in p.ratios.iter().enumerate() {
                 let t = (p.tree_us[2 * g] + p.tree_us[2 * g + 1]) / 2.0;
                 let l = (p.lateral_us[2 * g] + p.lateral_us[2 * g + 1]) / 2.0;
-                writeln!(f, "{},{},{daemons},{g},{},{t:.1},{},{l:.1},{r:.3}", p.op, p.bytes, p.tree, p.lateral)?;
+                let a = (p.auto_us[2 * g] + p.auto_us[2 * g + 1]) / 2.0;
+                let ab = p.auto_ratios[g];
+                writeln!(
+                    f,
+                    "{},{},{daemons},{g},{},{t:.1},{},{l:.1},{r:.3},{a:.1},{ab:.3}",
+                    p.op, p.bytes, p.tree, p.lateral
+                )?;
             }
         }
     }
