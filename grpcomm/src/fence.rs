@@ -33,6 +33,7 @@
 //! last success per signature is kept until the next one.
 
 mod allgather;
+mod run;
 mod tracker;
 mod tree;
 mod wire;
@@ -45,10 +46,10 @@ use dvm_proto::Message;
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
-use crate::allgather::exchange::Exchange;
 use crate::movement::FenceShape;
-use crate::{Ctx, Effect, FenceMovementMode, Movement};
-use tracker::{child_slots, lost, FenceTracker, OwnSlot, Run, SubtreeContrib};
+use crate::{Ctx, Effect, FenceMovementMode};
+use run::Run;
+use tracker::{child_slots, lost, FenceTracker, OwnSlot};
 
 /// Results kept per signature after retirement, to answer contributions re-sent after a repair
 /// (plus the last success, which later failures cannot push out).
@@ -176,7 +177,7 @@ struct SigRecord {
     /// The last allgather this daemon finished, kept until the next one finishes: a partner
     /// whose lateral link was lost may still wait for blocks sent just before the end (it is
     /// at most one fence behind, since this daemon cannot finish the next without it).
-    finished: Option<(u64, Box<Exchange>)>,
+    finished: Option<(u64, Run)>,
     /// (seq, bytes) of the last collecting fence that succeeded here: what `auto` prices the
     /// next collecting fence with. Identical on every participant once that fence is retired
     /// everywhere, which is why a priced fence waits in `deferred` until then.
@@ -302,9 +303,9 @@ fn retire(
         }
     }
     let release = result.is_err() || t.as_ref().is_none_or(FenceTracker::releases_success);
-    if let Some(Run::Allgather(ex)) = t.as_mut().map(|t| std::mem::replace(&mut t.run, Run::Tree)) {
+    if let Some(kept) = t.take().and_then(|t| t.run.outlives_fence()) {
         if result.is_ok() {
-            rec.finished = Some((seq, ex));
+            rec.finished = Some((seq, kept));
         }
     }
     rec.remember(seq, result.clone());
@@ -328,15 +329,6 @@ fn release_down(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: &Fenc
         if Some(c) != from {
             ctx.send(c, Body::Release(msg.clone()));
         }
-    }
-}
-
-/// Let the fence's movement act on what it holds now.
-fn progress(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
-    match rec.trackers.get(&seq).map(|t| &t.run) {
-        Some(Run::Allgather(_)) => allgather::drive(ctx, sig, seq, rec),
-        Some(Run::Tree | Run::Pending { .. }) => tree::progress(ctx, sig, seq, rec),
-        None => {}
     }
 }
 
@@ -404,30 +396,9 @@ fn begin(
         ctx.out.push(Effect::ArmTimer { at });
     }
     debug!(rank = me, key = ?sig.key, seq, movement = movement.name(), est = shape.bytes, "fence started");
-    match movement {
-        // A barrier carries no data on any movement (a real one arrives with 8 bytes).
-        Movement::Allgather => {
-            let data = if req.collect { req.data } else { Bytes::new() };
-            allgather::start(ctx, sig, seq, rec, data, lateral_lost)
-        }
-        m => {
-            let data = if m == Movement::TreeGatherRelease { req.data } else { Bytes::new() };
-            t.own = OwnSlot::Filled { movement: m.id(), data };
-            let early = std::mem::replace(&mut t.run, Run::Tree);
-            if let Run::Pending { early } = early {
-                if let Some((from, b)) = early.first() {
-                    let err = FenceError::MovementMismatch {
-                        expected: m.name().into(),
-                        got: Movement::name_of(b.movement),
-                        daemon: *from,
-                    };
-                    fail(ctx, sig, seq, rec, err);
-                    return;
-                }
-            }
-            progress(ctx, sig, seq, rec);
-        }
-    }
+    // A barrier carries no data on any movement (a real one arrives with 8 bytes).
+    let data = if req.collect { req.data } else { Bytes::new() };
+    Run::begin(movement, ctx, sig, seq, rec, data, lateral_lost);
 }
 
 /// What `auto` prices fence `req` with: the participant count and the deepest participant's
@@ -596,26 +567,9 @@ impl FenceState {
             debug!(rank = me, from, seq, "contribution to a fence that already failed here");
             return;
         }
-        if let Run::Allgather(_) = t.run {
-            let err = FenceError::MovementMismatch {
-                expected: Movement::Allgather.name().into(),
-                got: Movement::name_of(m.movement),
-                daemon: from,
-            };
-            return fail(ctx, &sig, seq, rec, err);
+        if let Err(err) = Run::on_contrib(ctx, &sig, seq, rec, from, m) {
+            fail(ctx, &sig, seq, rec, err);
         }
-        if let Err(reason) = tree::check_entries(ctx, &sig, from, &m) {
-            return fail(ctx, &sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {reason}")));
-        }
-        let Some(slot) = t.slot_mut(from) else { return };
-        if slot.filled {
-            debug!(rank = me, from, seq, "duplicate fence contribution dropped");
-            return;
-        }
-        slot.filled = true;
-        slot.movement = m.movement;
-        slot.contrib = Some(SubtreeContrib { count: m.count, entries: m.entries });
-        progress(ctx, &sig, seq, rec);
     }
 
     /// An allgather block sent straight to this daemon by another participant.
@@ -656,7 +610,7 @@ impl FenceState {
             }
             rec.trackers.insert(seq, FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
         }
-        allgather::on_block(ctx, sender, m, &sig, seq, rec);
+        Run::on_block(ctx, &sig, seq, rec, sender, m);
     }
 
     pub fn on_release(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceRelease) {
@@ -687,9 +641,7 @@ impl FenceState {
         // A running allgather finishes by its own exchange: taking a success release (results
         // pushed to a new child after a repair) would end it before it sent the blocks its
         // partners still wait for. Errors still end it; so does a success once it failed here.
-        if result.is_ok()
-            && rec.trackers.get(&seq).is_some_and(|t| t.failed.is_none() && matches!(t.run, Run::Allgather(_)))
-        {
+        if result.is_ok() && rec.trackers.get(&seq).is_some_and(|t| t.failed.is_none() && t.run.finishes_on_its_own()) {
             debug!(rank = me, from, seq, "success release for a running allgather ignored");
             return;
         }
@@ -721,7 +673,7 @@ impl FenceState {
                 }
                 t.reset_children(slots.clone());
                 if hit && t.failed.is_none() {
-                    if let Run::Allgather(_) = t.run {
+                    if t.run.ends_at_a_loss() {
                         // Every survivor derives the same lost list: end the exchange here.
                         retire(ctx, sig, seq, rec, Err(lost_err()), None);
                         continue;
@@ -732,15 +684,13 @@ impl FenceState {
                     Some(err) if ctx.topo.is_root() => retire(ctx, sig, seq, rec, Err(err), None),
                     Some(_) => send_error_up(ctx, sig, seq, t),
                     None => {
-                        allgather::resend_detours(ctx, sig, seq, rec);
-                        progress(ctx, sig, seq, rec);
+                        Run::repaired(ctx, sig, seq, rec);
+                        Run::progress(ctx, sig, seq, rec);
                     }
                 }
             }
-            if let Some((seq, ex)) = &rec.finished {
-                for peer in ex.detours().collect::<Vec<_>>() {
-                    allgather::send_again(ctx, sig, *seq, ex, peer);
-                }
+            if let Some((seq, kept)) = &rec.finished {
+                kept.finished_repaired(ctx, sig, *seq);
             }
             let new_parent = delta.parent_changed.and_then(|(_, p)| p);
             let added: Vec<Rank> = delta.children_added.iter().copied().filter(|c| slots.contains(c)).collect();
@@ -778,13 +728,11 @@ impl FenceState {
             }
             let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
             for seq in seqs {
-                allgather::detour(ctx, sig, seq, rec, peer);
+                Run::peer_unreachable(ctx, sig, seq, rec, peer);
             }
             // Blocks sent just before this daemon finished may have been lost with the link.
-            if let Some((seq, ex)) = rec.finished.as_mut() {
-                if ex.detour(peer) {
-                    allgather::send_again(ctx, sig, *seq, ex, peer);
-                }
+            if let Some((seq, kept)) = rec.finished.as_mut() {
+                kept.finished_peer_unreachable(ctx, sig, *seq, peer);
             }
         }
     }
@@ -820,7 +768,7 @@ impl FenceState {
             .map(|r| {
                 r.trackers.values().map(FenceTracker::state_bytes).sum::<usize>()
                     + r.early_errors.len() * std::mem::size_of::<(u64, FenceError)>()
-                    + r.finished.as_ref().map_or(0, |(_, ex)| ex.state_bytes())
+                    + r.finished.as_ref().map_or(0, |(_, kept)| kept.state_bytes())
             })
             .sum();
         let stash: usize = self.stash.iter().map(|(_, m)| m.encoded_len()).sum();

@@ -36,6 +36,9 @@ use tracing::{debug, trace};
 use crate::{compress, BcastMovementMode, Ctx, Effect, Movement};
 
 mod bulk;
+mod way;
+
+use way::Way;
 
 /// Largest payload a compressed xcast may inflate to.
 const MAX_INFLATED: usize = 1 << 30;
@@ -193,8 +196,7 @@ impl XcastState {
     ) {
         let op_id = self.next_op;
         self.next_op += 1;
-        let bulk = movement == bulk::BULK && !ctx.cfg.process_first.contains(&tag) && ctx.topo.live_count() > 1;
-        let movement = if bulk { bulk::BULK } else { Movement::TreeBroadcast.id() };
+        let movement = Way::assign(ctx, movement, tag).id();
         debug!(op_id, origin, origin_id, tag, movement = Movement::name_of(movement), "xcast op assigned");
         let fwd = XcastForward { op_id, origin, origin_id, tag, compressed, payload, movement, ..Default::default() };
         self.receive_op(ctx, fwd);
@@ -245,9 +247,11 @@ impl XcastState {
 
     pub fn on_forward(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastForward) {
         self.sync_children(ctx);
-        if m.movement == bulk::BULK {
-            return self.on_bulk_forward(ctx, from, m);
-        }
+        Way::on_forward(self, ctx, from, m);
+    }
+
+    /// A whole-payload forward from the parent (or a daemon that took us as its child).
+    fn on_whole_forward(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: XcastForward) {
         if m.op_id > self.next_deliver && ctx.topo.parent() != Some(from) && !self.buffered.contains_key(&m.op_id) {
             // An op past a gap from a daemon that already took us as its child in a repair we
             // have not applied: the ops in between died with our old parent. When the repair
@@ -260,9 +264,9 @@ impl XcastState {
     }
 
     /// An op with its whole payload: from the parent (tree), assigned here (root), or
-    /// reassembled here from a scatter-allgather (movement `BULK`, never passed on whole).
+    /// reassembled here from a scatter-allgather (never passed on whole).
     fn receive_op(&mut self, ctx: &mut Ctx<'_>, m: XcastForward) {
-        let reassembled = m.movement == bulk::BULK && !ctx.topo.is_root();
+        let reassembled = Way::assembled_here(&m, ctx);
         if !reassembled && m.exchange {
             // A whole copy of an exchange op: do this daemon's part of the exchange now.
             self.bulk_serve(ctx, &m);
@@ -279,7 +283,7 @@ impl XcastState {
             trace!(op_id = m.op_id, next = self.next_deliver, "xcast op buffered");
             match self.buffered.get(&m.op_id) {
                 // A whole forward replaces a reassembled copy: it must still reach the children.
-                Some(b) if b.movement == bulk::BULK && !reassembled => {
+                Some(b) if Way::of(b) == Way::ScatterAllgather && !reassembled => {
                     self.buffered.insert(m.op_id, m);
                 }
                 Some(_) => {}
@@ -320,15 +324,7 @@ impl XcastState {
             self.deliver(ctx, &m);
             self.awaiting_processed = Some(m);
         } else {
-            let whole = if m.movement != bulk::BULK {
-                self.forward_to_children(ctx, &m);
-                m
-            } else if ctx.topo.is_root() {
-                self.bulk_root_start(ctx, &m)
-            } else {
-                // Reassembled here: the children had their chunks long ago.
-                XcastForward { movement: Movement::TreeBroadcast.id(), ..m }
-            };
+            let whole = Way::send_down(self, ctx, m);
             self.deliver(ctx, &whole);
             // Retained whole: every replay is a tree forward.
             self.retain(ctx, whole);

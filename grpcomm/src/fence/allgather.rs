@@ -36,7 +36,8 @@ use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock};
 use dvm_rml::topology::Rank;
 use tracing::debug;
 
-use super::tracker::{OwnSlot, Run, MAX_EARLY_BLOCKS};
+use super::run::Run;
+use super::tracker::{OwnSlot, MAX_EARLY_BLOCKS};
 use super::{fail, retire, wire, FenceError, FenceSignature, Participants, SigRecord};
 use crate::allgather::exchange::{Exchange, Outgoing, Received};
 use crate::{Ctx, Effect, Movement};

@@ -5,27 +5,15 @@
 use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
-use dvm_proto::grpcomm::{FenceBlock, FenceEntry};
+use dvm_proto::grpcomm::FenceEntry;
 use dvm_rml::topology::{Rank, Route, Topology};
 
+use super::run::Run;
 use super::{FenceError, Participants};
-use crate::allgather::exchange::Exchange;
 
 /// Allgather messages held for a fence this daemon has not started (one per sender and step;
 /// a schedule has at most 32 steps, so this bounds a sender that misbehaves).
 pub(super) const MAX_EARLY_BLOCKS: usize = 64;
-
-/// Which movement runs this fence here, with that movement's own state.
-#[derive(Debug)]
-pub(super) enum Run {
-    /// Not started here (a relay, or a participant that has not called the fence yet): the
-    /// movement is not chosen yet. Allgather blocks that came early wait here.
-    Pending { early: Vec<(Rank, FenceBlock)> },
-    /// The tree rollup and release; its state is the slots.
-    Tree,
-    /// The lateral allgather.
-    Allgather(Box<Exchange>),
-}
 
 /// A subtree's part of a fence: how many participants it holds and, for a gather, their
 /// entries sorted by daemon rank.
@@ -187,18 +175,12 @@ impl FenceTracker {
                         .map_or(0, |c| c.entries.iter().map(|e| e.data.len() + std::mem::size_of::<FenceEntry>()).sum())
             })
             .sum();
-        let run = match &self.run {
-            Run::Pending { early } => early.iter().map(|(_, b)| b.blocks.iter().map(Bytes::len).sum::<usize>()).sum(),
-            Run::Tree => 0,
-            Run::Allgather(ex) => ex.state_bytes(),
-        };
-        std::mem::size_of::<Self>() + own + children + run
+        std::mem::size_of::<Self>() + own + children + self.run.state_bytes()
     }
 
-    /// Success releases go down the tree only for movements that release (not the allgather,
-    /// whose participants each finish on their own).
+    /// Success releases go down the tree only for movements that release.
     pub fn releases_success(&self) -> bool {
-        !matches!(self.run, Run::Allgather(_))
+        self.run.releases_success()
     }
 }
 

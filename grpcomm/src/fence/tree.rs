@@ -9,10 +9,56 @@
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceContrib};
 use dvm_rml::topology::{Rank, Route};
+use tracing::debug;
 
-use super::tracker::{self, Agreement, SubtreeContrib};
+use super::run::Run;
+use super::tracker::{self, Agreement, OwnSlot, SubtreeContrib};
 use super::{fail, retire, wire, FenceError, FenceResult, FenceSignature, SigRecord};
 use crate::{Ctx, Movement};
+
+/// This daemon starts fence `seq` on tree movement `m` (barrier or gather) with `data`
+/// (empty for a barrier). Allgather blocks that came early say a participant runs another
+/// movement: the fence fails by name.
+pub(super) fn start(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord, m: Movement, data: Bytes) {
+    let Some(t) = rec.trackers.get_mut(&seq) else { return };
+    t.own = OwnSlot::Filled { movement: m.id(), data };
+    if let Run::Pending { early } = std::mem::replace(&mut t.run, Run::Tree) {
+        if let Some((from, b)) = early.first() {
+            let err = FenceError::MovementMismatch {
+                expected: m.name().into(),
+                got: Movement::name_of(b.movement),
+                daemon: *from,
+            };
+            return fail(ctx, sig, seq, rec, err);
+        }
+    }
+    progress(ctx, sig, seq, rec);
+}
+
+/// Child `from`'s contribution (its slot exists, the fence has not failed here): checked,
+/// put in its slot once, then the fence progresses.
+pub(super) fn on_contrib(
+    ctx: &mut Ctx<'_>,
+    sig: &FenceSignature,
+    seq: u64,
+    rec: &mut SigRecord,
+    from: Rank,
+    m: FenceContrib,
+) {
+    let me = ctx.topo.me();
+    if let Err(reason) = check_entries(ctx, sig, from, &m) {
+        return fail(ctx, sig, seq, rec, FenceError::Protocol(format!("daemon {me}, fence {seq}: {reason}")));
+    }
+    let Some(slot) = rec.trackers.get_mut(&seq).and_then(|t| t.slot_mut(from)) else { return };
+    if slot.filled {
+        debug!(rank = me, from, seq, "duplicate fence contribution dropped");
+        return;
+    }
+    slot.filled = true;
+    slot.movement = m.movement;
+    slot.contrib = Some(SubtreeContrib { count: m.count, entries: m.entries });
+    progress(ctx, sig, seq, rec);
+}
 
 /// If every slot is in: the root completes the fence, anyone else sends the merge up once.
 pub(super) fn progress(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord) {
@@ -78,7 +124,7 @@ fn root_result(ctx: &Ctx<'_>, sig: &FenceSignature, seq: u64, movement: u32, mer
 }
 
 /// A gather contribution must hold one entry per counted participant of the sender's subtree.
-pub(super) fn check_entries(ctx: &Ctx<'_>, sig: &FenceSignature, from: Rank, m: &FenceContrib) -> Result<(), String> {
+fn check_entries(ctx: &Ctx<'_>, sig: &FenceSignature, from: Rank, m: &FenceContrib) -> Result<(), String> {
     if m.count == 0 {
         return Err(format!("child {from} contributed zero participants"));
     }

@@ -45,8 +45,6 @@ use super::{XcastState, MAX_INFLATED};
 use crate::allgather::exchange::{Exchange, Outgoing, Received};
 use crate::{Ctx, Effect, Movement};
 
-pub(super) const BULK: u32 = Movement::ScatterAllgather as u32;
-
 /// Finished exchanges are kept (to re-send blocks along the tree to a partner whose lateral
 /// link was lost before this daemon finished) up to this many bytes of blocks together, and
 /// at least the last [`KEEP_FINISHED_MIN`]. A count alone was too few: a stream of small ops
@@ -175,7 +173,8 @@ impl XcastState {
             })
             .collect();
         debug!(op_id = m.op_id, bytes = m.payload.len(), members = list.len(), "xcast op on scatter-allgather");
-        let meta = XcastForward { payload: Bytes::new(), movement: BULK, ..whole.clone() };
+        let meta =
+            XcastForward { payload: Bytes::new(), movement: super::way::Way::ScatterAllgather.id(), ..whole.clone() };
         self.bulk_pass_chunks(ctx, &meta, chunks);
         self.bulk_serve(ctx, &whole);
         whole
