@@ -385,7 +385,7 @@ fn begin(
 ) {
     let me = ctx.topo.me();
     let shape = shape_of(ctx, sig, rec, &req);
-    let movement = mode.for_fence(req.collect, &shape, &ctx.cfg.link);
+    let movement = mode.for_fence(req.collect, &shape, &ctx.cfg.fence_costs());
     let t =
         rec.trackers.entry(seq).or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
     t.collect = req.collect;

@@ -36,7 +36,8 @@ pub mod xcast;
 
 pub use fence::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
 pub use movement::{
-    BcastMovementMode, FenceMovementMode, FenceShape, LinkModel, Movement, UnknownBcastMovement, UnknownMovement,
+    BcastMovementMode, FenceCosts, FenceMovementMode, FenceShape, LinkModel, Movement, UnknownBcastMovement,
+    UnknownMovement,
 };
 pub use xcast::XcastId;
 
@@ -73,11 +74,21 @@ pub struct Config {
     /// JOB_CONTROL or TERMINATE: they are small, and a tree change or a kill must not wait on
     /// a lateral exchange among the very daemons it concerns.
     pub bulk_tags: BTreeSet<u32>,
-    /// Link costs for the broadcast choice (see [`LinkModel`]).
+    /// Link costs for the broadcast choice (see [`LinkModel`]), and for the fence choice
+    /// unless `fence_costs` is set.
     pub link: LinkModel,
+    /// Per-movement fence costs measured on this DVM (every daemon must hold the same).
+    pub fence_costs: Option<FenceCosts>,
     /// A non-root origin re-sends its xcast relay to the root if no Done came after this many
     /// nanoseconds (the root answers duplicates; nothing is delivered twice).
     pub relay_retry_ns: u64,
+}
+
+impl Config {
+    /// What fences are priced with: the measured per-movement costs, else the link model.
+    pub fn fence_costs(&self) -> FenceCosts {
+        self.fence_costs.unwrap_or(FenceCosts::uniform(self.link))
+    }
 }
 
 impl Default for Config {
@@ -89,6 +100,7 @@ impl Default for Config {
             bcast_movement: BcastMovementMode::default(),
             bulk_tags: [tags::LAUNCH].into_iter().collect(),
             link: LinkModel::default(),
+            fence_costs: None,
             relay_retry_ns: 1_000_000_000,
         }
     }
@@ -175,9 +187,15 @@ impl Grpcomm {
         &self.topo
     }
 
-    /// Replace the link model broadcasts choose their movement by (the HNP measures it).
+    /// Replace the link model broadcasts (and fences without measured costs) are priced
+    /// with; every daemon must hold the same (the HNP measures it and broadcasts it).
     pub fn set_link(&mut self, link: LinkModel) {
         self.cfg.link = link;
+    }
+
+    /// Replace the per-movement fence costs (every daemon must hold the same).
+    pub fn set_fence_costs(&mut self, costs: Option<FenceCosts>) {
+        self.cfg.fence_costs = costs;
     }
 
     pub fn config(&self) -> &Config {

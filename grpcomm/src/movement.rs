@@ -119,8 +119,8 @@ impl FenceMovementMode {
 
     /// The movement of one fence. `collect` is `PMIX_COLLECT_DATA`. A fence of one participant
     /// needs no exchange at all, and the tree answers it locally. Under `auto` the cheaper of
-    /// the two models wins; a tie stays on the tree.
-    pub fn for_fence(self, collect: bool, shape: &FenceShape, link: &LinkModel) -> Movement {
+    /// the two models wins, each priced with its own costs; a tie stays on the tree.
+    pub fn for_fence(self, collect: bool, shape: &FenceShape, costs: &FenceCosts) -> Movement {
         let tree = if collect { Movement::TreeGatherRelease } else { Movement::TreeBarrier };
         match self {
             FenceMovementMode::Tree => tree,
@@ -128,7 +128,7 @@ impl FenceMovementMode {
             FenceMovementMode::Auto if shape.participants <= 1 => tree,
             FenceMovementMode::Auto => {
                 let shape = FenceShape { bytes: if collect { shape.bytes } else { 0 }, ..*shape };
-                if link.allgather_fence_ns(&shape) < link.tree_fence_ns(&shape) {
+                if costs.allgather.allgather_fence_ns(&shape) < costs.tree.tree_fence_ns(&shape) {
                     Movement::Allgather
                 } else {
                     tree
@@ -215,6 +215,25 @@ impl LinkModel {
     pub fn scatter_allgather_ns(&self, bytes: u64, live: u32, depth: u32) -> f64 {
         let steps = f64::from(live.max(1).next_power_of_two().trailing_zeros());
         (f64::from(depth.max(1)) + steps) * self.alpha_ns + 2.0 * bytes as f64 * self.beta_ns_per_byte
+    }
+}
+
+/// What each fence movement's model is priced with: α and β per movement. On a DVM whose
+/// daemons share machines (or whose links are shaped) the two movements pay different costs
+/// per step and per byte; `dvmd` measures both at boot (`dvm_core::calibrate`) and hands
+/// every daemon the same values. Without a measurement both are the DVM's [`LinkModel`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FenceCosts {
+    /// α per hop and β per byte through the busiest daemon, for the tree movements.
+    pub tree: LinkModel,
+    /// α per round and β per byte each participant takes in, for the allgather.
+    pub allgather: LinkModel,
+}
+
+impl FenceCosts {
+    /// Both movements priced with one link model.
+    pub fn uniform(link: LinkModel) -> FenceCosts {
+        FenceCosts { tree: link, allgather: link }
     }
 }
 
@@ -349,7 +368,7 @@ mod tests {
     #[test]
     fn forced_modes_ignore_the_shape_and_one_participant_stays_local() {
         use FenceMovementMode::*;
-        let link = LinkModel::default();
+        let link = FenceCosts::uniform(LinkModel::default());
         for p in 1..=64u64 {
             for bytes in [0, 64, 1 << 20] {
                 let s = FenceShape { participants: p, depth: 2, radix: 4, bytes };
@@ -368,20 +387,21 @@ mod tests {
     fn auto_takes_the_cheaper_model_by_size_and_depth() {
         use FenceMovementMode::*;
         let link = LinkModel::default(); // 50 µs, 1 ns/B
+        let costs = FenceCosts::uniform(link);
         let shape =
             |participants: u64, depth: u32, radix: u32, bytes: u64| FenceShape { participants, depth, radix, bytes };
         // A flat tree over 17 daemons: two hops against five rounds keep small fences on the
         // tree; 64 KiB per daemon puts 17 · 1.1 MiB on the root's link and goes lateral.
-        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 0), &link), Movement::TreeBarrier);
-        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 * 64), &link), Movement::TreeGatherRelease);
-        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 << 16), &link), Movement::Allgather);
+        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 0), &costs), Movement::TreeBarrier);
+        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 * 64), &costs), Movement::TreeGatherRelease);
+        assert_eq!(Auto.for_fence(true, &shape(17, 1, 64, 17 << 16), &costs), Movement::Allgather);
         // A barrier's estimate is ignored: no bytes move.
-        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 17 << 16), &link), Movement::TreeBarrier);
+        assert_eq!(Auto.for_fence(false, &shape(17, 1, 64, 17 << 16), &costs), Movement::TreeBarrier);
         // A binary tree of depth 4 over 16: eight hops against four rounds.
-        assert_eq!(Auto.for_fence(false, &shape(16, 4, 2, 0), &link), Movement::Allgather);
+        assert_eq!(Auto.for_fence(false, &shape(16, 4, 2, 0), &costs), Movement::Allgather);
         // 4096 daemons on a radix-64 tree: 64 B each is 256 KiB through the root 129 times.
-        assert_eq!(Auto.for_fence(true, &shape(4096, 2, 64, 4096 * 64), &link), Movement::Allgather);
-        assert_eq!(Auto.for_fence(false, &shape(4096, 2, 64, 0), &link), Movement::TreeBarrier);
+        assert_eq!(Auto.for_fence(true, &shape(4096, 2, 64, 4096 * 64), &costs), Movement::Allgather);
+        assert_eq!(Auto.for_fence(false, &shape(4096, 2, 64, 0), &costs), Movement::TreeBarrier);
         // The choice is exactly the cheaper model, at every size.
         for p in [2u64, 3, 5, 16, 17, 64, 100, 4096] {
             for (depth, radix) in [(1, 64), (2, 4), (4, 2), (12, 2)] {
@@ -389,7 +409,7 @@ mod tests {
                     let s = shape(p, depth, radix, bytes);
                     let lateral = link.allgather_fence_ns(&s) < link.tree_fence_ns(&s);
                     let want = if lateral { Movement::Allgather } else { Movement::TreeGatherRelease };
-                    assert_eq!(Auto.for_fence(true, &s, &link), want, "{s:?}");
+                    assert_eq!(Auto.for_fence(true, &s, &costs), want, "{s:?}");
                 }
             }
         }

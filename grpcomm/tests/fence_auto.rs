@@ -9,8 +9,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use dvm_grpcomm::{
-    Config, FenceError, FenceMovementMode, FenceRequest, FenceShape, FenceSignature, LinkModel, Movement, Participants,
-    Rank,
+    Config, FenceCosts, FenceError, FenceMovementMode, FenceRequest, FenceShape, FenceSignature, LinkModel, Movement,
+    Participants, Rank,
 };
 use fence_support::{members, Net, XorShift};
 
@@ -65,7 +65,9 @@ fn auto_moves_each_fence_as_its_model_prices_it() {
     let mut net = net(n, 64, 1);
     // (collect, bytes per daemon, hint, the movement the model gives for this fence)
     let shape = |bytes: u64| FenceShape { participants: 16, depth: 1, radix: 64, bytes };
-    let auto = |collect: bool, bytes: u64| FenceMovementMode::Auto.for_fence(collect, &shape(bytes), &LINK);
+    let auto = |collect: bool, bytes: u64| {
+        FenceMovementMode::Auto.for_fence(collect, &shape(bytes), &FenceCosts::uniform(LINK))
+    };
     let plan: [(bool, usize, Option<u64>); 6] = [
         (true, 100, None),    // first: no estimate, priced as latency-bound
         (true, 2, None),      // priced by fence 0's ~1.6 KB
@@ -220,7 +222,7 @@ fn auto_never_splits_participants() {
                     radix,
                     bytes: prev.or(hint).unwrap_or(0),
                 };
-                let m = FenceMovementMode::Auto.for_fence(true, &shape, &LINK);
+                let m = FenceMovementMode::Auto.for_fence(true, &shape, &FenceCosts::uniform(LINK));
                 seen[usize::from(m == Movement::Allgather)] = true;
                 prev = Some(oracle(&sig, n, s as u64, true, len).len() as u64);
             }

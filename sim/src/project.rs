@@ -145,7 +145,7 @@ pub fn project_with(op: Op, n: u32, radix: u32, net: &NetModel, mode: impl Into<
                 radix,
                 bytes: op.bytes() as u64 * u64::from(n),
             };
-            mode.fence.for_fence(collect, &shape, &sc.cfg.link)
+            mode.fence.for_fence(collect, &shape, &sc.cfg.fence_costs())
         }
     };
     // Compression would make the payload size depend on its content; the model counts bytes.
