@@ -235,6 +235,28 @@ impl FenceCosts {
     pub fn uniform(link: LinkModel) -> FenceCosts {
         FenceCosts { tree: link, allgather: link }
     }
+
+    /// The costs under which each movement's model gives the times measured for it: a
+    /// barrier (`t0`, nanoseconds) and a collecting fence of `sized.bytes` in all (`tm`) over
+    /// the same participants. The inverse of [`LinkModel::tree_fence_ns`] and
+    /// [`LinkModel::allgather_fence_ns`]; a per-byte cost at or below zero (noise) becomes
+    /// `min_beta`.
+    pub fn fit(sized: &FenceShape, tree: (f64, f64), allgather: (f64, f64), min_beta: f64) -> FenceCosts {
+        let m = sized.bytes.max(1) as f64;
+        let p = sized.participants.max(2) as f64;
+        let d = f64::from(sized.depth.max(1));
+        let per_byte = |t0: f64, tm: f64, bytes: f64| ((tm - t0) / bytes).max(min_beta);
+        FenceCosts {
+            tree: LinkModel {
+                alpha_ns: (tree.0 / (2.0 * d)).max(0.0),
+                beta_ns_per_byte: per_byte(tree.0, tree.1, (1.0 + d * sized.fan_out()) * m),
+            },
+            allgather: LinkModel {
+                alpha_ns: (allgather.0 / sized.rounds().max(1.0)).max(0.0),
+                beta_ns_per_byte: per_byte(allgather.0, allgather.1, m * (p - 1.0) / p),
+            },
+        }
+    }
 }
 
 /// Which movement a broadcast uses (`bcast_movement` in [`crate::Config`], `dvmd
@@ -381,6 +403,33 @@ mod tests {
         let one = FenceShape { participants: 1, depth: 0, radix: 64, bytes: 1 << 30 };
         assert_eq!(Auto.for_fence(true, &one, &link), Movement::TreeGatherRelease);
         assert_eq!(Auto.for_fence(false, &one, &link), Movement::TreeBarrier);
+    }
+
+    #[test]
+    fn fitting_measured_times_recovers_each_movements_costs() {
+        let truth = FenceCosts {
+            tree: LinkModel { alpha_ns: 300_000.0, beta_ns_per_byte: 5.5 },
+            allgather: LinkModel { alpha_ns: 510_000.0, beta_ns_per_byte: 46.0 },
+        };
+        for (p, depth, radix) in [(17u64, 1, 64), (17, 2, 4), (4096, 2, 64), (100, 6, 2)] {
+            let barrier = FenceShape { participants: p, depth, radix, bytes: 0 };
+            let sized = FenceShape { bytes: p * 15_000, ..barrier };
+            let t = |m: &LinkModel, f: fn(&LinkModel, &FenceShape) -> f64| (f(m, &barrier), f(m, &sized));
+            let fit = FenceCosts::fit(
+                &sized,
+                t(&truth.tree, LinkModel::tree_fence_ns),
+                t(&truth.allgather, LinkModel::allgather_fence_ns),
+                0.001,
+            );
+            for (got, want) in [(fit.tree, truth.tree), (fit.allgather, truth.allgather)] {
+                assert!((got.alpha_ns / want.alpha_ns - 1.0).abs() < 1e-9, "{p} {depth}: {got:?}");
+                assert!((got.beta_ns_per_byte / want.beta_ns_per_byte - 1.0).abs() < 1e-9, "{p} {depth}: {got:?}");
+            }
+        }
+        // Noise that makes the sized fence look cheaper than the barrier is not a negative cost.
+        let s = FenceShape { participants: 17, depth: 1, radix: 64, bytes: 17_000 };
+        let fit = FenceCosts::fit(&s, (1e6, 0.9e6), (2e6, 1.5e6), 0.001);
+        assert_eq!((fit.tree.beta_ns_per_byte, fit.allgather.beta_ns_per_byte), (0.001, 0.001));
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct HnpBench {
     ping_peer: Option<Rank>,
     /// The movement an xcast benchmark's ops take (None: the DVM's).
     bcast_movement: Option<BcastMovementMode>,
+    /// Run by the HNP itself (the boot's fence calibration): its result goes there.
+    internal: bool,
 }
 
 /// Incompressible bytes (xorshift) with the fence index stamped in front, so an xcast
@@ -159,6 +161,7 @@ impl Core {
             issued: 0,
             ping_peer: None,
             bcast_movement,
+            internal: false,
         });
         match kind {
             BenchKind::Xcast => self.next_bench_xcast(),
@@ -169,6 +172,19 @@ impl Core {
                 let xid = self.g.xcast(dtags::BENCH, Bytes::from(start.encode_to_vec()));
                 self.xcast_owners.insert(xid, XcastOwner::Shell);
             }
+        }
+    }
+
+    /// HNP: a fence benchmark of its own (the boot's calibration), on `mode`; its result goes
+    /// to [`Core::on_calibration_run`].
+    pub(crate) fn start_internal_bench(&mut self, kind: BenchKind, count: u64, bytes: u64, mode: FenceMovementMode) {
+        if self.hnp.as_ref().is_some_and(|h| h.bench.is_some()) {
+            return self.on_calibration_run(Err("a benchmark is already running".into()));
+        }
+        self.start_bench(kind, count, bytes, Some(mode), None);
+        match self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
+            Some(b) => b.internal = true,
+            None => self.abandon_calibration("its benchmark did not start"),
         }
     }
 
@@ -422,13 +438,18 @@ impl Core {
         let topo = self.g.topology();
         let (daemons, radix, depth) = (topo.live_count(), topo.radix(), topo.height());
         let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.take()) else { return };
-        self.out.push(Effect::BenchDone(Ok(BenchReply {
+        let reply = BenchReply {
             latencies_ns: b.latencies,
             errors: b.errors,
             first_error: b.first_error,
             daemons,
             radix,
             depth,
-        })));
+        };
+        if b.internal {
+            self.on_calibration_run(Ok(reply));
+        } else {
+            self.out.push(Effect::BenchDone(Ok(reply)));
+        }
     }
 }

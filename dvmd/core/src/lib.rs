@@ -25,6 +25,7 @@
 //! DAEMON_DIED with daemons that have not yet, on different signatures.
 
 pub mod bench;
+mod calibrate;
 pub mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -182,6 +183,8 @@ struct HnpState {
     probe: Option<probe::LinkProbe>,
     /// The broadcast of the measured link model; `Ready` waits for its completion.
     link_xcast: Option<XcastId>,
+    /// The fence movements being measured ([`calibrate`]), after the probe.
+    calibration: Option<calibrate::Calibration>,
 }
 
 /// One daemon's decisions.
@@ -242,6 +245,7 @@ impl Core {
                 probe_wanted: false,
                 probe: None,
                 link_xcast: None,
+                calibration: None,
             }
         });
         let mut epochs = BTreeMap::new();

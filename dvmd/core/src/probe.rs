@@ -13,7 +13,7 @@
 //! Never: lets a daemon price with a model the others do not hold.
 
 use bytes::Bytes;
-use dvm_grpcomm::LinkModel;
+use dvm_grpcomm::{FenceCosts, LinkModel};
 use dvm_proto::daemon::{daemon_cmd, Ping};
 use tracing::{info, warn};
 
@@ -81,13 +81,15 @@ impl Core {
     /// The HNP's measured model arrived (every daemon, the HNP too).
     pub(crate) fn on_link_model(&mut self, payload: &[u8]) {
         match decode_link(payload) {
-            Some(link) => {
+            Some((link, costs)) => {
                 info!(
                     alpha_us = link.alpha_ns / 1e3,
                     bandwidth_mb_s = 1e3 / link.beta_ns_per_byte,
+                    fence_costs = ?costs,
                     "link model from the HNP: fences and broadcasts are priced by it"
                 );
                 self.g.set_link(link);
+                self.g.set_fence_costs(costs);
             }
             None => warn!(len = payload.len(), "malformed link model broadcast ignored"),
         }
@@ -137,30 +139,41 @@ impl Core {
             bandwidth_mb_s = 1e3 / link.beta_ns_per_byte,
             "link measured (median of {ROUNDS} round trips each of 0 and {LARGE} bytes); broadcast to every daemon"
         );
-        let id = self.g.xcast(crate::dtags::LINK_MODEL, encode_link(&link));
-        self.xcast_owners.insert(id, crate::XcastOwner::Core);
-        if let Some(h) = self.hnp.as_mut() {
-            h.link_xcast = Some(id);
-        }
+        self.start_calibration(link);
     }
 }
 
-/// α and β as two little-endian f64 (nanoseconds, nanoseconds per byte).
-pub fn encode_link(link: &LinkModel) -> Bytes {
-    let mut v = Vec::with_capacity(16);
-    v.extend_from_slice(&link.alpha_ns.to_le_bytes());
-    v.extend_from_slice(&link.beta_ns_per_byte.to_le_bytes());
+/// The link model, then the fence costs if measured (tree, then allgather), each α and β as
+/// little-endian f64 (nanoseconds, nanoseconds per byte): 16 or 48 bytes.
+pub fn encode_link(link: &LinkModel, costs: Option<&FenceCosts>) -> Bytes {
+    let models = [Some(link), costs.map(|c| &c.tree), costs.map(|c| &c.allgather)];
+    let mut v = Vec::with_capacity(48);
+    for m in models.into_iter().flatten() {
+        v.extend_from_slice(&m.alpha_ns.to_le_bytes());
+        v.extend_from_slice(&m.beta_ns_per_byte.to_le_bytes());
+    }
     Bytes::from(v)
 }
 
-/// The inverse of [`encode_link`]; `None` for anything but 16 bytes of two finite,
+/// The inverse of [`encode_link`]; `None` for anything but 16 or 48 bytes of finite,
 /// non-negative numbers.
-pub fn decode_link(b: &[u8]) -> Option<LinkModel> {
-    let (a, rest) = b.split_first_chunk::<8>()?;
-    let beta: &[u8; 8] = rest.try_into().ok()?;
-    let (alpha_ns, beta_ns_per_byte) = (f64::from_le_bytes(*a), f64::from_le_bytes(*beta));
-    let ok = |x: f64| x.is_finite() && x >= 0.0;
-    (ok(alpha_ns) && ok(beta_ns_per_byte)).then_some(LinkModel { alpha_ns, beta_ns_per_byte })
+pub fn decode_link(b: &[u8]) -> Option<(LinkModel, Option<FenceCosts>)> {
+    if b.len() != 16 && b.len() != 48 {
+        return None;
+    }
+    let mut models = b.chunks_exact(16).map(|c| {
+        let (a, beta) = c.split_at(8);
+        let (alpha_ns, beta_ns_per_byte) =
+            (f64::from_le_bytes(a.try_into().ok()?), f64::from_le_bytes(beta.try_into().ok()?));
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        (ok(alpha_ns) && ok(beta_ns_per_byte)).then_some(LinkModel { alpha_ns, beta_ns_per_byte })
+    });
+    let link = models.next()??;
+    let costs = match (models.next(), models.next()) {
+        (Some(tree), Some(allgather)) => Some(FenceCosts { tree: tree?, allgather: allgather? }),
+        _ => None,
+    };
+    Some((link, costs))
 }
 
 #[cfg(test)]
@@ -169,17 +182,24 @@ mod tests {
 
     #[test]
     fn link_model_round_trips_and_garbage_is_refused() {
-        use super::{decode_link, encode_link, LinkModel};
+        use super::{decode_link, encode_link, FenceCosts, LinkModel};
         let link = LinkModel { alpha_ns: 512.5, beta_ns_per_byte: 0.25 };
-        assert_eq!(decode_link(&encode_link(&link)), Some(link));
-        assert_eq!(decode_link(&[0; 15]), None);
-        assert_eq!(decode_link(&[0; 17]), None);
-        let mut nan = encode_link(&link).to_vec();
-        nan[..8].copy_from_slice(&f64::NAN.to_le_bytes());
-        assert_eq!(decode_link(&nan), None);
-        let mut neg = encode_link(&link).to_vec();
-        neg[8..].copy_from_slice(&(-1.0f64).to_le_bytes());
-        assert_eq!(decode_link(&neg), None);
+        let costs = FenceCosts {
+            tree: LinkModel { alpha_ns: 3e5, beta_ns_per_byte: 5.5 },
+            allgather: LinkModel { alpha_ns: 5e5, beta_ns_per_byte: 46.0 },
+        };
+        assert_eq!(decode_link(&encode_link(&link, None)), Some((link, None)));
+        assert_eq!(decode_link(&encode_link(&link, Some(&costs))), Some((link, Some(costs))));
+        for len in [0, 15, 17, 32, 47, 49] {
+            assert_eq!(decode_link(&vec![0; len]), None, "{len} bytes");
+        }
+        for at in [0, 8, 16, 24, 32, 40] {
+            for bad in [f64::NAN, f64::INFINITY, -1.0] {
+                let mut v = encode_link(&link, Some(&costs)).to_vec();
+                v[at..at + 8].copy_from_slice(&bad.to_le_bytes());
+                assert_eq!(decode_link(&v), None, "{bad} at {at}");
+            }
+        }
     }
 
     #[test]

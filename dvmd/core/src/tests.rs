@@ -419,8 +419,15 @@ fn the_hnp_measures_its_link_only_when_asked() {
     let link = net.cores[0].g.config().link;
     assert!((1_000.0..=3_000.0).contains(&link.alpha_ns), "alpha {} ns", link.alpha_ns);
     assert!((0.99..=1.01).contains(&link.beta_ns_per_byte), "beta {} ns/B", link.beta_ns_per_byte);
+    // Then each fence movement was timed on every daemon and fitted: per hop 1 µs and more,
+    // per byte a few times the frames' 1 ns/B; every daemon holds the same costs.
+    let costs = net.cores[0].g.config().fence_costs.expect("fence costs measured");
+    assert!(costs.tree.alpha_ns >= 1_000.0 && costs.allgather.alpha_ns >= 1_000.0, "{costs:?}");
+    assert!((0.5..=4.0).contains(&costs.tree.beta_ns_per_byte), "{costs:?}");
+    assert!((0.5..=8.0).contains(&costs.allgather.beta_ns_per_byte), "{costs:?}");
     for (r, c) in net.cores.iter().enumerate() {
         assert_eq!(c.g.config().link, link, "daemon {r} holds another link model");
+        assert_eq!(c.g.config().fence_costs, Some(costs), "daemon {r} holds other fence costs");
     }
     let ready_at = net.seen[0].iter().position(|e| matches!(e, Effect::Ready));
     assert_eq!(net.seen[0].iter().filter(|e| matches!(e, Effect::Ready)).count(), 1, "ready once");
@@ -428,5 +435,6 @@ fn the_hnp_measures_its_link_only_when_asked() {
 
     let quiet = Net::boot_with(4, 2, 1, |_| {});
     assert_eq!(quiet.cores[0].g.config().link, Config::default().link);
+    assert_eq!(quiet.cores[0].g.config().fence_costs, None);
     assert!(quiet.cores[0].hnp.as_ref().is_some_and(|h| h.probe.is_none()), "a probe ran unasked");
 }
