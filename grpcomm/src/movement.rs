@@ -128,7 +128,7 @@ impl FenceMovementMode {
             FenceMovementMode::Auto if shape.participants <= 1 => tree,
             FenceMovementMode::Auto => {
                 let shape = FenceShape { bytes: if collect { shape.bytes } else { 0 }, ..*shape };
-                if costs.allgather.allgather_fence_ns(&shape) < costs.tree.tree_fence_ns(&shape) {
+                if costs.allgather_ns(&shape) < costs.tree_ns(&shape) {
                     Movement::Allgather
                 } else {
                     tree
@@ -218,43 +218,84 @@ impl LinkModel {
     }
 }
 
-/// What each fence movement's model is priced with: α and β per movement. On a DVM whose
-/// daemons share machines (or whose links are shaped) the two movements pay different costs
-/// per step and per byte; `dvmd` measures both at boot (`dvm_core::calibrate`) and hands
-/// every daemon the same values. Without a measurement both are the DVM's [`LinkModel`].
+/// What each fence movement's model is priced with: α and β per movement, and a second β
+/// for the bytes above a knee. On a DVM whose daemons share machines (or whose links are
+/// shaped) the two movements pay different costs per step and per byte, and a byte costs
+/// less while a transfer fits the buffers on its way than once it does not; `dvmd` measures
+/// both movements at boot (`dvm_core`'s calibration) and hands every daemon the same values.
+/// Without a measurement both are the DVM's [`LinkModel`], with no knee.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FenceCosts {
     /// α per hop and β per byte through the busiest daemon, for the tree movements.
     pub tree: LinkModel,
     /// α per round and β per byte each participant takes in, for the allgather.
     pub allgather: LinkModel,
+    /// Released bytes up to which `beta_ns_per_byte` applies; above it, the `*_beta_above`.
+    pub knee_bytes: u64,
+    pub tree_beta_above: f64,
+    pub allgather_beta_above: f64,
 }
 
 impl FenceCosts {
     /// Both movements priced with one link model.
     pub fn uniform(link: LinkModel) -> FenceCosts {
-        FenceCosts { tree: link, allgather: link }
+        FenceCosts {
+            tree: link,
+            allgather: link,
+            knee_bytes: u64::MAX,
+            tree_beta_above: link.beta_ns_per_byte,
+            allgather_beta_above: link.beta_ns_per_byte,
+        }
     }
 
-    /// The costs under which each movement's model gives the times measured for it: a
-    /// barrier (`t0`, nanoseconds) and a collecting fence of `sized.bytes` in all (`tm`) over
-    /// the same participants. The inverse of [`LinkModel::tree_fence_ns`] and
-    /// [`LinkModel::allgather_fence_ns`]; a per-byte cost at or below zero (noise) becomes
-    /// `min_beta`.
-    pub fn fit(sized: &FenceShape, tree: (f64, f64), allgather: (f64, f64), min_beta: f64) -> FenceCosts {
-        let m = sized.bytes.max(1) as f64;
-        let p = sized.participants.max(2) as f64;
-        let d = f64::from(sized.depth.max(1));
-        let per_byte = |t0: f64, tm: f64, bytes: f64| ((tm - t0) / bytes).max(min_beta);
+    /// `f` of `shape` with `model`, the bytes above the knee priced at `above`.
+    fn priced(&self, model: &LinkModel, above: f64, s: &FenceShape, f: fn(&LinkModel, &FenceShape) -> f64) -> f64 {
+        let below = FenceShape { bytes: s.bytes.min(self.knee_bytes), ..*s };
+        let rest = FenceShape { bytes: s.bytes.saturating_sub(self.knee_bytes), ..*s };
+        let steps = LinkModel { alpha_ns: 0.0, beta_ns_per_byte: above };
+        f(model, &below) + f(&steps, &rest)
+    }
+
+    /// The tree movement's modelled time for `s`.
+    pub fn tree_ns(&self, s: &FenceShape) -> f64 {
+        self.priced(&self.tree, self.tree_beta_above, s, LinkModel::tree_fence_ns)
+    }
+
+    /// The allgather's modelled time for `s`.
+    pub fn allgather_ns(&self, s: &FenceShape) -> f64 {
+        self.priced(&self.allgather, self.allgather_beta_above, s, LinkModel::allgather_fence_ns)
+    }
+
+    /// The costs under which each movement's model gives the times (ns) measured for it over
+    /// the same participants: a barrier, a collecting fence of `small.bytes` in all and one of
+    /// `large.bytes` (`(t0, t_small, t_large)` per movement). The knee is `small.bytes`. The
+    /// inverse of [`FenceCosts::tree_ns`] and [`FenceCosts::allgather_ns`]; a per-byte cost at
+    /// or below zero (noise) becomes `min_beta`.
+    pub fn fit(
+        small: &FenceShape,
+        large: &FenceShape,
+        tree: (f64, f64, f64),
+        allgather: (f64, f64, f64),
+        min_beta: f64,
+    ) -> FenceCosts {
+        let p = small.participants.max(2) as f64;
+        let d = f64::from(small.depth.max(1));
+        let (m1, m2) = (small.bytes.max(1) as f64, large.bytes.max(small.bytes + 1) as f64);
+        let tree_bytes = |m: f64| (1.0 + d * small.fan_out()) * m;
+        let ag_bytes = |m: f64| m * (p - 1.0) / p;
+        let per_byte = |ta: f64, tb: f64, bytes: f64| ((tb - ta) / bytes).max(min_beta);
         FenceCosts {
             tree: LinkModel {
                 alpha_ns: (tree.0 / (2.0 * d)).max(0.0),
-                beta_ns_per_byte: per_byte(tree.0, tree.1, (1.0 + d * sized.fan_out()) * m),
+                beta_ns_per_byte: per_byte(tree.0, tree.1, tree_bytes(m1)),
             },
             allgather: LinkModel {
-                alpha_ns: (allgather.0 / sized.rounds().max(1.0)).max(0.0),
-                beta_ns_per_byte: per_byte(allgather.0, allgather.1, m * (p - 1.0) / p),
+                alpha_ns: (allgather.0 / small.rounds().max(1.0)).max(0.0),
+                beta_ns_per_byte: per_byte(allgather.0, allgather.1, ag_bytes(m1)),
             },
+            knee_bytes: small.bytes,
+            tree_beta_above: per_byte(tree.1, tree.2, tree_bytes(m2 - m1)),
+            allgather_beta_above: per_byte(allgather.1, allgather.2, ag_bytes(m2 - m1)),
         }
     }
 }
@@ -407,29 +448,44 @@ mod tests {
 
     #[test]
     fn fitting_measured_times_recovers_each_movements_costs() {
-        let truth = FenceCosts {
+        let truth = |knee: u64| FenceCosts {
             tree: LinkModel { alpha_ns: 300_000.0, beta_ns_per_byte: 5.5 },
-            allgather: LinkModel { alpha_ns: 510_000.0, beta_ns_per_byte: 46.0 },
+            allgather: LinkModel { alpha_ns: 510_000.0, beta_ns_per_byte: 74.0 },
+            knee_bytes: knee,
+            tree_beta_above: 8.0,
+            allgather_beta_above: 45.0,
         };
         for (p, depth, radix) in [(17u64, 1, 64), (17, 2, 4), (4096, 2, 64), (100, 6, 2)] {
             let barrier = FenceShape { participants: p, depth, radix, bytes: 0 };
-            let sized = FenceShape { bytes: p * 15_000, ..barrier };
-            let t = |m: &LinkModel, f: fn(&LinkModel, &FenceShape) -> f64| (f(m, &barrier), f(m, &sized));
-            let fit = FenceCosts::fit(
-                &sized,
-                t(&truth.tree, LinkModel::tree_fence_ns),
-                t(&truth.allgather, LinkModel::allgather_fence_ns),
-                0.001,
-            );
-            for (got, want) in [(fit.tree, truth.tree), (fit.allgather, truth.allgather)] {
-                assert!((got.alpha_ns / want.alpha_ns - 1.0).abs() < 1e-9, "{p} {depth}: {got:?}");
-                assert!((got.beta_ns_per_byte / want.beta_ns_per_byte - 1.0).abs() < 1e-9, "{p} {depth}: {got:?}");
+            let small = FenceShape { bytes: 64 << 10, ..barrier };
+            let large = FenceShape { bytes: 512 << 10, ..barrier };
+            let want = truth(small.bytes);
+            let t = |f: fn(&FenceCosts, &FenceShape) -> f64| (f(&want, &barrier), f(&want, &small), f(&want, &large));
+            let fit = FenceCosts::fit(&small, &large, t(FenceCosts::tree_ns), t(FenceCosts::allgather_ns), 0.001);
+            let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
+            assert_eq!(fit.knee_bytes, want.knee_bytes);
+            for (got, w) in [(fit.tree, want.tree), (fit.allgather, want.allgather)] {
+                assert!(
+                    close(got.alpha_ns, w.alpha_ns) && close(got.beta_ns_per_byte, w.beta_ns_per_byte),
+                    "{p}: {fit:?}"
+                );
             }
+            assert!(close(fit.tree_beta_above, 8.0) && close(fit.allgather_beta_above, 45.0), "{p}: {fit:?}");
+            // Priced past the knee: the second slope.
+            let big = FenceShape { bytes: 4 << 20, ..barrier };
+            assert!(close(fit.allgather_ns(&big), want.allgather_ns(&big)));
         }
-        // Noise that makes the sized fence look cheaper than the barrier is not a negative cost.
+        // Noise that makes a sized fence look cheaper than a smaller one is not a negative cost.
         let s = FenceShape { participants: 17, depth: 1, radix: 64, bytes: 17_000 };
-        let fit = FenceCosts::fit(&s, (1e6, 0.9e6), (2e6, 1.5e6), 0.001);
+        let l = FenceShape { bytes: 170_000, ..s };
+        let fit = FenceCosts::fit(&s, &l, (1e6, 0.9e6, 0.8e6), (2e6, 1.5e6, 1.4e6), 0.001);
         assert_eq!((fit.tree.beta_ns_per_byte, fit.allgather.beta_ns_per_byte), (0.001, 0.001));
+        assert_eq!((fit.tree_beta_above, fit.allgather_beta_above), (0.001, 0.001));
+        // Uniform costs are the link model's formulas exactly.
+        let link = LinkModel::default();
+        let u = FenceCosts::uniform(link);
+        assert_eq!(u.tree_ns(&l), link.tree_fence_ns(&l));
+        assert_eq!(u.allgather_ns(&l), link.allgather_fence_ns(&l));
     }
 
     #[test]

@@ -143,37 +143,44 @@ impl Core {
     }
 }
 
-/// The link model, then the fence costs if measured (tree, then allgather), each α and β as
-/// little-endian f64 (nanoseconds, nanoseconds per byte): 16 or 48 bytes.
+/// The link model, then the fence costs if measured (tree α β, allgather α β, the knee, the
+/// tree's and the allgather's β above it), each as a little-endian f64 (nanoseconds,
+/// nanoseconds per byte, bytes): 16 or 72 bytes.
 pub fn encode_link(link: &LinkModel, costs: Option<&FenceCosts>) -> Bytes {
-    let models = [Some(link), costs.map(|c| &c.tree), costs.map(|c| &c.allgather)];
-    let mut v = Vec::with_capacity(48);
-    for m in models.into_iter().flatten() {
-        v.extend_from_slice(&m.alpha_ns.to_le_bytes());
-        v.extend_from_slice(&m.beta_ns_per_byte.to_le_bytes());
+    let mut v: Vec<f64> = vec![link.alpha_ns, link.beta_ns_per_byte];
+    if let Some(c) = costs {
+        v.extend([
+            c.tree.alpha_ns,
+            c.tree.beta_ns_per_byte,
+            c.allgather.alpha_ns,
+            c.allgather.beta_ns_per_byte,
+            c.knee_bytes as f64,
+            c.tree_beta_above,
+            c.allgather_beta_above,
+        ]);
     }
-    Bytes::from(v)
+    Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
 }
 
-/// The inverse of [`encode_link`]; `None` for anything but 16 or 48 bytes of finite,
+/// The inverse of [`encode_link`]; `None` for anything but 16 or 72 bytes of finite,
 /// non-negative numbers.
 pub fn decode_link(b: &[u8]) -> Option<(LinkModel, Option<FenceCosts>)> {
-    if b.len() != 16 && b.len() != 48 {
+    if b.len() != 16 && b.len() != 72 {
         return None;
     }
-    let mut models = b.chunks_exact(16).map(|c| {
-        let (a, beta) = c.split_at(8);
-        let (alpha_ns, beta_ns_per_byte) =
-            (f64::from_le_bytes(a.try_into().ok()?), f64::from_le_bytes(beta.try_into().ok()?));
-        let ok = |x: f64| x.is_finite() && x >= 0.0;
-        (ok(alpha_ns) && ok(beta_ns_per_byte)).then_some(LinkModel { alpha_ns, beta_ns_per_byte })
+    let v: Vec<f64> = b.chunks_exact(8).map(|c| c.try_into().map(f64::from_le_bytes)).collect::<Result<_, _>>().ok()?;
+    if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+        return None;
+    }
+    let m = |i: usize| LinkModel { alpha_ns: v[i], beta_ns_per_byte: v[i + 1] };
+    let costs = (v.len() == 9).then(|| FenceCosts {
+        tree: m(2),
+        allgather: m(4),
+        knee_bytes: v[6] as u64,
+        tree_beta_above: v[7],
+        allgather_beta_above: v[8],
     });
-    let link = models.next()??;
-    let costs = match (models.next(), models.next()) {
-        (Some(tree), Some(allgather)) => Some(FenceCosts { tree: tree?, allgather: allgather? }),
-        _ => None,
-    };
-    Some((link, costs))
+    Some((m(0), costs))
 }
 
 #[cfg(test)]
@@ -187,13 +194,16 @@ mod tests {
         let costs = FenceCosts {
             tree: LinkModel { alpha_ns: 3e5, beta_ns_per_byte: 5.5 },
             allgather: LinkModel { alpha_ns: 5e5, beta_ns_per_byte: 46.0 },
+            knee_bytes: 65_536,
+            tree_beta_above: 8.0,
+            allgather_beta_above: 45.0,
         };
         assert_eq!(decode_link(&encode_link(&link, None)), Some((link, None)));
         assert_eq!(decode_link(&encode_link(&link, Some(&costs))), Some((link, Some(costs))));
-        for len in [0, 15, 17, 32, 47, 49] {
+        for len in [0, 15, 17, 32, 48, 71, 73] {
             assert_eq!(decode_link(&vec![0; len]), None, "{len} bytes");
         }
-        for at in [0, 8, 16, 24, 32, 40] {
+        for at in (0..72).step_by(8) {
             for bad in [f64::NAN, f64::INFINITY, -1.0] {
                 let mut v = encode_link(&link, Some(&costs)).to_vec();
                 v[at..at + 8].copy_from_slice(&bad.to_le_bytes());
