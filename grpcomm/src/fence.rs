@@ -157,6 +157,8 @@ pub enum FenceError {
     NotParticipant { daemon: Rank },
     #[error("fence protocol error: {0}")]
     Protocol(String),
+    #[error("fence abandoned by its owner on daemon {daemon}")]
+    Abandoned { daemon: Rank },
 }
 
 type FenceResult = Result<Bytes, FenceError>;
@@ -235,6 +237,25 @@ impl SigRecord {
 }
 
 impl FenceState {
+    /// The owner of `sig` no longer wants its fences in flight (its job failed, a member of
+    /// its group died): every fence over it held here — started, waiting for this daemon's
+    /// start, deferred, or relayed — fails with `Abandoned`, and the error goes the way of
+    /// every fence error (up to the root, released to every daemon holding it), so each
+    /// participant and relay retires it and its local caller hears. The sequence counters are
+    /// untouched: the next fence over `sig` is fence `started` everywhere and runs as usual.
+    /// Returns how many fences were abandoned here.
+    pub fn abandon(&mut self, ctx: &mut Ctx<'_>, sig: &FenceSignature) -> usize {
+        let me = ctx.topo.me();
+        let Some(rec) = self.sigs.get_mut(sig) else { return 0 };
+        let seqs: Vec<u64> = rec.trackers.keys().copied().collect();
+        for &seq in &seqs {
+            debug!(rank = me, key = ?sig.key, seq, "fence abandoned by its owner");
+            fail(ctx, sig, seq, rec, FenceError::Abandoned { daemon: me });
+        }
+        self.deferred = self.sigs.values().map(|r| r.deferred.len()).sum();
+        seqs.len()
+    }
+
     /// Forget a signature that will never be used again (its job ended): its counters and
     /// the results kept for repairs. Refused (false) while a fence over it is in flight.
     pub fn forget(&mut self, sig: &FenceSignature) -> bool {

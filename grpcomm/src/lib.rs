@@ -274,6 +274,16 @@ impl Grpcomm {
         id
     }
 
+    /// The owner of `sig` abandons its fences in flight (see `FenceState::abandon`): each fails
+    /// with [`FenceError::Abandoned`] on every daemon that holds it. Returns how many were
+    /// held here.
+    pub fn abandon_fences(&mut self, sig: &FenceSignature) -> usize {
+        let (mut ctx, _, f, _) = self.split();
+        let n = f.abandon(&mut ctx, sig);
+        f.after_input(&mut ctx);
+        n
+    }
+
     /// Forget a fence signature whose owner (a job) is gone: its sequence counter and the
     /// results kept to answer repairs. False while a fence over it is still in flight.
     pub fn forget_fence_signature(&mut self, sig: &FenceSignature) -> bool {

@@ -112,6 +112,9 @@ pub enum Input {
     Scatter { tag: u32, slices: Vec<(Rank, Bytes)> },
     /// Start (or join) a fence for `owner`.
     Fence { owner: FenceOwner, req: FenceRequest },
+    /// The owner of this signature no longer wants its fences in flight (its job ended or
+    /// failed, a group member died): each fails with `Abandoned` on every daemon holding it.
+    AbandonFence(FenceSignature),
     /// The owner of this signature is gone (a job ended).
     ForgetFence(FenceSignature),
     /// Send a daemon command to `dst` along the tree (to self: handled at once).
@@ -364,6 +367,12 @@ impl Core {
                 self.g.scatter(tag, slices);
             }
             Input::Fence { owner, req } => self.start_fence(owner, req, None),
+            Input::AbandonFence(sig) => {
+                let n = self.g.abandon_fences(&sig);
+                if n > 0 {
+                    info!(fences = n, "fences abandoned by their owner");
+                }
+            }
             Input::ForgetFence(sig) => {
                 self.g.forget_fence_signature(&sig);
             }

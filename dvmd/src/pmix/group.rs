@@ -44,6 +44,8 @@ pub(crate) struct GroupWait {
     pub assign: bool,
     /// The members (a member reported dead fails the operation: [`PmixHost::member_died`]).
     pub procs: Vec<ProcId>,
+    /// The operation's fence (abandoned when a member dies).
+    pub sig: FenceSignature,
     pub reply: WorkerReplyHandle,
 }
 
@@ -183,7 +185,7 @@ impl PmixHost {
         self.next_id += 1;
         info!(what, %id, members = procs.len(), assign, key = fkey, "PMIx group {what} -> grpcomm fence");
         let size_hint = collect.then(|| procs.len() as u64 * super::MODEX_BYTES_PER_PROC);
-        self.fences.insert(fkey, FenceWaiter::Group(GroupWait { op, id, assign, procs, reply }));
+        self.fences.insert(fkey, FenceWaiter::Group(GroupWait { op, id, assign, procs, sig: sig.clone(), reply }));
         let fence = GFence { sig, collect, data, timeout, size_hint };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(fkey), req: fence });
     }
@@ -242,9 +244,9 @@ impl PmixHost {
     /// The DVM reported `proc` dead (its `PMIX_ERR_PROC_ABORTED`): every group operation of
     /// this daemon that names it fails now, and any later one at once. libpmix 4.2.2 never
     /// tells the host of a member that dies once it tracks a construct, and the daemon that
-    /// hosted it never joins the operation's fence: it would wait for ever. (That fence stays
-    /// open on the daemons that joined it; members on the dead one's own daemon stay blocked
-    /// in libpmix: docs/dynamic-mpi.md.)
+    /// hosted it never joins the operation's fence: it would wait for ever. The fence is
+    /// abandoned, so it is retired on every daemon that joined it (members on the dead one's
+    /// own daemon stay blocked in libpmix: docs/dynamic-mpi.md).
     pub(crate) fn member_died(&mut self, proc: ProcId) {
         let pmix_shim::Rank::Id(rank) = proc.rank else { return };
         if !self.known.contains_key(&proc.nspace) {
@@ -266,6 +268,7 @@ impl PmixHost {
             if let Some(FenceWaiter::Group(g)) = self.fences.remove(&key) {
                 warn!("group {:?} of {:?} on daemon {} failed: member {proc} died", g.op, g.id, self.me);
                 g.reply.complete(pmix_shim::ERR_PROC_ABORTED);
+                self.out.push(CoreInput::AbandonFence(g.sig));
             }
         }
     }

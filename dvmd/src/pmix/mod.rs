@@ -250,6 +250,7 @@ fn job_info(nspace: &str, placement: &Placement, hosts: &[String], nprocs: u32) 
 fn fence_status(e: &FenceError) -> pmix_shim::Status {
     match e {
         FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
+        FenceError::Abandoned { .. } => pmix_shim::ERR_PROC_ABORTED,
         _ => pmix_shim::ERROR,
     }
 }
@@ -544,7 +545,12 @@ impl PmixHost {
                 Err(e) => warn!(jobid, "deregister_nspace: {e}"),
             }
         }
-        self.out.extend(job.sigs.into_iter().map(CoreInput::ForgetFence));
+        // A fence still in flight over one of them can never complete (this daemon's ranks are
+        // gone): abandon it on every daemon that holds it, then forget the signature.
+        for sig in job.sigs {
+            self.out.push(CoreInput::AbandonFence(sig.clone()));
+            self.out.push(CoreInput::ForgetFence(sig));
+        }
         if recycle_now {
             self.maybe_recycle();
         }
@@ -562,6 +568,11 @@ impl PmixHost {
             Some(FenceWaiter::Group(wait)) => {
                 self.group_done(wait, result);
                 self.maybe_recycle();
+                return;
+            }
+            // A group operation answered when a member died, whose fence was then abandoned.
+            None if matches!(result, Err(FenceError::Abandoned { .. })) => {
+                debug!(key, "an abandoned fence ended");
                 return;
             }
             None => {

@@ -12,6 +12,7 @@ const STATUS_LOST: i32 = 2;
 const STATUS_MISMATCH: i32 = 3;
 const STATUS_NOT_PARTICIPANT: i32 = 4;
 const STATUS_PROTOCOL: i32 = 5;
+const STATUS_ABANDONED: i32 = 6;
 
 pub(super) fn sig_to_wire(sig: &FenceSignature) -> pb::FenceSignature {
     match &sig.participants {
@@ -57,6 +58,7 @@ pub(super) fn error_to_wire(e: &FenceError) -> (i32, String) {
         }
         FenceError::NotParticipant { daemon } => (STATUS_NOT_PARTICIPANT, daemon.to_string()),
         FenceError::Protocol(text) => (STATUS_PROTOCOL, text.clone()),
+        FenceError::Abandoned { daemon } => (STATUS_ABANDONED, daemon.to_string()),
     }
 }
 
@@ -83,6 +85,7 @@ pub(super) fn error_from_wire(status: i32, text: &str) -> FenceError {
         }
         STATUS_NOT_PARTICIPANT => text.parse().ok().map(|daemon| FenceError::NotParticipant { daemon }),
         STATUS_PROTOCOL => Some(FenceError::Protocol(text.to_string())),
+        STATUS_ABANDONED => text.parse().ok().map(|daemon| FenceError::Abandoned { daemon }),
         _ => None,
     };
     parsed.unwrap_or_else(|| FenceError::Protocol(format!("undecodable fence error (status {status}): {text:?}")))
