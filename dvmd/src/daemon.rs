@@ -411,6 +411,7 @@ impl Daemon {
                     pid: std::process::id(),
                     // The daemon and its PMIx worker: what the node pays for this daemon.
                     rss_kib: rss_kib() + self.pmix.worker_rss_kib(),
+                    fences_in_flight: self.core.fences_in_flight() as u64,
                 };
                 self.submit(CoreInput::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
             }
@@ -448,6 +449,7 @@ impl Daemon {
                 host: v.host,
                 pid: v.pid,
                 rss_kib: v.rss_kib,
+                fences_in_flight: v.fences_in_flight,
             })
             .collect();
         let _ = tx.send(Ok(TreeViewsReply { views }));

@@ -186,3 +186,45 @@ fn pmix_groups_netns_radix_64() {
     require_netns!();
     group_suite("grpnetr64", Nodes::Netns { cluster: FakeCluster::new(4).unwrap(), slots: 4 }, 64, 4);
 }
+
+/// A job fails while its other ranks wait in a fence its failed rank never joined: once the
+/// job has ended, no daemon holds any state for that fence (each daemon whose ranks are gone
+/// abandons its job's fences, and the error retires them on every participant and relay), and
+/// the next job's fences run. Fails without abandoning: the waiting ranks' daemons, and the
+/// relays between them, keep the fence's tracker for ever.
+fn abandoned_fence_leaves_nothing(name: &str, radix: u32) {
+    let dvm = Dvm::start(name, Nodes::Local { daemons: 4, slots: 2 }, radix, &[]);
+    let prog = pmix_bin("fencefail");
+    // Eight ranks, two per daemon: the last (on daemon 3) never joins the fence.
+    let o = run(&dvm, &["-n", "8", "--map-by", "node", &prog], "the failing job");
+    let (stdout, stderr) = out(&o);
+    assert_eq!(o.status.code(), Some(3), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(stdout.matches("FENCING rank").count(), 7, "{stdout}");
+    // Rank 3 shares the failed rank's daemon: libpmix there ends its fence with an error
+    // (the local participant left); no fence may succeed.
+    assert!(
+        stdout.lines().filter(|l| l.starts_with("FENCED")).all(|l| !l.ends_with(" rc 0")),
+        "a fence succeeded without the last rank: {stdout}"
+    );
+    let mut held = Vec::new();
+    common::until(Duration::from_secs(30), "every daemon to let go of the abandoned fence", || {
+        held = dvm.fences_in_flight();
+        held.iter().all(|&(_, n)| n == 0)
+    });
+    assert_eq!(held.len(), 4, "{held:?}");
+    let group = pmix_bin("group");
+    let o = run(&dvm, &["-n", "8", "--map-by", "node", &group, "1"], "a group job after it");
+    assert!(o.status.success(), "{:?}", out(&o));
+    assert!(dvm.fences_in_flight().iter().all(|&(_, n)| n == 0));
+    dvm.stop();
+}
+
+#[test]
+fn an_abandoned_fence_leaves_nothing_radix_2() {
+    abandoned_fence_leaves_nothing("abandon2", 2);
+}
+
+#[test]
+fn an_abandoned_fence_leaves_nothing_radix_64() {
+    abandoned_fence_leaves_nothing("abandon64", 64);
+}

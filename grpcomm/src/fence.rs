@@ -799,6 +799,11 @@ impl FenceState {
     pub fn is_quiescent(&self) -> bool {
         self.stash.is_empty() && self.sigs.values().all(|r| r.trackers.is_empty())
     }
+
+    /// Fences this daemon holds a tracker for (started, relayed, or waiting for its start).
+    pub fn in_flight(&self) -> usize {
+        self.sigs.values().map(|r| r.trackers.len()).sum()
+    }
 }
 
 #[cfg(test)]

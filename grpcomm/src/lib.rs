@@ -348,6 +348,11 @@ impl Grpcomm {
         self.xcast.is_quiescent() && self.fence.is_quiescent() && self.scatter.is_quiescent()
     }
 
+    /// Fences this daemon holds state for (started, relayed, or waiting for its start).
+    pub fn fences_in_flight(&self) -> usize {
+        self.fence.in_flight()
+    }
+
     /// Next xcast op id this daemon will deliver (every op below it was delivered or adopted).
     pub fn xcast_next_op(&self) -> u64 {
         self.xcast.next_deliver()

@@ -283,6 +283,11 @@ impl Core {
 
     // ------------------------------------------------------------------ accessors
 
+    /// Fences this daemon holds state for (shown in the tree views).
+    pub fn fences_in_flight(&self) -> usize {
+        self.g.fences_in_flight()
+    }
+
     pub fn topology(&self) -> &Topology {
         self.g.topology()
     }

@@ -195,6 +195,18 @@ impl Dvm {
         self.prun_with_stdin(args, None)
     }
 
+    /// Each daemon's (rank, fences it holds state for), from the DVM's tree views.
+    pub fn fences_in_flight(&self) -> Vec<(u32, u64)> {
+        let file = self.uri.trim_start_matches("file:");
+        let uri = dvmd::session::DvmUri::parse(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let views = rt.block_on(async {
+            let mut c = dvmd::control::Client::connect(uri).await.expect("control client");
+            c.tree_views().await.expect("tree views").views
+        });
+        views.iter().map(|v| (v.rank, v.fences_in_flight)).collect()
+    }
+
     pub fn prun_with_stdin(&self, args: &[&str], input: Option<&[u8]>) -> Output {
         let mut cmd = Command::new(PRUN);
         cmd.arg("--dvm-uri").arg(&self.uri).args(args).env("DVM_TMPDIR", &self.root);
