@@ -25,7 +25,7 @@ use crate::Core;
 
 /// Fences per calibration run after the first (the median of their times at the HNP is
 /// taken; the first also opens connections and is left out).
-const ROUNDS: u64 = 4;
+const ROUNDS: u64 = 3;
 
 /// Bytes the small and the large sized runs' fences release in all (spread over the daemons).
 const SMALL_TOTAL: u64 = 64 * 1024;
