@@ -22,6 +22,7 @@
 //! still believes the peer alive.
 
 pub mod check;
+pub mod crossover;
 pub mod daemons;
 pub mod engine;
 pub mod net;

@@ -1,12 +1,14 @@
-//! dvm-sim: replay a generated schedule, run a campaign, or print α-β projections as CSV.
+//! dvm-sim: replay a generated schedule, run a campaign, print α-β projections as CSV, or
+//! the sizes at which `auto` moves a fence from the tree to the allgather.
 //! `--engine grpcomm` (default) runs bare grpcomm state machines; `--engine core` runs the
 //! daemon cores (`dvm-core`) with their faults and workloads.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_grpcomm::Movement;
+use dvm_sim::crossover::{crossover, hierarchical, Crossover};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
-use dvm_sim::project::{model_ns, project_with, Op, Row};
+use dvm_sim::project::{link_model, model_ns, project_with, Op, Row};
 use dvm_sim::{
     campaign_with, run, BcastMovementMode, Failure, FenceMovementMode, Movements, NetModel, Profile, ReplayProfile,
     Scenario,
@@ -114,6 +116,28 @@ enum Cmd {
         /// Broadcast movements to project side by side.
         #[arg(long, value_delimiter = ',', default_value = "tree,bulk")]
         bcast_movement: Vec<BcastMovementMode>,
+    },
+    /// Print, per N and radix, the smallest modex contribution per daemon at which `auto`
+    /// moves a fence of every daemon on the allgather, and whether a barrier goes lateral (CSV:
+    /// n,radix,depth,barrier_movement,crossover_bytes_per_daemon; or markdown).
+    Crossovers {
+        #[arg(long, value_delimiter = ',', default_value = "4,16,64,256,1024,4096,16384")]
+        n: Vec<u32>,
+        #[arg(long, value_delimiter = ',', default_value = "2,4,16,64")]
+        radix: Vec<u32>,
+        /// α in microseconds.
+        #[arg(long, default_value_t = 50.0)]
+        alpha_us: f64,
+        /// Link bandwidth in MB/s (β = 1/bandwidth).
+        #[arg(long, default_value_t = 1000.0)]
+        bandwidth_mbps: f64,
+        /// Print a markdown table instead of CSV.
+        #[arg(long)]
+        markdown: bool,
+        /// Instead, price a hierarchical fence (model only, not built) at these contributions
+        /// per daemon against the better of the tree and the allgather.
+        #[arg(long, value_delimiter = ',')]
+        hierarchical: Vec<u64>,
     },
 }
 
@@ -337,6 +361,85 @@ fn main() -> Result<()> {
                     .context("projection");
             }
         }
+        Cmd::Crossovers { n, radix, alpha_us, bandwidth_mbps, markdown, hierarchical: sizes } => {
+            if bandwidth_mbps <= 0.0 || alpha_us < 0.0 {
+                bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_mbps} MB/s, {alpha_us} us)");
+            }
+            // The simulator's own network, so that the rule is priced as `project` prices it.
+            let net = NetModel {
+                alpha_ns: (alpha_us * 1e3).round() as u64,
+                beta_ps_per_byte: (1e6 / bandwidth_mbps).round() as u64,
+                ..NetModel::projection_default()
+            };
+            let link = link_model(&net);
+            if sizes.is_empty() {
+                print_crossovers(&n, &radix, &link, markdown)?;
+            } else {
+                print_hierarchical(&n, &radix, &sizes, &link, markdown)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The crossover table, one row per (N, radix).
+fn print_crossovers(ns: &[u32], radixes: &[u32], link: &dvm_grpcomm::LinkModel, markdown: bool) -> Result<()> {
+    if markdown {
+        println!("| N | radix | depth | barrier | crossover bytes per daemon | modex at the crossover, bytes |");
+        println!("|---:|---:|---:|---|---:|---:|");
+    } else {
+        println!("{}", Crossover::CSV_HEADER);
+    }
+    for &n in ns {
+        for &r in radixes {
+            let c = crossover(n, r, link).with_context(|| format!("n {n} radix {r}"))?;
+            println!("{}", if markdown { c.markdown() } else { c.csv() });
+        }
+    }
+    Ok(())
+}
+
+/// The hierarchical model against min(tree, allgather) per (N, radix, size), and the best
+/// ratio found.
+fn print_hierarchical(
+    ns: &[u32],
+    radixes: &[u32],
+    sizes: &[u64],
+    link: &dvm_grpcomm::LinkModel,
+    markdown: bool,
+) -> Result<()> {
+    if markdown {
+        println!("| N | radix | depth | bytes per daemon | best ℓ | hierarchical µs | tree µs | allgather µs | hierarchical / min |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    } else {
+        println!("n,radix,depth,bytes_per_daemon,level,hierarchical_us,tree_us,allgather_us,ratio");
+    }
+    let mut best: Option<(f64, String)> = None;
+    for &n in ns {
+        for &r in radixes {
+            for &per in sizes {
+                let h = hierarchical(n, r, per, link).with_context(|| format!("n {n} radix {r}"))?;
+                let (level, hier, ratio) = match (h.level, h.hierarchical_ns, h.ratio()) {
+                    (Some(l), Some(t), Some(q)) => (l.to_string(), format!("{:.1}", t / 1e3), format!("{q:.3}")),
+                    _ => ("—".to_string(), "—".to_string(), "—".to_string()),
+                };
+                let (tree, ag) = (format!("{:.1}", h.tree_ns / 1e3), format!("{:.1}", h.allgather_ns / 1e3));
+                if markdown {
+                    println!("| {n} | {r} | {} | {per} | {level} | {hier} | {tree} | {ag} | {ratio} |", h.depth);
+                } else {
+                    println!("{n},{r},{},{per},{level},{hier},{tree},{ag},{ratio}", h.depth);
+                }
+                if let (Some(q), Some(l)) = (h.ratio(), h.level) {
+                    if best.as_ref().is_none_or(|b| q < b.0) {
+                        best = Some((q, format!("N {n}, radix {r}, {per} B per daemon, split at level {l}")));
+                    }
+                }
+            }
+        }
+    }
+    match best {
+        Some((q, at)) => eprintln!("best hierarchical / min(tree, allgather): {q:.3} at {at}"),
+        None => eprintln!("no tree of two or more levels below the root: no hierarchical split"),
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
  * Every rank but the last calls PMIx_Fence (collecting) over the whole job and waits in it;
  * the last rank exits with status 3 without calling it (and without PMIx_Finalize), so the job
  * fails and the DVM kills the ranks waiting in the fence. Each waiting rank prints
- * "FENCING rank <r>" first; a fence that returns prints "FENCED rank <r> rc <status>". */
+ * "FENCING rank <r>" first; a fence that returns prints "FENCED rank <r> rc <status>" and the
+ * rank then waits to be ended with the job. */
 #include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,5 +33,8 @@ int main(void)
     fflush(stdout);
     pmix_status_t rc = PMIx_Fence(&wild, 1, &info, 1);
     printf("FENCED rank %u rc %d\n", me.rank, rc);
+    fflush(stdout);
+    /* The job is failing: wait to be ended with it, so the last rank's exit is its status. */
+    sleep(60);
     return 0;
 }

@@ -96,6 +96,18 @@ pub fn bench_xcast_payload(bench: u64, i: u64, bytes: u64) -> Bytes {
     Bytes::from(v)
 }
 
+/// Set in the ids of the boot's calibration runs ([`crate::calibrate`]).
+pub const CALIBRATION_RUN: u64 = 1 << 62;
+
+/// "benchmark N", or "fence calibration run N" for the boot's.
+fn bench_name(id: u64) -> String {
+    if id & CALIBRATION_RUN != 0 {
+        format!("fence calibration run {}", id & !CALIBRATION_RUN)
+    } else {
+        format!("benchmark {id}")
+    }
+}
+
 /// Whether fence `i` of a benchmark of `kind` collects data (a modex) or is a barrier.
 pub fn bench_collect(kind: BenchKind, i: u64) -> bool {
     match kind {
@@ -130,6 +142,7 @@ impl Core {
         bytes: u64,
         fence_movement: Option<FenceMovementMode>,
         bcast_movement: Option<BcastMovementMode>,
+        internal: bool,
     ) {
         let Some(hnp) = self.hnp.as_mut() else { return };
         if hnp.bench.is_some() {
@@ -146,8 +159,15 @@ impl Core {
             self.out.push(Effect::BenchDone(Err(why)));
             return;
         }
-        let id = hnp.next_bench;
-        hnp.next_bench += 1;
+        // The boot's calibration runs number apart from the benchmarks users ask for (whose
+        // numbers, from 1, they read in the log).
+        let id = if internal {
+            hnp.next_calibration += 1;
+            CALIBRATION_RUN | hnp.next_calibration
+        } else {
+            hnp.next_bench += 1;
+            hnp.next_bench - 1
+        };
         hnp.bench = Some(HnpBench {
             id,
             kind,
@@ -161,7 +181,7 @@ impl Core {
             issued: 0,
             ping_peer: None,
             bcast_movement,
-            internal: false,
+            internal,
         });
         match kind {
             BenchKind::Xcast => self.next_bench_xcast(),
@@ -181,10 +201,9 @@ impl Core {
         if self.hnp.as_ref().is_some_and(|h| h.bench.is_some()) {
             return self.on_calibration_run(Err("a benchmark is already running".into()));
         }
-        self.start_bench(kind, count, bytes, Some(mode), None);
-        match self.hnp.as_mut().and_then(|h| h.bench.as_mut()) {
-            Some(b) => b.internal = true,
-            None => self.abandon_calibration("its benchmark did not start"),
+        self.start_bench(kind, count, bytes, Some(mode), None, true);
+        if self.hnp.as_ref().is_some_and(|h| h.bench.is_none()) {
+            self.abandon_calibration("its benchmark did not start");
         }
     }
 
@@ -208,8 +227,8 @@ impl Core {
         tracing::info!(
             bench = b.bench,
             daemons = participants.len(),
-            "benchmark {} started: {} fences over {} daemons",
-            b.bench,
+            "{} started: {} fences over {} daemons",
+            bench_name(b.bench),
             b.count,
             participants.len()
         );

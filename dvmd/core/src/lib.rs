@@ -188,6 +188,8 @@ struct HnpState {
     link_xcast: Option<XcastId>,
     /// The fence movements being measured ([`calibrate`]), after the probe.
     calibration: Option<calibrate::Calibration>,
+    /// Calibration runs started so far (their benchmark ids carry `bench::CALIBRATION_RUN`).
+    next_calibration: u64,
 }
 
 /// One daemon's decisions.
@@ -249,6 +251,7 @@ impl Core {
                 probe: None,
                 link_xcast: None,
                 calibration: None,
+                next_calibration: 0,
             }
         });
         let mut epochs = BTreeMap::new();
@@ -384,7 +387,7 @@ impl Core {
             Input::Cmd { dst, body } => self.send_cmd(dst, body),
             Input::Terminate => self.terminate(),
             Input::Bench { kind, count, bytes, fence_movement, bcast_movement } => {
-                self.start_bench(kind, count, bytes, fence_movement, bcast_movement)
+                self.start_bench(kind, count, bytes, fence_movement, bcast_movement, false)
             }
         }
         self.pump();
