@@ -34,6 +34,7 @@
 
 mod allgather;
 mod run;
+mod start;
 mod tracker;
 mod tree;
 mod wire;
@@ -46,7 +47,6 @@ use dvm_proto::Message;
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
-use crate::movement::FenceShape;
 use crate::{Ctx, Effect, FenceMovementMode};
 use run::Run;
 use tracker::{child_slots, lost, FenceTracker, OwnSlot};
@@ -187,17 +187,7 @@ struct SigRecord {
     /// Collecting fences started locally under a byte-pricing mode while an earlier
     /// collecting fence over the signature was still in flight here: their movement is chosen
     /// once it retires. Each has a tracker (own slot waiting), so what comes early is held.
-    deferred: BTreeMap<u64, Deferred>,
-}
-
-/// A local start whose movement waits for the previous collecting fence (see
-/// `SigRecord::deferred`).
-#[derive(Debug)]
-struct Deferred {
-    req: FenceRequest,
-    mode: FenceMovementMode,
-    /// Absolute deadline, if the request had a timeout.
-    deadline: Option<u64>,
+    deferred: BTreeMap<u64, start::Deferred>,
 }
 
 impl SigRecord {
@@ -252,7 +242,6 @@ impl FenceState {
             debug!(rank = me, key = ?sig.key, seq, "fence abandoned by its owner");
             fail(ctx, sig, seq, rec, FenceError::Abandoned { daemon: me });
         }
-        self.deferred = self.sigs.values().map(|r| r.deferred.len()).sum();
         seqs.len()
     }
 
@@ -290,8 +279,6 @@ pub(crate) struct FenceState {
     /// until the loss is noticed again, and by then this daemon may have finished, and
     /// forgotten, the exchange that owed it.
     lateral_lost: BTreeSet<Rank>,
-    /// Local starts deferred over every signature (see `SigRecord::deferred`).
-    deferred: usize,
 }
 
 fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
@@ -394,53 +381,6 @@ fn send_error_up(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, t: &FenceTra
     ctx.send(parent, Body::Contrib(m));
 }
 
-/// This daemon's own start of fence `seq`: choose the movement and put its part in.
-fn begin(
-    ctx: &mut Ctx<'_>,
-    sig: &FenceSignature,
-    seq: u64,
-    rec: &mut SigRecord,
-    req: FenceRequest,
-    mode: FenceMovementMode,
-    lateral_lost: &BTreeSet<Rank>,
-) {
-    let me = ctx.topo.me();
-    let shape = shape_of(ctx, sig, rec, &req);
-    let movement = mode.for_fence(req.collect, &shape, &ctx.cfg.fence_costs());
-    let t =
-        rec.trackers.entry(seq).or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
-    t.collect = req.collect;
-    if let Some(timeout) = req.timeout {
-        let at = ctx.now.saturating_add(timeout);
-        t.deadline = Some(at);
-        t.timeout_ns = timeout;
-        ctx.out.push(Effect::ArmTimer { at });
-    }
-    debug!(rank = me, key = ?sig.key, seq, movement = movement.name(), est = shape.bytes, "fence started");
-    // A barrier carries no data on any movement (a real one arrives with 8 bytes).
-    let data = if req.collect { req.data } else { Bytes::new() };
-    Run::begin(movement, ctx, sig, seq, rec, data, lateral_lost);
-}
-
-/// What `auto` prices fence `req` with: the participant count and the deepest participant's
-/// depth in the failure-free tree (never the repaired one, which daemons learn at different
-/// moments), and the bytes the previous collecting fence over the signature released here —
-/// or, for the first, the caller's hint.
-fn shape_of(ctx: &Ctx<'_>, sig: &FenceSignature, rec: &SigRecord, req: &FenceRequest) -> FenceShape {
-    let tree = ctx.topo.repaired().tree();
-    let deepest = match &sig.participants {
-        Participants::All => tree.size().saturating_sub(1),
-        Participants::Daemons(d) => d.last().copied().unwrap_or(0),
-    };
-    let bytes = if req.collect { rec.released.map(|(_, b)| b).or(req.size_hint).unwrap_or(0) } else { 0 };
-    FenceShape {
-        participants: tracker::participant_count(ctx.topo, &sig.participants),
-        depth: tree.depth(deepest),
-        radix: tree.radix(),
-        bytes,
-    }
-}
-
 impl FenceState {
     pub fn new() -> Self {
         Self::default()
@@ -492,40 +432,8 @@ impl FenceState {
             emit(ctx, &sig, seq, result);
             return id;
         }
-        rec.trackers.entry(seq).or_insert_with(|| FenceTracker::new(true, child_slots(ctx.topo, &sig.participants)));
-        // Priced by what the previous collecting fence released: wait until it has, here.
-        let earlier_in_flight = rec.trackers.range(..seq).any(|(_, t)| t.collect && t.started())
-            || rec.deferred.range(..seq).next().is_some();
-        if req.collect && mode.prices_bytes() && earlier_in_flight {
-            let deadline = req.timeout.map(|t| ctx.now.saturating_add(t));
-            debug!(rank = me, key = ?sig.key, seq, "collecting fence waits for the previous one to price it");
-            rec.deferred.insert(seq, Deferred { req, mode, deadline });
-            self.deferred += 1;
-            return id;
-        }
-        begin(ctx, &sig, seq, rec, req, mode, &self.lateral_lost);
+        start::begin_or_defer(ctx, &sig, seq, rec, req, mode, &self.lateral_lost);
         id
-    }
-
-    /// Begin every deferred start whose earlier collecting fences have all retired here, in
-    /// sequence order (called after every input).
-    pub(crate) fn after_input(&mut self, ctx: &mut Ctx<'_>) {
-        if self.deferred == 0 {
-            return;
-        }
-        for (sig, rec) in self.sigs.iter_mut() {
-            while let Some((&seq, _)) = rec.deferred.first_key_value() {
-                if rec.trackers.range(..seq).any(|(_, t)| t.collect && t.started()) {
-                    break;
-                }
-                let Some(d) = rec.deferred.remove(&seq) else { break };
-                self.deferred -= 1;
-                let mut req = d.req;
-                req.timeout = d.deadline.map(|at| at.saturating_sub(ctx.now).max(1));
-                begin(ctx, sig, seq, rec, req, d.mode, &self.lateral_lost);
-            }
-        }
-        self.deferred = self.sigs.values().map(|r| r.deferred.len()).sum();
     }
 
     pub fn on_contrib(&mut self, ctx: &mut Ctx<'_>, from: Rank, m: FenceContrib) {

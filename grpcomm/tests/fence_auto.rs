@@ -232,3 +232,29 @@ fn auto_never_splits_participants() {
     }
     assert!(both[0] * 4 > both[1], "the estimate crossed the crossover in {} of {} clean runs", both[0], both[1]);
 }
+
+/// A deferred collecting fence keeps its timeout: it fails when its deadline passes, even
+/// though the fence it waits for never completes (its other participants never start it).
+#[test]
+fn a_deferred_fence_times_out_on_time() {
+    let n = 4;
+    let sig = FenceSignature::new("late", Participants::All);
+    let mut net = net(n, 2, 4);
+    net.start(3, request(&sig, 3, 0, true, 16, None), 0);
+    let timed = FenceRequest { timeout: Some(1_000), ..request(&sig, 3, 1, true, 16, None) };
+    net.start(3, timed, 0);
+    net.run();
+    assert!(net.done[3].is_empty(), "nothing can complete yet");
+    for r in 0..n {
+        net.tick(r, 1_000);
+    }
+    net.run();
+    for r in 0..n {
+        net.tick(r, 2_000);
+    }
+    net.run();
+    let got: Vec<_> = net.done[3].iter().map(|(id, res)| (id.seq, res.clone())).collect();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, 1);
+    assert!(matches!(got[0].1, Err(FenceError::Timeout { timeout_ns: 1_000, daemon: 3 })), "{got:?}");
+}
