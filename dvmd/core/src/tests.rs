@@ -34,6 +34,14 @@ impl Net {
     /// As [`Net::boot`], with `setup` applied to every core before the first input, and every
     /// delivered frame costing `ns_per_byte` of virtual time per payload byte.
     pub(crate) fn boot_with(n: u32, radix: u32, ns_per_byte: u64, setup: impl Fn(&mut Core)) -> Net {
+        let mut net = Net::checked_in(n, radix, ns_per_byte, setup);
+        net.run();
+        assert!(net.cores[0].is_ready(), "the DVM never became ready");
+        net
+    }
+
+    /// As [`Net::boot_with`], up to the check-ins sent (nothing delivered yet).
+    pub(crate) fn checked_in(n: u32, radix: u32, ns_per_byte: u64, setup: impl Fn(&mut Core)) -> Net {
         let cores = (0..n)
             .map(|r| {
                 let cfg = CoreConfig {
@@ -74,8 +82,6 @@ impl Net {
         if n == 1 {
             net.input(0, Input::WireSingle);
         }
-        net.run();
-        assert!(net.cores[0].is_ready(), "the DVM never became ready");
         net
     }
 
@@ -437,4 +443,33 @@ fn the_hnp_measures_its_link_only_when_asked() {
     assert_eq!(quiet.cores[0].g.config().link, Config::default().link);
     assert_eq!(quiet.cores[0].g.config().fence_costs, None);
     assert!(quiet.cores[0].hnp.as_ref().is_some_and(|h| h.probe.is_none()), "a probe ran unasked");
+}
+
+/// A daemon lost while the HNP calibrates the fence movements at boot: the calibration ends,
+/// the DVM still becomes ready, and every survivor holds the same link model and fence costs
+/// (none measured, so both movements priced by the probe's model), so no fence can split.
+#[test]
+fn a_daemon_lost_during_the_boot_calibration_leaves_one_model_everywhere() {
+    for victim in [1u32, 3, 6] {
+        let mut net = Net::checked_in(8, 2, 1, |c| c.measure_link());
+        let mut frames = 0;
+        while !net.cores[0].hnp.as_ref().is_some_and(|h| h.calibration.is_some()) {
+            net.run_some(1);
+            frames += 1;
+            assert!(frames < 100_000, "the calibration never started");
+        }
+        net.run_some(50 * victim as usize);
+        let mid = net.cores[0].hnp.as_ref().is_some_and(|h| h.calibration.is_some());
+        assert!(mid, "victim {victim}: the calibration ended before the loss");
+        net.dead.insert(victim);
+        net.lose(victim);
+        net.run();
+        assert!(net.cores[0].is_ready(), "victim {victim}: the DVM never became ready");
+        let want = net.cores[0].g.config().clone();
+        assert_eq!(want.fence_costs, None, "victim {victim}: costs from a calibration that lost a daemon");
+        for (r, c) in net.cores.iter().enumerate().filter(|(r, _)| *r as u32 != victim) {
+            assert_eq!(c.g.config().link, want.link, "victim {victim}: daemon {r}");
+            assert_eq!(c.g.config().fence_costs, want.fence_costs, "victim {victim}: daemon {r}");
+        }
+    }
 }
