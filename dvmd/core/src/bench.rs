@@ -96,7 +96,7 @@ pub fn bench_xcast_payload(bench: u64, i: u64, bytes: u64) -> Bytes {
     Bytes::from(v)
 }
 
-/// Set in the ids of the boot's calibration runs ([`crate::calibrate`]).
+/// Set in the ids of the boot's fence calibration runs (the `calibrate` module).
 pub const CALIBRATION_RUN: u64 = 1 << 62;
 
 /// "benchmark N", or "fence calibration run N" for the boot's.
