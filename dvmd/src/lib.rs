@@ -21,20 +21,18 @@
 //! raced with the next job's connections (a rank hung in PMIx_Init about 1 job in 20), so only
 //! whole namespaces are deregistered.
 pub use dvm_core as core;
+pub use dvm_core::{dataserver, jobmap, jobs};
 pub mod control;
 pub mod daemon;
-pub mod dataserver;
-pub mod dynamic;
+pub(crate) mod host;
 pub mod hostfile;
-pub mod jobmap;
-pub mod jobs;
 pub mod launch;
 pub mod odls;
 pub mod pmix;
 pub mod prun_cli;
-pub mod recovery;
 pub mod session;
 pub mod slurm;
+pub mod sys;
 
 /// Print one line to stderr, never panicking: a daemon's stderr is a pipe to its HNP, which
 /// may be gone (`eprintln!` panics on a closed pipe, and a panicking daemon can hang on exit).

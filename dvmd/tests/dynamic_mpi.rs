@@ -67,7 +67,7 @@ fn check_spawn(stdout: &str, level: u32, parents: u32, children: u32) -> BTreeSe
 
 fn dynamic_suite(name: &str, nodes: Nodes, radix: u32) {
     let env = [
-        ("DVM_LOG", "warn,dvmd::pmix=info,dvmd::dynamic=info"),
+        ("DVM_LOG", "warn,dvmd::pmix=info,dvm_core::jobs=info"),
         ("OMPI_MCA_pml", "ob1"),
         // All-local connects and fences go through the host too, so that path is exercised.
         ("PMIX_MCA_pmix_server_fence_localonly_opt", "0"),

@@ -86,7 +86,7 @@ impl Place {
 }
 
 fn start(name: &str, place: Place, radix: u32) -> Dvm {
-    let env = [("DVM_LOG", "warn,dvmd::pmix=debug,dvmd::recovery=info,dvmd::jobs=debug")];
+    let env = [("DVM_LOG", "warn,dvmd::pmix=debug,dvm_core::jobs=debug")];
     Dvm::start(name, place.nodes(), radix, &env)
 }
 

@@ -83,7 +83,7 @@ fn oversubscribed_ranks_get_a_coarser_timer_slack() {
     let over = c + 1;
     // The daemons inherit this process's slack; so do ranks the DVM leaves alone.
     let own = std::fs::read_to_string("/proc/self/timerslack_ns").expect("timerslack_ns").trim().to_string();
-    let chosen = (dvmd::jobs::OVERSUBSCRIBED_TIMER_SLACK_US * 1000).to_string();
+    let chosen = (dvmd::jobs::local::OVERSUBSCRIBED_TIMER_SLACK_US * 1000).to_string();
     assert_ne!(own, chosen, "this test needs a slack other than the DVM's choice to tell them apart");
     let dvm = Dvm::start("slack1", Nodes::Local { daemons: 1, slots: over }, 2, &[]);
     let n = over.to_string();

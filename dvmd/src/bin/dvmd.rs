@@ -500,12 +500,8 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             let _ = fwd.send(Input::ChildExited(rank, how));
         }
     });
-    let timeout = Duration::from_secs_f64(args.startup_timeout);
-    let to_tx = in_tx.clone();
-    let startup_timer = tokio::spawn(async move {
-        tokio::time::sleep(timeout).await;
-        let _ = to_tx.send(Input::StartupTimeout);
-    });
+    // The boot's deadline is one of the HNP's timers.
+    hnp.startup_timeout = Some(Duration::from_secs_f64(args.startup_timeout));
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
@@ -534,7 +530,6 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         res = &mut actor => {
             // Ended before ready.
             let (exit, daemon) = res.context("HNP actor panicked")?;
-            startup_timer.abort();
             let _ = stop_tx.send(());
             let _ = server.await;
             shutdown(daemon, &pids).await;
@@ -549,7 +544,6 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
             });
         }
     };
-    startup_timer.abort();
     if ready {
         if !args.private {
             session::write_private(&session.uri_path(), &format!("{uri}\n"))?;

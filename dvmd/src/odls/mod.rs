@@ -31,7 +31,6 @@ mod iof;
 mod reap;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,85 +43,7 @@ use iof::IofWindow;
 pub use iof::CHUNK as IOF_CHUNK;
 use reap::Life;
 
-/// One proc to start.
-#[derive(Debug, Clone)]
-pub struct ProcSpec {
-    pub jobid: u32,
-    pub rank: u32,
-    /// `argv[0]`: a path (relative paths are relative to `wdir`) or a name looked up in the PATH
-    /// of `env`.
-    pub argv: Vec<String>,
-    /// The proc's whole environment, exactly (later duplicates win).
-    pub env: Vec<(String, String)>,
-    pub wdir: PathBuf,
-    /// A pipe fed by `write_stdin`; otherwise stdin is /dev/null.
-    pub stdin: bool,
-    /// The proc's timer slack in microseconds (`PR_SET_TIMERSLACK`: how late the kernel may
-    /// end its sleeps, to wake it together with other timers); 0 keeps the kernel's default.
-    /// [`TIMER_SLACK_VAR`] in `env` wins.
-    pub timer_slack_us: u64,
-}
-
-/// A proc's timer slack in microseconds, set in its environment (`-x DVM_TIMER_SLACK_US=0`):
-/// overrides what the daemon chose ([`ProcSpec::timer_slack_us`]); 0 keeps the kernel's default.
-pub const TIMER_SLACK_VAR: &str = "DVM_TIMER_SLACK_US";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-impl Stream {
-    /// The number used on the wire (`IofChunk.stream`).
-    pub fn wire(self) -> u32 {
-        match self {
-            Stream::Stdout => 1,
-            Stream::Stderr => 2,
-        }
-    }
-}
-
-/// How a proc ended (the 128+signo convention is the caller's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitKind {
-    Code(i32),
-    Signal(i32),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OdlsEvent {
-    Started {
-        jobid: u32,
-        rank: u32,
-        pid: u32,
-    },
-    /// At most `IOF_CHUNK` bytes, binary-safe; counts against the job's window until acked.
-    Output {
-        jobid: u32,
-        rank: u32,
-        stream: Stream,
-        data: Bytes,
-    },
-    OutputClosed {
-        jobid: u32,
-        rank: u32,
-        stream: Stream,
-    },
-    /// The proc's last event (after both `OutputClosed`).
-    Exited {
-        jobid: u32,
-        rank: u32,
-        pid: u32,
-        status: ExitKind,
-    },
-    /// The proc never ran; one sentence naming the node, job, rank and the offending path.
-    LaunchFailed {
-        jobid: u32,
-        rank: u32,
-        error: String,
-    },
-}
+pub use dvm_core::jobs::{ExitKind, ProcEvent as OdlsEvent, ProcSpec, Stream, TIMER_SLACK_VAR};
 
 struct Proc {
     life: Arc<Life>,

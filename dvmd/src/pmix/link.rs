@@ -598,7 +598,7 @@ impl Worker {
 
     /// Resident set size of the worker (Linux), if it is still running.
     pub fn rss_kib(&self) -> Option<u64> {
-        crate::daemon::rss_kib_of(&format!("/proc/{}/status", self.pid()))
+        crate::sys::rss_kib_of(&format!("/proc/{}/status", self.pid()))
     }
 
     /// Call when no job uses the worker: what it holds beyond its size the first time this was

@@ -154,16 +154,7 @@ pub(crate) struct PmixHost {
     data: BTreeMap<u64, (dvm_proto::daemon::DataOp, WorkerReplyHandle)>,
 }
 
-/// What the shell knows of a job when it starts its local procs.
-pub(crate) struct JobStart<'a> {
-    pub jobid: u32,
-    pub nspace: String,
-    pub placement: Placement,
-    /// Host of each daemon of `placement`, in `placement.daemons()` order.
-    pub hosts: &'a [String],
-    pub nprocs: u32,
-    pub nlocal: u32,
-}
+pub(crate) use dvm_core::JobStart;
 
 /// How this daemon runs its PMIx workers.
 #[derive(Debug, Clone)]
@@ -181,9 +172,7 @@ pub const DEFAULT_RECYCLE_KIB: u64 = 512;
 
 /// Namespace of a job: unique per DVM (HNP host and pid), so two DVMs on one host never share
 /// one (Open MPI derives its job id and session paths from it).
-pub fn nspace_of(dvm: &str, jobid: u32) -> String {
-    format!("dvm-{dvm}-job{jobid}")
-}
+pub use dvm_core::jobs::nspace_of;
 
 /// The PMIx data store every rank uses (`PMIX_GDS_MODULE`). libpmix 4.2.2 keeps the
 /// shared-memory store's per-client records for the daemon's lifetime; the hash store keeps
@@ -204,20 +193,12 @@ pub const SERVER_GDS: &str = "hash";
 /// rank with another daemon's shared-memory directory crashes in its first collective).
 pub const PER_DAEMON_VARS: [&str; 2] = ["OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base"];
 
-/// The Open MPI setting that makes a waiting rank yield its core instead of busy-polling.
-pub const YIELD_VAR: &str = "OMPI_MCA_mpi_yield_when_idle";
+pub use dvm_core::jobs::local::{oversubscribed, YIELD_VAR};
 
 /// Cores this daemon's ranks may run on: the CPUs of the daemon's affinity mask (ranks inherit
 /// it), capped by a cgroup CPU quota, as `std::thread::available_parallelism` counts them.
 pub fn node_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-}
-
-/// Whether a job's ranks on a machine are told to yield when idle: more of its procs there
-/// than the machine has cores (Open MPI's own launcher decides the same way). Waiting ranks
-/// that busy-poll otherwise take the cores their peers need to make progress.
-pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
-    procs_on_machine > cores
 }
 
 /// Set (non-empty, not `0`) in dvmd's environment: the daemon's PMIx server does not hand its

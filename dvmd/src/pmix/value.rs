@@ -7,21 +7,7 @@
 use dvm_proto::pmixworker as wire;
 use pmix_shim::{Info, InfoValue, Rank};
 
-const STRING: u32 = 1;
-const BYTES: u32 = 2;
-const BOOL: u32 = 3;
-const U8: u32 = 4;
-const U16: u32 = 5;
-const U32: u32 = 6;
-const U64: u32 = 7;
-const I32: u32 = 8;
-const I64: u32 = 9;
-const SIZE: u32 = 10;
-const F64: u32 = 11;
-const STATUS: u32 = 12;
-const RANK: u32 = 13;
-const PROC: u32 = 14;
-const PROCS: u32 = 15;
+use dvm_core::pmixdef::kind::*;
 
 fn proc_to_wire(p: &pmix_shim::ProcId) -> wire::Proc {
     wire::Proc { nspace: p.nspace.clone(), rank: p.rank.to_raw() }

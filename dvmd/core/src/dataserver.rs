@@ -114,7 +114,7 @@ impl DataServer {
         for v in &req.values {
             let clash = self.entries.iter().any(|e| e.value.key == v.key && (e.scope.is_none() || e.scope == scope));
             if clash || req.values.iter().filter(|o| o.key == v.key).count() > 1 {
-                let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_DUPLICATE_KEY, Vec::new()) };
+                let answer = Answer { daemon, resp: resp(req.id, crate::pmixdef::ERR_DUPLICATE_KEY, Vec::new()) };
                 return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
             }
         }
@@ -174,7 +174,7 @@ impl DataServer {
 
     fn lookup(&mut self, daemon: Rank, req: DataReq) -> Outcome {
         if req.keys.is_empty() {
-            let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_BAD_PARAM, Vec::new()) };
+            let answer = Answer { daemon, resp: resp(req.id, crate::pmixdef::ERR_BAD_PARAM, Vec::new()) };
             return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
         }
         let mut joined = Vec::new();
@@ -182,7 +182,7 @@ impl DataServer {
             return Outcome { answers: vec![Answer { daemon, resp: resp(req.id, 0, found) }], timer: None, joined };
         }
         if !req.wait {
-            let answer = Answer { daemon, resp: resp(req.id, pmix_shim::ERR_NOT_FOUND, Vec::new()) };
+            let answer = Answer { daemon, resp: resp(req.id, crate::pmixdef::ERR_NOT_FOUND, Vec::new()) };
             return Outcome { answers: vec![answer], timer: None, joined: Vec::new() };
         }
         self.next_token += 1;
@@ -195,7 +195,7 @@ impl DataServer {
     /// A waiting lookup's timeout fired (nothing if it was answered meanwhile).
     pub fn on_timeout(&mut self, token: u64) -> Option<Answer> {
         let w = self.waiting.remove(&token)?;
-        Some(Answer { daemon: w.daemon, resp: resp(w.req.id, pmix_shim::ERR_TIMEOUT, Vec::new()) })
+        Some(Answer { daemon: w.daemon, resp: resp(w.req.id, crate::pmixdef::ERR_TIMEOUT, Vec::new()) })
     }
 
     /// A job ended: its data goes, its waiting lookups fail.
@@ -204,7 +204,7 @@ impl DataServer {
         let gone: Vec<u64> = self.waiting.iter().filter(|(_, w)| w.req.jobid == jobid).map(|(t, _)| *t).collect();
         gone.into_iter()
             .filter_map(|t| self.waiting.remove(&t))
-            .map(|w| Answer { daemon: w.daemon, resp: resp(w.req.id, pmix_shim::ERR_NOT_FOUND, Vec::new()) })
+            .map(|w| Answer { daemon: w.daemon, resp: resp(w.req.id, crate::pmixdef::ERR_NOT_FOUND, Vec::new()) })
             .collect()
     }
 }
@@ -257,9 +257,12 @@ mod tests {
         assert_eq!(o.answers[0].resp.found[0].proc, proc(7));
         // Still there (persistent until its job ends), and a second publish of it is refused.
         assert_eq!(status(&ds.handle(2, lookup(3, 8, &["svc"], false, 0)), 0), 0);
-        assert_eq!(status(&ds.handle(1, publish(4, 9, vec![val("svc", "x")], 0, 0)), 0), pmix_shim::ERR_DUPLICATE_KEY);
+        assert_eq!(
+            status(&ds.handle(1, publish(4, 9, vec![val("svc", "x")], 0, 0)), 0),
+            crate::pmixdef::ERR_DUPLICATE_KEY
+        );
         assert!(ds.job_ended(7).is_empty());
-        assert_eq!(status(&ds.handle(2, lookup(5, 8, &["svc"], false, 0)), 0), pmix_shim::ERR_NOT_FOUND);
+        assert_eq!(status(&ds.handle(2, lookup(5, 8, &["svc"], false, 0)), 0), crate::pmixdef::ERR_NOT_FOUND);
         assert!(ds.is_empty());
     }
 
@@ -281,7 +284,7 @@ mod tests {
         let o = ds.handle(3, lookup(4, 5, &["zz"], true, 1));
         let (token, _) = o.timer.unwrap();
         let a = ds.on_timeout(token).unwrap();
-        assert_eq!((a.resp.id, a.resp.status), (4, pmix_shim::ERR_TIMEOUT));
+        assert_eq!((a.resp.id, a.resp.status), (4, crate::pmixdef::ERR_TIMEOUT));
         assert_eq!(ds.waiting(), 0);
     }
 
@@ -302,13 +305,13 @@ mod tests {
     fn namespace_range_is_private_and_job_end_fails_its_waiters() {
         let mut ds = DataServer::default();
         ds.handle(1, publish(1, 5, vec![val("k", "v")], RANGE_NAMESPACE, 0));
-        assert_eq!(status(&ds.handle(1, lookup(2, 6, &["k"], false, 0)), 0), pmix_shim::ERR_NOT_FOUND);
+        assert_eq!(status(&ds.handle(1, lookup(2, 6, &["k"], false, 0)), 0), crate::pmixdef::ERR_NOT_FOUND);
         assert_eq!(status(&ds.handle(1, lookup(3, 5, &["k"], false, 0)), 0), 0);
         // The same key in another job's private range does not clash.
         assert_eq!(status(&ds.handle(1, publish(4, 6, vec![val("k", "w")], RANGE_NAMESPACE, 0)), 0), 0);
         ds.handle(2, lookup(5, 9, &["never"], true, 0));
         let a = ds.job_ended(9);
-        assert_eq!((a.len(), a[0].daemon, a[0].resp.status), (1, 2, pmix_shim::ERR_NOT_FOUND));
+        assert_eq!((a.len(), a[0].daemon, a[0].resp.status), (1, 2, crate::pmixdef::ERR_NOT_FOUND));
         // Unpublish of everything a proc published.
         let un = DataReq { id: 6, op: DataOp::DataUnpublish as i32, jobid: 5, proc: proc(5), ..Default::default() };
         ds.handle(1, un);

@@ -1,4 +1,5 @@
-//! HNP side of dynamic processes (docs/dynamic-mpi.md): spawned jobs and the data server.
+//! HNP side of dynamic processes (docs/dynamic-mpi.md): spawned jobs, jobs joined by a
+//! connect, and the data server.
 //!
 //! Spawn: a rank's PMIx_Spawn reaches the HNP as a `SpawnReq`. The child job is mapped by the
 //! same mapper onto the DVM's free slots (the slots of each node minus the procs of the jobs
@@ -15,29 +16,18 @@
 //! peers that will never come).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use dvm_proto::daemon::{daemon_cmd, DataReq, LaunchReport, SpawnReq, SpawnResp};
 use dvm_proto::job::{JobSpec, MapBy, StdinTarget};
 use dvm_rml::Rank;
 use tracing::{info, warn};
 
-use crate::daemon::{Daemon, Input};
+use super::hnp::{HnpJob, JobOut, JobTable, PendingSpawn};
+use super::nspace_of;
 use crate::jobmap::{self, NodeSlots};
-use crate::jobs::HnpJob;
-
-/// A spawn waiting for its job's procs to start.
-#[derive(Debug, Clone)]
-pub(crate) struct PendingSpawn {
-    /// The daemon of the spawning rank, and its request id.
-    pub daemon: Rank,
-    pub id: u64,
-    /// Who asked (for messages).
-    pub parent: u32,
-    pub rank: u32,
-    /// Daemons that reported their procs started.
-    pub started: u32,
-}
+use crate::pmixdef;
+use crate::timer::Timer;
+use crate::Core;
 
 /// The free slots of each node: its slots minus the procs of running jobs there. A node
 /// with none left is not a candidate, unless `oversubscribe` (then every node is, with its
@@ -54,12 +44,12 @@ pub fn free_slots(nodes: &[NodeSlots], used: &BTreeMap<u32, u32>, oversubscribe:
     free
 }
 
-impl Daemon {
+impl JobTable {
     /// Procs of running jobs per daemon.
-    fn used_slots(&self) -> BTreeMap<u32, u32> {
+    pub(crate) fn used_slots(&self) -> BTreeMap<u32, u32> {
         let mut used = BTreeMap::new();
-        for job in self.jobs.hnp.values() {
-            let p = job.placement();
+        for job in self.jobs.values() {
+            let p = &job.placement;
             for d in p.daemons() {
                 *used.entry(d).or_insert(0) += p.procs_on(d).len();
             }
@@ -68,14 +58,14 @@ impl Daemon {
     }
 
     fn spawn_answer(&mut self, daemon: Rank, resp: SpawnResp) {
-        self.send_job_cmd(daemon, daemon_cmd::Body::SpawnResp(resp));
+        self.out.push(JobOut::Cmd { dst: daemon, body: daemon_cmd::Body::SpawnResp(resp) });
     }
 
-    pub(crate) fn on_spawn_req(&mut self, origin: Rank, req: SpawnReq) {
+    pub(crate) fn on_spawn_req(&mut self, r: &Core, origin: Rank, req: SpawnReq) {
         let refuse = |status, error: String| SpawnResp { id: req.id, status, nspace: String::new(), error };
-        let Some(forward) = self.forward_of(req.jobid) else {
+        let Some(client) = self.jobs.get(&req.jobid).map(|j| j.client) else {
             let e = format!("spawn by rank {} of job {}: the job has ended", req.rank, req.jobid);
-            self.spawn_answer(origin, refuse(pmix_shim::ERR_NOT_FOUND, e));
+            self.spawn_answer(origin, refuse(pmixdef::ERR_NOT_FOUND, e));
             return;
         };
         // A spawned job recovers as its parent does.
@@ -89,99 +79,99 @@ impl Daemon {
             stdin_target: StdinTarget::None as i32,
             ..Default::default()
         };
-        let nodes = free_slots(&self.candidate_nodes(), &self.used_slots(), req.oversubscribe);
+        let nodes = free_slots(&Self::candidate_nodes(r), &self.used_slots(), req.oversubscribe);
         let placement = match jobmap::map_job(&spec, &nodes) {
             Ok(p) => p,
             Err(e) => {
                 let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {e}", req.rank, req.jobid);
                 self.notice(req.jobid, why.clone());
-                self.spawn_answer(origin, refuse(pmix_shim::ERR_JOB_FAILED_TO_MAP, why));
+                self.spawn_answer(origin, refuse(pmixdef::ERR_JOB_FAILED_TO_MAP, why));
                 return;
             }
         };
         let policy = MapBy::try_from(req.map_by).map(|m| m.as_str_name()).unwrap_or("?");
-        let child = self.start_job(&spec, placement, forward, Some(req.jobid));
+        let child = self.start_job(&spec, placement, client, Some(req.jobid));
         info!(parent = req.jobid, rank = req.rank, child, policy, oversubscribe = req.oversubscribe, "spawned job");
-        if let Some(p) = self.jobs.hnp.get_mut(&req.jobid) {
+        if let Some(p) = self.jobs.get_mut(&req.jobid) {
             p.children.insert(child);
         }
-        if let Some(c) = self.jobs.hnp.get_mut(&child) {
+        if let Some(c) = self.jobs.get_mut(&child) {
             c.spawn = Some(PendingSpawn { daemon: origin, id: req.id, parent: req.jobid, rank: req.rank, started: 0 });
         }
     }
 
-    pub(crate) fn on_launch_report(&mut self, r: LaunchReport) {
-        if !r.error.is_empty() {
-            self.spawn_failed(r.jobid, &r.error);
+    pub(crate) fn on_launch_report(&mut self, r: &Core, rep: LaunchReport) {
+        if !rep.error.is_empty() {
+            self.spawn_failed(r, rep.jobid, &rep.error);
             return;
         }
-        let nspace = crate::pmix::nspace_of(&self.dvm_id(), r.jobid);
-        let Some(job) = self.jobs.hnp.get_mut(&r.jobid) else { return };
-        let nodes = job.placement().num_nodes();
+        let nspace = nspace_of(&r.dvm_id(), rep.jobid);
+        let Some(job) = self.jobs.get_mut(&rep.jobid) else { return };
+        let nodes = job.placement.num_nodes();
         let Some(sp) = job.spawn.as_mut() else { return };
         sp.started += 1;
         if sp.started < nodes {
             return;
         }
         let sp = job.spawn.take().expect("present");
-        info!(child = r.jobid, parent = sp.parent, "spawned job started");
+        info!(child = rep.jobid, parent = sp.parent, "spawned job started");
         self.spawn_answer(sp.daemon, SpawnResp { id: sp.id, status: 0, nspace, error: String::new() });
     }
 
     /// A spawn in progress cannot complete: the spawning rank gets an error, its prun one
     /// sentence, and what did start of the child job is killed.
-    pub(crate) fn spawn_failed(&mut self, child: u32, error: &str) {
-        let Some(job) = self.jobs.hnp.get_mut(&child) else { return };
+    pub(crate) fn spawn_failed(&mut self, r: &Core, child: u32, error: &str) {
+        let Some(job) = self.jobs.get_mut(&child) else { return };
         let Some(sp) = job.spawn.take() else { return };
         job.spawn_failed = true;
         let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {error}", sp.rank, sp.parent);
         warn!("{why}");
         let resp = SpawnResp {
             id: sp.id,
-            status: pmix_shim::ERR_JOB_FAILED_TO_LAUNCH,
+            status: pmixdef::ERR_JOB_FAILED_TO_LAUNCH,
             nspace: String::new(),
             error: why.clone(),
         };
         self.spawn_answer(sp.daemon, resp);
-        self.fail_job(child, 127, why);
+        self.fail_job(r, child, 127, why);
     }
 
     /// A job left the table: its published data goes, a spawned job's parent may end now.
-    pub(crate) fn dynamic_job_ended(&mut self, jobid: u32, job: &HnpJob) {
-        if let Some(peers) = self.jobs.peers.remove(&jobid) {
+    pub(crate) fn job_left(&mut self, r: &Core, jobid: u32, job: &HnpJob) {
+        if let Some(peers) = self.peers.remove(&jobid) {
             for p in peers {
-                if let Some(set) = self.jobs.peers.get_mut(&p) {
+                if let Some(set) = self.peers.get_mut(&p) {
                     set.remove(&jobid);
                 }
             }
         }
-        for a in self.jobs.data.job_ended(jobid) {
-            self.send_job_cmd(a.daemon, daemon_cmd::Body::DataResp(a.resp));
+        for a in self.data.job_ended(jobid) {
+            self.out.push(JobOut::Cmd { dst: a.daemon, body: daemon_cmd::Body::DataResp(a.resp) });
         }
         if let Some(sp) = &job.spawn {
             // Ended before every daemon reported (all its procs failed at once).
             let resp = SpawnResp {
                 id: sp.id,
-                status: pmix_shim::ERR_JOB_FAILED_TO_LAUNCH,
+                status: pmixdef::ERR_JOB_FAILED_TO_LAUNCH,
                 nspace: String::new(),
                 error: format!("spawned job {jobid} ended before it started"),
             };
             self.spawn_answer(sp.daemon, resp);
         }
         if let Some(p) = job.parent {
-            if let Some(pj) = self.jobs.hnp.get_mut(&p) {
+            if let Some(pj) = self.jobs.get_mut(&p) {
                 pj.children.remove(&jobid);
             }
-            self.maybe_end(p);
+            self.maybe_end(r, p);
         }
     }
 
     /// A connect joined these jobs: each is told when another one fails.
     pub(crate) fn on_jobs_connected(&mut self, jobids: Vec<u32>) {
-        let live: Vec<u32> = jobids.into_iter().filter(|j| self.jobs.hnp.contains_key(j)).collect();
+        let live: Vec<u32> = jobids.into_iter().filter(|j| self.jobs.contains_key(j)).collect();
         for &a in &live {
             for &b in live.iter().filter(|&&b| b != a) {
-                self.jobs.peers.entry(a).or_default().insert(b);
+                self.peers.entry(a).or_default().insert(b);
             }
         }
         info!(jobs = ?live, "jobs connected");
@@ -190,43 +180,37 @@ impl Daemon {
     /// Job `failed` just failed: each job connected to it (accept/connect) that is not
     /// failing already (its spawn family is) fails too, with a sentence naming the peer, so
     /// none of its ranks waits for a peer that is gone — unless it was started with
-    /// `--enable-recovery`: its ranks were told (`PMIX_ERR_PROC_ABORTED`, crate::recovery)
-    /// and it goes on. (Open MPI 4.1's ranks register only a default event handler, which
-    /// libpmix 4.2.2's server never gives an event to: an MPI job learns nothing.)
-    pub(crate) fn fail_peers(&mut self, failed: u32, code: i32, why: &str) {
-        let peers: Vec<u32> = self.jobs.peers.get(&failed).map(|p| p.iter().copied().collect()).unwrap_or_default();
+    /// `--enable-recovery`: its ranks were told (`PMIX_ERR_PROC_ABORTED`) and it goes on.
+    pub(crate) fn fail_peers(&mut self, r: &Core, failed: u32, code: i32, why: &str) {
+        let peers: Vec<u32> = self.peers.get(&failed).map(|p| p.iter().copied().collect()).unwrap_or_default();
         for p in peers {
-            if self.jobs.hnp.get(&p).is_some_and(|j| !j.failing()) {
+            if self.jobs.get(&p).is_some_and(|j| !j.failing()) {
                 if self.recovers(p) {
                     self.survive_joined(p, format!("job {p} was connected to job {failed}, which failed ({why})"));
                     continue;
                 }
                 let text = format!("job {p} was connected to job {failed}, which failed ({why}): job {p} is ended too");
-                self.fail_job(p, code, text);
+                self.fail_job(r, p, code, text);
             }
         }
     }
 
     pub(crate) fn on_data_req(&mut self, origin: Rank, req: DataReq) {
-        let out = self.jobs.data.handle(origin, req);
+        let out = self.data.handle(origin, req);
         for (a, b) in out.joined {
             self.on_jobs_connected(vec![a, b]);
         }
         for a in out.answers {
-            self.send_job_cmd(a.daemon, daemon_cmd::Body::DataResp(a.resp));
+            self.out.push(JobOut::Cmd { dst: a.daemon, body: daemon_cmd::Body::DataResp(a.resp) });
         }
         if let Some((token, secs)) = out.timer {
-            let itx = self.input_tx();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(secs.into())).await;
-                let _ = itx.send(Input::LookupTimeout(token));
-            });
+            self.out.push(JobOut::Arm(Timer::Lookup(token), u64::from(secs) * 1_000_000_000));
         }
     }
 
     pub(crate) fn on_lookup_timeout(&mut self, token: u64) {
-        if let Some(a) = self.jobs.data.on_timeout(token) {
-            self.send_job_cmd(a.daemon, daemon_cmd::Body::DataResp(a.resp));
+        if let Some(a) = self.data.on_timeout(token) {
+            self.out.push(JobOut::Cmd { dst: a.daemon, body: daemon_cmd::Body::DataResp(a.resp) });
         }
     }
 }

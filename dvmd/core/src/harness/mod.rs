@@ -1,0 +1,289 @@
+//! The in-memory stand-ins for what surrounds a [`Node`]: a PMIx host ([`SimHost`]), a shell
+//! that carries out a node's effects on simulated processes and prun streams ([`SimShell`]),
+//! and a small network of nodes for the core's unit tests ([`Net`]). The simulator (`dvm-sim`)
+//! drives its nodes through the same [`SimShell`], so the drain is written once.
+//!
+//! A simulated proc does what its argv says ([`Program`]): `sim-exit CODE MS` exits with CODE
+//! after MS ms, `sim-hang` runs until killed, `sim-signal SIG MS` dies by SIG after MS ms,
+//! `sim-print TEXT MS` writes TEXT to stdout then exits 0 after MS ms. Anything else exits 0
+//! at once.
+//!
+//! Never: a socket, a thread or a clock.
+
+mod net;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use dvm_grpcomm::FenceError;
+use dvm_proto::control::job_event;
+use dvm_proto::daemon::daemon_cmd;
+use dvm_rml::Rank;
+
+use crate::host::{Host, JobStart};
+use crate::jobmap::Placement;
+use crate::jobs::{ClientId, ExitKind, Forward, ProcEvent, ProcSpec, Stream};
+use crate::node::{Effect, Reply, Transmit};
+use crate::{Exit, Input};
+
+pub use net::{contact, job, Net, LATENCY_NS};
+
+/// A PMIx host with no server: it registers what it is told, answers no upcall, and hands the
+/// node the fences it is asked to start.
+#[derive(Debug, Default)]
+pub struct SimHost {
+    /// Router inputs to hand the node at its next step (fences of simulated clients).
+    pub requests: Vec<Input>,
+    /// Fences finished, by key.
+    pub fences_done: Vec<(u64, Result<Bytes, FenceError>)>,
+    /// Jobs whose namespace is registered here and not done.
+    pub namespaces: BTreeSet<u32>,
+    /// Jobs learned (maps seen).
+    pub learned: BTreeSet<u32>,
+    pub events: Vec<Bytes>,
+    pub cmds: Vec<(Rank, daemon_cmd::Body)>,
+    /// The PMIx server was ended (TERMINATE).
+    pub ended: bool,
+    pub trims: u64,
+}
+
+impl Host for SimHost {
+    fn rss_kib(&mut self) -> u64 {
+        0
+    }
+    fn launched(&mut self, _daemon: Rank) -> Option<(String, String)> {
+        None
+    }
+    fn trim_heap(&mut self) {
+        self.trims += 1;
+    }
+    fn pmix_learn_job(&mut self, jobid: u32, _nspace: String, _placement: Placement, _hosts: Vec<String>) {
+        self.learned.insert(jobid);
+    }
+    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool {
+        self.namespaces.insert(start.jobid);
+        true
+    }
+    fn pmix_proc_env(&mut self, jobid: u32, rank: u32, _: Option<String>, _: bool, _: bool) -> Vec<(String, String)> {
+        vec![("PMIX_RANK".into(), rank.to_string()), ("PMIX_NAMESPACE".into(), format!("job{jobid}"))]
+    }
+    fn pmix_proc_exit(&mut self, _jobid: u32, _rank: u32) -> Option<String> {
+        None
+    }
+    fn pmix_job_done(&mut self, jobid: u32) {
+        self.namespaces.remove(&jobid);
+    }
+    fn pmix_forget_job(&mut self, jobid: u32) {
+        self.namespaces.remove(&jobid);
+        self.learned.remove(&jobid);
+    }
+    fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
+        self.fences_done.push((key, result));
+    }
+    fn pmix_deliver_event(&mut self, payload: Bytes) {
+        self.events.push(payload);
+    }
+    fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body) {
+        self.cmds.push((origin, body));
+    }
+    fn pmix_end_now(&mut self) {
+        self.ended = true;
+    }
+    fn pmix_requests(&mut self) -> Vec<Input> {
+        std::mem::take(&mut self.requests)
+    }
+}
+
+/// What a simulated proc does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    Exit { code: i32, after_ns: u64 },
+    Signal { signal: i32, after_ns: u64 },
+    Print { text: String, after_ns: u64 },
+    Hang,
+}
+
+impl Program {
+    /// From a proc's argv (see the module docs).
+    pub fn of(argv: &[String]) -> Program {
+        let num = |i: usize| argv.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        match argv.first().map(String::as_str) {
+            Some("sim-exit") => Program::Exit { code: num(1) as i32, after_ns: num(2) * 1_000_000 },
+            Some("sim-signal") => Program::Signal { signal: num(1) as i32, after_ns: num(2) * 1_000_000 },
+            Some("sim-print") => {
+                Program::Print { text: argv.get(1).cloned().unwrap_or_default(), after_ns: num(2) * 1_000_000 }
+            }
+            Some("sim-hang") => Program::Hang,
+            _ => Program::Exit { code: 0, after_ns: 0 },
+        }
+    }
+
+    /// The argv that runs this program.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Program::Exit { code, after_ns } => {
+                vec!["sim-exit".into(), code.to_string(), (after_ns / 1_000_000).to_string()]
+            }
+            Program::Signal { signal, after_ns } => {
+                vec!["sim-signal".into(), signal.to_string(), (after_ns / 1_000_000).to_string()]
+            }
+            Program::Print { text, after_ns } => {
+                vec!["sim-print".into(), text.clone(), (after_ns / 1_000_000).to_string()]
+            }
+            Program::Hang => vec!["sim-hang".into()],
+        }
+    }
+}
+
+/// A proc event due at a time (the caller's clock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Due {
+    pub at: u64,
+    pub ev: ProcEvent,
+}
+
+/// A simulated proc.
+#[derive(Debug, Clone)]
+pub struct SimProc {
+    pub spec: ProcSpec,
+    pub pid: u32,
+    /// Its exit is scheduled (it was killed or its program ends).
+    pub ending: bool,
+}
+
+/// One daemon's shell: simulated processes, prun streams and control replies, carrying out a
+/// node's effects in order.
+#[derive(Debug, Default)]
+pub struct SimShell {
+    /// Live procs by (job, rank).
+    pub procs: BTreeMap<(u32, u32), SimProc>,
+    /// Every proc ever started here: (job, rank).
+    pub started: Vec<(u32, u32)>,
+    /// Jobs this daemon was told to kill or forget (nothing of theirs may start after).
+    pub ended_jobs: BTreeSet<u32>,
+    /// What each prun received, in order.
+    pub clients: BTreeMap<ClientId, Vec<Forward>>,
+    pub replies: Vec<(u64, Reply)>,
+    pub said: Vec<String>,
+    pub ready: bool,
+    pub exit: Option<Exit>,
+    /// Violations of the shell's rules seen (a proc started for a job already ended here).
+    pub errors: Vec<String>,
+    next_pid: u32,
+}
+
+impl SimShell {
+    /// Carry out one effect at `now`; the proc events it causes are returned with their time.
+    pub fn apply(&mut self, me: Rank, now: u64, e: Effect) -> Vec<Due> {
+        let mut due = Vec::new();
+        match e {
+            Effect::Spawn(spec) => {
+                let (jobid, rank) = (spec.jobid, spec.rank);
+                if self.ended_jobs.contains(&jobid) {
+                    self.errors
+                        .push(format!("daemon {me}: rank {rank} of job {jobid} started after its job was ended here"));
+                }
+                self.next_pid += 1;
+                let pid = 10_000 * (me + 1) + self.next_pid;
+                due.push(Due { at: now, ev: ProcEvent::Started { jobid, rank, pid } });
+                let program = Program::of(&spec.argv);
+                let end = match program {
+                    Program::Exit { code, after_ns } => Some((now + after_ns, ExitKind::Code(code))),
+                    Program::Signal { signal, after_ns } => Some((now + after_ns, ExitKind::Signal(signal))),
+                    Program::Print { text, after_ns } => {
+                        let data = Bytes::from(format!("{text}\n"));
+                        due.push(Due { at: now, ev: ProcEvent::Output { jobid, rank, stream: Stream::Stdout, data } });
+                        Some((now + after_ns, ExitKind::Code(0)))
+                    }
+                    Program::Hang => None,
+                };
+                if let Some((at, status)) = end {
+                    due.push(Due { at, ev: ProcEvent::Exited { jobid, rank, pid, status } });
+                }
+                self.started.push((jobid, rank));
+                self.procs.insert((jobid, rank), SimProc { spec, pid, ending: end.is_some() });
+            }
+            Effect::KillJob { jobid, grace_ms: _ } => {
+                self.ended_jobs.insert(jobid);
+                for ((j, rank), p) in self.procs.iter_mut().filter(|((j, _), _)| *j == jobid) {
+                    if !p.ending {
+                        p.ending = true;
+                        due.push(Due {
+                            at: now,
+                            ev: ProcEvent::Exited { jobid: *j, rank: *rank, pid: p.pid, status: ExitKind::Signal(15) },
+                        });
+                    }
+                }
+            }
+            Effect::SignalJob { .. }
+            | Effect::WriteStdin { .. }
+            | Effect::CloseStdin { .. }
+            | Effect::AckOutput { .. } => {}
+            Effect::ForgetJob(jobid) => {
+                self.ended_jobs.insert(jobid);
+            }
+            Effect::KillAll => self.procs.clear(),
+            Effect::ToClient { client, item } => self.clients.entry(client).or_default().push(item),
+            Effect::Reply { token, reply } => self.replies.push((token, reply)),
+            Effect::Ready => self.ready = true,
+            Effect::Say(text) => self.said.push(text),
+            Effect::Exit(e) => {
+                self.exit.get_or_insert(e);
+                self.procs.clear();
+            }
+        }
+        due
+    }
+
+    /// A proc event is about to be handed to the node: false if its proc is gone (killed with
+    /// the daemon, or already reported).
+    pub fn take(&mut self, ev: &ProcEvent) -> bool {
+        match ev {
+            ProcEvent::Exited { jobid, rank, .. } => self.procs.remove(&(*jobid, *rank)).is_some(),
+            ProcEvent::Started { jobid, rank, .. } | ProcEvent::Output { jobid, rank, .. } => {
+                self.procs.contains_key(&(*jobid, *rank))
+            }
+            _ => true,
+        }
+    }
+
+    /// The prun of `client` heard its job end: (exit status, message).
+    pub fn ended(&self, client: ClientId) -> Option<(i32, String)> {
+        self.clients.get(&client)?.iter().find_map(|f| match f {
+            Forward::Event(ev) => match &ev.event {
+                Some(job_event::Event::Ended(e)) => Some((e.exit_code, e.message.clone())),
+                _ => None,
+            },
+            Forward::Refused(why) => Some((1, why.clone())),
+            _ => None,
+        })
+    }
+
+    /// The notices a prun was shown, in order.
+    pub fn notices(&self, client: ClientId) -> Vec<String> {
+        let items = self.clients.get(&client).map(Vec::as_slice).unwrap_or_default();
+        items
+            .iter()
+            .filter_map(|f| match f {
+                Forward::Event(ev) => match &ev.event {
+                    Some(job_event::Event::Notice(n)) => Some(n.text.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Everything a node put out after an input, in order.
+pub fn drain<H: Host>(node: &mut crate::Node<H>) -> (Vec<Transmit>, Vec<Effect>) {
+    let mut t = Vec::new();
+    while let Some(x) = node.poll_transmit() {
+        t.push(x);
+    }
+    let mut e = Vec::new();
+    while let Some(x) = node.poll() {
+        e.push(x);
+    }
+    (t, e)
+}

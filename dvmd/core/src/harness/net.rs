@@ -1,0 +1,241 @@
+//! A network of nodes in one process for the core's unit tests: every frame takes one hop
+//! latency, a killed daemon's peers hear of it one latency later, and time jumps to the next
+//! event. Deterministic: one queue ordered by (time, insertion).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use bytes::Bytes;
+use dvm_grpcomm::Config;
+use dvm_proto::job::{AppContext, JobSpec};
+use dvm_proto::rml::{Contact, FrameHeader};
+use dvm_rml::Rank;
+
+use super::{Due, SimHost, SimShell};
+use crate::jobs::local::LocalConfig;
+use crate::jobs::{ClientId, ProcEvent};
+use crate::node::{Control, HnpConfig, LinkEvent, NodeConfig, Start, Transmit};
+use crate::{CoreConfig, Node};
+
+/// One hop.
+pub const LATENCY_NS: u64 = 10_000;
+
+#[derive(Debug)]
+enum Ev {
+    Arrive { from: Rank, to: Rank, header: FrameHeader, payload: Bytes },
+    Proc { daemon: Rank, ev: ProcEvent },
+    Lost { daemon: Rank, peer: Rank },
+    Timeout { daemon: Rank },
+}
+
+/// Daemon `r`'s contact as the test network gives it.
+pub fn contact(r: Rank, slots: u32) -> Contact {
+    Contact { rank: r, host: format!("n{r}"), addr: format!("10.0.0.{}:7100", r + 1), pid: 100 + r, slots, epoch: 0 }
+}
+
+/// A job of `np` procs of one app.
+pub fn job(np: u32, argv: Vec<String>) -> JobSpec {
+    JobSpec { apps: vec![AppContext { argv, np, ..Default::default() }], ..Default::default() }
+}
+
+/// N nodes, their shells, and the wire between them.
+pub struct Net {
+    pub nodes: Vec<Option<Node<SimHost>>>,
+    pub shells: Vec<SimShell>,
+    q: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    evs: Vec<Option<Ev>>,
+    seq: u64,
+    pub now: u64,
+    links: BTreeSet<(Rank, Rank)>,
+    next_token: u64,
+}
+
+impl Net {
+    /// A booted DVM of `n` daemons at `radix`, each with `slots` slots.
+    pub fn boot(n: u32, radix: u32, slots: u32) -> Net {
+        let mut net = Net {
+            nodes: Vec::new(),
+            shells: (0..n).map(|_| SimShell::default()).collect(),
+            q: BinaryHeap::new(),
+            evs: Vec::new(),
+            seq: 0,
+            now: 0,
+            links: BTreeSet::new(),
+            next_token: 1,
+        };
+        for r in 0..n {
+            let core = CoreConfig {
+                me: r,
+                host: format!("n{r}"),
+                epoch: u64::from(r) * 7919 + 1,
+                radix,
+                size: n,
+                grpcomm: Config::default(),
+            };
+            let hnp = (r == 0).then(|| HnpConfig {
+                own: contact(0, slots),
+                session_dir: "/tmp/sim".into(),
+                one_job: false,
+                startup_timeout_ns: Some(60_000_000_000),
+                measure_link: false,
+            });
+            let local = LocalConfig {
+                base_env: vec![("PATH".into(), "/bin".into())],
+                session_dir: None,
+                loopback: false,
+                cores: 64,
+            };
+            let cfg = NodeConfig { core, hnp, local, hostname: format!("n{r}"), pid: 100 + r };
+            net.nodes.push(Some(Node::new(cfg, SimHost::default()).expect("valid geometry")));
+        }
+        for r in 0..n {
+            let start = match (r, n) {
+                (0, 1) => Start::WireSingle,
+                (0, _) => Start::AwaitCheckIns,
+                _ => Start::CheckIn(Contact { epoch: u64::from(r) * 7919 + 1, ..contact(r, slots) }),
+            };
+            net.with(r, |node, now| node.handle_start(now, start));
+        }
+        net.run();
+        assert!(net.shells[0].ready, "the test DVM of {n} daemons at radix {radix} became ready");
+        net
+    }
+
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.evs.push(Some(ev));
+        self.q.push(Reverse((at, self.seq, self.evs.len() - 1)));
+    }
+
+    pub fn node(&self, r: Rank) -> &Node<SimHost> {
+        self.nodes[r as usize].as_ref().expect("alive")
+    }
+
+    pub fn alive(&self, r: Rank) -> bool {
+        self.nodes[r as usize].is_some()
+    }
+
+    /// Feed daemon `r` one input and carry out what it put out.
+    pub fn with(&mut self, r: Rank, f: impl FnOnce(&mut Node<SimHost>, u64)) {
+        let now = self.now;
+        let Some(node) = self.nodes[r as usize].as_mut() else { return };
+        f(node, now);
+        let (transmits, effects) = super::drain(node);
+        let timeout = node.poll_timeout();
+        for t in transmits {
+            if let Transmit::Frame { next_hop, header, payload } = t {
+                self.links.insert((r.min(next_hop), r.max(next_hop)));
+                self.push(now + LATENCY_NS, Ev::Arrive { from: r, to: next_hop, header, payload });
+            }
+        }
+        let mut exited = false;
+        for e in effects {
+            exited |= matches!(e, crate::node::Effect::Exit(_));
+            for Due { at, ev } in self.shells[r as usize].apply(r, now, e) {
+                self.push(at.max(now), Ev::Proc { daemon: r, ev });
+            }
+        }
+        if exited {
+            self.kill(r);
+        } else if let Some(at) = timeout {
+            self.push(at.max(now), Ev::Timeout { daemon: r });
+        }
+    }
+
+    /// Daemon `r` dies: its procs with it, its peers hear one latency later.
+    pub fn kill(&mut self, r: Rank) {
+        if self.nodes[r as usize].take().is_none() {
+            return;
+        }
+        self.shells[r as usize].procs.clear();
+        let peers: Vec<Rank> = self
+            .links
+            .iter()
+            .filter_map(|&(a, b)| {
+                if a == r {
+                    Some(b)
+                } else if b == r {
+                    Some(a)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for p in peers {
+            self.push(self.now + LATENCY_NS, Ev::Lost { daemon: p, peer: r });
+        }
+    }
+
+    /// Step the earliest event; false when none is left.
+    pub fn step(&mut self) -> bool {
+        let Some(Reverse((at, _, idx))) = self.q.pop() else { return false };
+        self.now = self.now.max(at);
+        match self.evs[idx].take().expect("each event once") {
+            Ev::Arrive { from, to, header, payload } => {
+                if !self.alive(to) {
+                    if self.alive(from) && self.links.remove(&(from.min(to), from.max(to))) {
+                        self.push(self.now + LATENCY_NS, Ev::Lost { daemon: from, peer: to });
+                    }
+                    return true;
+                }
+                self.with(to, |n, now| n.handle_frame(now, from, header, payload));
+            }
+            Ev::Proc { daemon, ev } => {
+                if self.shells[daemon as usize].take(&ev) {
+                    self.with(daemon, |n, now| n.handle_proc(now, ev));
+                }
+            }
+            Ev::Lost { daemon, peer } => {
+                let reason = format!("connection to daemon {peer} closed");
+                self.with(daemon, |n, now| n.handle_link(now, LinkEvent::Lost { peer, reason }));
+            }
+            Ev::Timeout { daemon } => {
+                let due = self.nodes[daemon as usize].as_ref().and_then(|n| n.poll_timeout());
+                if due.is_some_and(|d| d <= self.now) {
+                    self.with(daemon, |n, now| n.handle_timeout(now));
+                }
+            }
+        }
+        true
+    }
+
+    /// Run until nothing is left to happen.
+    pub fn run(&mut self) {
+        while self.step() {}
+    }
+
+    /// Run for `d` ns more (or until nothing is left).
+    pub fn run_for(&mut self, d: u64) {
+        let t = self.now + d;
+        while self.q.peek().is_some_and(|Reverse((at, _, _))| *at <= t) {
+            self.step();
+        }
+        self.now = self.now.max(t);
+    }
+
+    /// A prun submits `spec`; its client id.
+    pub fn launch(&mut self, spec: JobSpec) -> ClientId {
+        let client = ClientId(self.next_token);
+        self.next_token += 1;
+        self.with(0, |n, now| n.handle_control(now, 0, Control::Launch(spec, client)));
+        client
+    }
+
+    /// A control call to the HNP; its token.
+    pub fn control(&mut self, req: Control) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.with(0, |n, now| n.handle_control(now, token, req));
+        token
+    }
+
+    /// How the job of `client` ended for its prun.
+    pub fn ended(&self, client: ClientId) -> Option<(i32, String)> {
+        self.shells[0].ended(client)
+    }
+
+    /// Procs alive on any daemon.
+    pub fn live_procs(&self) -> usize {
+        self.shells.iter().map(|s| s.procs.len()).sum()
+    }
+}

@@ -1,0 +1,512 @@
+//! The HNP's job table: job ids, the map, launch, exits, output to prun, kill, `--timeout`,
+//! a prun gone, a lost daemon, stdin, the end of every job at termination. Spawn and the data
+//! server are in `spawn`, the events and `--enable-recovery` in `recovery`.
+//!
+//! Launch: a job is mapped onto the live daemons' slots (`jobmap`), its maps broadcast
+//! (`LAUNCH`) and its residuals scattered (`LAUNCH_RESIDUALS`). Procs report their exit to the
+//! HNP; the first failure names rank, node, pid and status and kills the rest of the job
+//! (never the DVM). Output travels daemon -> HNP -> prun with a credit window per daemon and
+//! job, returned when prun took the bytes.
+//!
+//! Never: a stream, a process or a clock: what a job says to its prun leaves as
+//! [`JobOut::Client`], what it asks of the daemons as commands and broadcasts, in order.
+//! Invariants: a job leaves the table once every one of its procs has been reported (ended,
+//! failed to start, or lost with its daemon) and every job it spawned has left; its prun hears
+//! `Ended` exactly once (a spawned job's prun is its parent's, which hears its parent's end).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use dvm_grpcomm::tags;
+use dvm_proto::control::{job_event, JobEnded, JobNotice, JobStarted, LaunchPlanReply};
+use dvm_proto::daemon::daemon_cmd;
+use dvm_proto::job::{IofAck, IofChunk, JobControl, JobSpec, ProcStatus, StdinChunk, StdinTarget};
+use dvm_proto::Message;
+use dvm_rml::Rank;
+use tracing::{debug, info, warn};
+
+use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, TERMINATED_EXIT, TIMEOUT_EXIT};
+use crate::dataserver::DataServer;
+use crate::jobmap::{self, NodeSlots, Placement};
+use crate::timer::Timer;
+use crate::Core;
+
+pub(crate) fn terminated_reason(jobid: u32) -> String {
+    format!("the DVM was terminated (pterm) while job {jobid} ran")
+}
+
+/// What the job table asks of the node, in order.
+#[derive(Debug)]
+pub(crate) enum JobOut {
+    /// To a job's prun.
+    Client { client: ClientId, item: Forward },
+    /// A daemon command along the tree.
+    Cmd { dst: Rank, body: daemon_cmd::Body },
+    /// A broadcast to every daemon.
+    Xcast { tag: u32, payload: Bytes },
+    /// The launch residuals.
+    Scatter { tag: u32, slices: Vec<(Rank, Bytes)> },
+    /// Arm a timer `after` ns from now.
+    Arm(Timer, u64),
+    /// The table became empty.
+    AllEnded,
+}
+
+/// A spawn waiting for its job's procs to start.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingSpawn {
+    /// The daemon of the spawning rank, and its request id.
+    pub daemon: Rank,
+    pub id: u64,
+    /// Who asked (for messages).
+    pub parent: u32,
+    pub rank: u32,
+    /// Daemons that reported their procs started.
+    pub started: u32,
+}
+
+/// One job in the table.
+#[derive(Debug)]
+pub(crate) struct HnpJob {
+    pub placement: Placement,
+    /// Where prun's stdin goes: None nowhere, Some(None) every proc, Some(Some(r)) rank r.
+    stdin: Option<Option<u32>>,
+    spec_timeout: f64,
+    pub reported: BTreeSet<u32>,
+    /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited, or
+    /// after the abort grace if it has not.
+    pub aborts: BTreeMap<u32, (i32, String)>,
+    pub first_failure: Option<(i32, String)>,
+    killing: bool,
+    /// Its prun (a spawned job's: its parent's, which never sees it start or end).
+    pub client: ClientId,
+    /// A spawned job: the job whose rank spawned it.
+    pub parent: Option<u32>,
+    /// Jobs spawned by this one's ranks that have not ended yet.
+    pub children: BTreeSet<u32>,
+    /// A spawn waiting for this job's procs to start.
+    pub spawn: Option<PendingSpawn>,
+    /// This job's spawn failed (the spawning rank was told): its end fails nobody else.
+    pub spawn_failed: bool,
+    /// `--enable-recovery`: a rank that dies, a lost node or a failed joined job do not end
+    /// this job (its ranks are told by a PMIx event).
+    pub recovery: bool,
+    /// The first failure this job went on after (its exit status unless it fails later).
+    pub survived: Option<(i32, String)>,
+}
+
+impl HnpJob {
+    /// The job already fails (or is being killed).
+    pub fn failing(&self) -> bool {
+        self.first_failure.is_some() || self.killing
+    }
+}
+
+/// The HNP's jobs.
+#[derive(Debug, Default)]
+pub struct JobTable {
+    pub(crate) jobs: BTreeMap<u32, HnpJob>,
+    next_jobid: u32,
+    /// The DVM's data server (publish / lookup).
+    pub(crate) data: DataServer,
+    /// Jobs joined by a PMIx_Connect (accept/connect, spawn), both ways.
+    pub(crate) peers: BTreeMap<u32, BTreeSet<u32>>,
+    pub(crate) out: Vec<JobOut>,
+}
+
+impl JobTable {
+    /// Jobs in the table.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+    /// Job ids in the table, with their placement.
+    pub fn placements(&self) -> impl Iterator<Item = (u32, &Placement)> {
+        self.jobs.iter().map(|(j, job)| (*j, &job.placement))
+    }
+    /// Whether `jobid` is in the table.
+    pub fn contains(&self, jobid: u32) -> bool {
+        self.jobs.contains_key(&jobid)
+    }
+    /// The data server's waiting lookups and records (for state checks).
+    pub fn data(&self) -> &DataServer {
+        &self.data
+    }
+
+    /// The live daemons with slots, as the mapper sees them.
+    pub(crate) fn candidate_nodes(r: &Core) -> Vec<NodeSlots> {
+        let Some(contacts) = r.contacts() else { return Vec::new() };
+        let topo = r.topology();
+        contacts
+            .values()
+            .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
+            .map(|c| NodeSlots { daemon: c.rank, host: c.host.clone(), slots: c.slots })
+            .collect()
+    }
+
+    /// What launching `spec` would send (`prun --launch-sizes`).
+    pub(crate) fn plan(r: &Core, spec: &JobSpec) -> Result<LaunchPlanReply, String> {
+        let nodes = Self::candidate_nodes(r);
+        let receivers = r.topology().live_count();
+        jobmap::map_job(spec, &nodes).map_err(|e| e.to_string()).map(|p| {
+            let (map, residuals) = jobmap::encode(0, spec, &p);
+            let sizes = jobmap::launch_sizes(&map, &residuals, receivers);
+            LaunchPlanReply {
+                nprocs: p.nprocs(),
+                nodes: p.num_nodes(),
+                map_bytes: sizes.map_bytes as u64,
+                residual_bytes: sizes.residual_bytes as u64,
+                bytes_per_proc: sizes.bytes_per_proc(),
+                max_daemon_bytes: sizes.per_daemon_max as u64,
+                placement: format!("{:?}", p.layout()),
+            }
+        })
+    }
+
+    fn tell(&mut self, client: ClientId, item: Forward) {
+        self.out.push(JobOut::Client { client, item });
+    }
+
+    fn cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
+        self.out.push(JobOut::Cmd { dst, body });
+    }
+
+    /// A prun's job: mapped and started, or refused with one sentence (the stream's last).
+    /// Returns the job id.
+    pub(crate) fn launch(&mut self, r: &Core, spec: JobSpec, client: ClientId) -> Option<u32> {
+        let placement = match jobmap::map_job(&spec, &Self::candidate_nodes(r)) {
+            Ok(p) => p,
+            Err(e) => {
+                let ended = JobEnded { exit_code: 1, message: e.to_string() };
+                self.tell(client, event(job_event::Event::Ended(ended)));
+                return None;
+            }
+        };
+        let started =
+            JobStarted { jobid: self.next_jobid + 1, nprocs: placement.nprocs(), nodes: placement.num_nodes() };
+        self.tell(client, event(job_event::Event::Started(started)));
+        Some(self.start_job(&spec, placement, client, None))
+    }
+
+    /// Map nothing, decide nothing: enter a mapped job in the table and send its maps and
+    /// residuals. Returns the job id.
+    pub(crate) fn start_job(
+        &mut self,
+        spec: &JobSpec,
+        placement: Placement,
+        client: ClientId,
+        parent: Option<u32>,
+    ) -> u32 {
+        self.next_jobid += 1;
+        let jobid = self.next_jobid;
+        let (mut map, residuals) = jobmap::encode(jobid, spec, &placement);
+        map.hnp_iof_window = IOF_WINDOW;
+        map.report_launch = parent.is_some();
+        info!(jobid, nprocs = placement.nprocs(), nodes = placement.num_nodes(), ?parent, "launching job");
+        if spec.timeout_s > 0.0 {
+            let ns = (spec.timeout_s * 1e9).min(u64::MAX as f64) as u64;
+            self.out.push(JobOut::Arm(Timer::JobTimeout(jobid), ns));
+        }
+        let stdin = match StdinTarget::try_from(spec.stdin_target) {
+            Ok(StdinTarget::All) => Some(None),
+            Ok(StdinTarget::None) => None,
+            _ => Some(Some(spec.stdin_rank)),
+        };
+        self.jobs.insert(
+            jobid,
+            HnpJob {
+                placement,
+                stdin,
+                spec_timeout: spec.timeout_s,
+                reported: BTreeSet::new(),
+                aborts: BTreeMap::new(),
+                first_failure: None,
+                killing: false,
+                client,
+                parent,
+                children: BTreeSet::new(),
+                spawn: None,
+                spawn_failed: false,
+                recovery: spec.enable_recovery,
+                survived: None,
+            },
+        );
+        self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
+        let slices = residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
+        self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
+        jobid
+    }
+
+    /// Show a sentence on a job's prun.
+    pub(crate) fn notice(&mut self, jobid: u32, text: String) {
+        if let Some(client) = self.jobs.get(&jobid).map(|j| j.client) {
+            self.tell(client, event(job_event::Event::Notice(JobNotice { text })));
+        }
+    }
+
+    /// First failure of a job: remember why, tell prun, kill the rest. The failure of a
+    /// spawned job is its parent's too (whose ranks may wait on it), and a failed job's
+    /// spawned jobs are killed with it: nobody is left waiting for a peer that is gone.
+    pub(crate) fn fail_job(&mut self, r: &Core, jobid: u32, code: i32, why: String) {
+        let Some(job) = self.jobs.get_mut(&jobid) else { return };
+        let first = job.first_failure.is_none();
+        if first {
+            job.first_failure = Some((code, why.clone()));
+            let client = job.client;
+            self.tell(client, event(job_event::Event::Notice(JobNotice { text: why.clone() })));
+        }
+        self.fail_family(jobid, code, &why);
+        if first {
+            self.fail_peers(r, jobid, code, &why);
+        }
+        self.kill_job(jobid);
+    }
+
+    /// The failure reaches the job's ancestors (unless its spawn failed: the spawning rank was
+    /// told) and kills its descendants, without another sentence on prun.
+    fn fail_family(&mut self, jobid: u32, code: i32, why: &str) {
+        let Some(job) = self.jobs.get(&jobid) else { return };
+        let (parent, children, spawn_failed) = (job.parent, job.children.clone(), job.spawn_failed);
+        if let (Some(p), false) = (parent, spawn_failed) {
+            if self.recovers(p) {
+                // Told by the event the failure raised; it goes on.
+                self.survive_joined(p, format!("job {jobid}, spawned by job {p}, failed ({why})"));
+            } else if let Some(pj) = self.jobs.get_mut(&p) {
+                if pj.first_failure.is_none() {
+                    pj.first_failure = Some((code, why.to_string()));
+                    self.fail_family(p, code, why);
+                    self.kill_job(p);
+                }
+            }
+        }
+        for c in children {
+            if let Some(cj) = self.jobs.get_mut(&c) {
+                if cj.first_failure.is_none() {
+                    cj.first_failure = Some((code, format!("killed with job {jobid}")));
+                    self.fail_family(c, code, why);
+                    self.kill_job(c);
+                }
+            }
+        }
+    }
+
+    fn kill_job(&mut self, jobid: u32) {
+        let Some(job) = self.jobs.get_mut(&jobid) else { return };
+        if !job.killing {
+            job.killing = true;
+            let grace_ms = (KILL_GRACE_NS / 1_000_000) as u32;
+            self.job_control(JobControl { jobid, kill: true, grace_ms, ..Default::default() });
+        }
+    }
+
+    pub(crate) fn job_control(&mut self, ctl: JobControl) {
+        self.out.push(JobOut::Xcast { tag: tags::JOB_CONTROL, payload: Bytes::from(ctl.encode_to_vec()) });
+    }
+
+    /// The DVM stops now: every job still in the table tells its prun how it ended (its first
+    /// failure, or [`TERMINATED_EXIT`]) before the daemons go.
+    pub(crate) fn end_remaining_jobs(&mut self) {
+        // A spawned job's prun is its parent's, which ends it.
+        for (jobid, job) in std::mem::take(&mut self.jobs).into_iter().filter(|(_, j)| j.parent.is_none()) {
+            let (exit_code, message) = job.first_failure.unwrap_or_else(|| (TERMINATED_EXIT, terminated_reason(jobid)));
+            self.tell(job.client, event(job_event::Event::Ended(JobEnded { exit_code, message })));
+        }
+    }
+
+    /// The DVM is being terminated: end every running job with [`TERMINATED_EXIT`] and a
+    /// sentence saying so. False when no job runs.
+    pub(crate) fn end_jobs_for_termination(&mut self, r: &Core) -> bool {
+        let running: Vec<u32> = self.jobs.keys().copied().collect();
+        for &jobid in &running {
+            self.fail_job(r, jobid, TERMINATED_EXIT, terminated_reason(jobid));
+        }
+        !running.is_empty()
+    }
+
+    /// A proc of a job ended (or never started).
+    pub(crate) fn on_proc_status(&mut self, r: &Core, st: ProcStatus) {
+        let host = r.host_of(st.daemon);
+        let Some(job) = self.jobs.get_mut(&st.jobid) else { return };
+        if !job.reported.insert(st.rank) {
+            return;
+        }
+        debug!(jobid = st.jobid, rank = st.rank, code = st.exit_code, signal = st.signal, "proc ended");
+        if job.spawn.is_some() && !st.error.is_empty() {
+            // A proc of a spawn in progress never ran: the spawn fails.
+            self.spawn_failed(r, st.jobid, &st.error);
+        }
+        let Some(job) = self.jobs.get_mut(&st.jobid) else { return };
+        let abort = job.aborts.get(&st.rank).cloned();
+        if let Some((code, node)) = abort {
+            // MPI_Abort (its event is raised already): now that the rank has exited, end the
+            // job with its code.
+            if !job.failing() {
+                let why = format!("rank {} on node {node} (pid {}) called MPI_Abort with code {code}", st.rank, st.pid);
+                self.fail_job(r, st.jobid, code, why);
+            }
+        } else if let Some((code, how)) = super::describe_exit(&st) {
+            if !job.failing() {
+                let why = if st.error.is_empty() {
+                    format!("rank {} on node {host} (pid {}) {how}", st.rank, st.pid)
+                } else {
+                    how
+                };
+                // Told first, then (unless the job recovers) ended.
+                self.proc_aborted_event(r, st.jobid, st.rank, code, &why);
+                if self.recovers(st.jobid) {
+                    self.survive(st.jobid, code, why);
+                } else {
+                    self.fail_job(r, st.jobid, code, why);
+                }
+            }
+        }
+        self.maybe_end(r, st.jobid);
+    }
+
+    /// A job ends for its prun once its own procs and every job it spawned have ended.
+    pub(crate) fn maybe_end(&mut self, r: &Core, jobid: u32) {
+        let Some(job) = self.jobs.get(&jobid) else { return };
+        if (job.reported.len() as u32) < job.placement.nprocs() || !job.children.is_empty() {
+            return;
+        }
+        let job = self.jobs.remove(&jobid).expect("checked above");
+        let (exit_code, message) =
+            job.first_failure.clone().or_else(|| job.survived.clone()).unwrap_or((0, String::new()));
+        info!(jobid, exit_code, parent = ?job.parent, "job ended");
+        if job.parent.is_none() {
+            self.tell(job.client, event(job_event::Event::Ended(JobEnded { exit_code, message })));
+        }
+        self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
+        self.job_left(r, jobid, &job);
+        if self.jobs.is_empty() {
+            self.out.push(JobOut::AllEnded);
+        }
+    }
+
+    pub(crate) fn on_timeout(&mut self, r: &Core, jobid: u32) {
+        let Some(job) = self.jobs.get(&jobid) else { return };
+        let t = job.spec_timeout;
+        self.fail_job(r, jobid, TIMEOUT_EXIT, format!("job {jobid} exceeded its --timeout of {t} s and was killed"));
+    }
+
+    /// The prun of `client` went away: its job must not outlive it.
+    pub(crate) fn on_client_gone(&mut self, r: &Core, client: ClientId) {
+        let gone: Vec<u32> =
+            self.jobs.iter().filter(|(_, j)| j.client == client && j.parent.is_none()).map(|(id, _)| *id).collect();
+        for jobid in gone {
+            warn!(jobid, "prun went away: killing its job");
+            self.fail_job(r, jobid, 1, format!("job {jobid}: prun went away"));
+        }
+    }
+
+    /// prun signalled its job: TERM and INT kill it (naming the signal), others are passed on.
+    /// False: no such job.
+    pub(crate) fn signal(&mut self, r: &Core, jobid: u32, signal: i32) -> bool {
+        if !self.jobs.contains_key(&jobid) {
+            return false;
+        }
+        const SIGINT: i32 = 2;
+        const SIGTERM: i32 = 15;
+        if signal == SIGINT || signal == SIGTERM {
+            self.fail_job(r, jobid, 128 + signal, format!("prun received signal {signal}: job killed"));
+        } else {
+            self.job_control(JobControl { jobid, signal, ..Default::default() });
+        }
+        true
+    }
+
+    /// Daemons died; their procs are lost and their jobs fail.
+    pub(crate) fn lost_daemons(&mut self, r: &Core, failed: &BTreeSet<Rank>) {
+        let mut hits = Vec::new();
+        for (&jobid, job) in &self.jobs {
+            for &d in failed {
+                let ranks: Vec<u32> = job.placement.procs_on(d).iter().filter(|r| !job.reported.contains(r)).collect();
+                if !ranks.is_empty() {
+                    hits.push((jobid, d, ranks));
+                }
+            }
+        }
+        // The jobs concerned are told first: one event pair per lost daemon.
+        for &d in failed {
+            let lost: Vec<(u32, Vec<u32>)> =
+                hits.iter().filter(|h| h.1 == d).map(|(j, _, ranks)| (*j, ranks.clone())).collect();
+            if !lost.is_empty() {
+                self.daemon_lost_events(r, d, &lost);
+            }
+        }
+        for (jobid, d, ranks) in hits {
+            let host = r.host_of(d);
+            let why = format!("daemon {d} on node {host} was lost with ranks {ranks:?} of job {jobid}");
+            if self.recovers(jobid) {
+                self.survive(jobid, 1, why);
+            } else {
+                self.fail_job(r, jobid, 1, why);
+            }
+            if let Some(job) = self.jobs.get_mut(&jobid) {
+                job.reported.extend(ranks);
+            }
+            self.maybe_end(r, jobid);
+        }
+    }
+
+    /// prun's stdin for a job: to the daemon of its stdin rank, or of every rank.
+    pub(crate) fn route_stdin(&mut self, jobid: u32, data: Bytes, eof: bool) {
+        let Some(job) = self.jobs.get(&jobid) else { return };
+        let chunk = StdinChunk { jobid, data, eof };
+        let targets: Vec<Rank> = match job.stdin {
+            Some(Some(rank)) => job.placement.node_of(rank).into_iter().collect(),
+            Some(None) => job.placement.daemons().collect(),
+            None => Vec::new(),
+        };
+        for d in targets {
+            self.cmd(d, daemon_cmd::Body::Stdin(chunk.clone()));
+        }
+    }
+
+    /// Output a daemon sent: to prun (acked once prun took it).
+    pub(crate) fn on_iof(&mut self, daemon: Rank, chunk: IofChunk) {
+        match self.jobs.get(&chunk.jobid).map(|j| j.client) {
+            Some(client) => self.tell(client, Forward::Output { daemon, chunk }),
+            None => {
+                // Job already ended (or unknown): ack so the daemon never stalls.
+                let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };
+                self.cmd(daemon, daemon_cmd::Body::IofAck(ack));
+            }
+        }
+    }
+
+    /// prun took `bytes` of `daemon`'s output of `jobid`: the daemon gets its credit back.
+    pub(crate) fn on_delivered(&mut self, jobid: u32, daemon: Rank, bytes: u64) {
+        self.cmd(daemon, daemon_cmd::Body::IofAck(IofAck { jobid, bytes }));
+    }
+
+    /// A rank's log line (PMIx_Log) for its prun.
+    pub(crate) fn on_log(&mut self, r: &Core, daemon: Rank, jobid: u32, rank: u32, text: &str) {
+        let text = format!("rank {rank} on node {}: {}", r.host_of(daemon), text.trim_end());
+        self.notice(jobid, text);
+    }
+
+    /// A command from a daemon that the job table handles; the others come back.
+    pub(crate) fn on_cmd(&mut self, r: &Core, origin: Rank, body: daemon_cmd::Body) -> Option<daemon_cmd::Body> {
+        match body {
+            daemon_cmd::Body::ProcStatus(st) => self.on_proc_status(r, st),
+            daemon_cmd::Body::Iof(chunk) => self.on_iof(origin, chunk),
+            daemon_cmd::Body::JobAbort(a) => self.on_job_abort(r, a),
+            daemon_cmd::Body::JobFail(f) => self.fail_job(r, f.jobid, f.code, f.reason),
+            daemon_cmd::Body::SpawnReq(req) => self.on_spawn_req(r, origin, req),
+            daemon_cmd::Body::LaunchReport(rep) => self.on_launch_report(r, rep),
+            daemon_cmd::Body::DataReq(req) => self.on_data_req(origin, req),
+            daemon_cmd::Body::JobsConnected(c) => self.on_jobs_connected(c.jobids),
+            daemon_cmd::Body::JobLog(l) => self.on_log(r, l.daemon, l.jobid, l.rank, &l.text),
+            other => return Some(other),
+        }
+        None
+    }
+}
+
+/// Warn about a command the HNP did not expect (it changes nothing).
+pub(crate) fn unexpected(origin: Rank, body: &daemon_cmd::Body) {
+    warn!(origin, "unexpected daemon command {body:?}");
+}

@@ -1,0 +1,363 @@
+//! A daemon's part of each job: the maps (broadcast) and its residual (scattered) in, the
+//! specs of its local procs out, then their exits reported to the HNP.
+//!
+//! Launch: the procs start once both the maps and the residual are here (they may arrive in
+//! either order). A proc's environment is, in this order (later wins): the daemon's own
+//! (minus its `DVM_*`), the app's `-x`/`--env`, the DVM's `DVM_*` facts of the rank, then the
+//! PMIx environment (unless the app set the same key). A job with more procs on this machine
+//! than it has cores is oversubscribed: its ranks are told to yield when idle (unless the
+//! environment says otherwise) and get a coarser timer slack.
+//!
+//! Never: a process. Specs leave as [`LocalOut::Spawn`], in rank order; the PMIx server is
+//! asked through [`Host`] in the order the job needs (learn, register, each rank's env).
+//! Invariants: a job's procs start at most once; a daemon that cannot start its part reports
+//! every rank of its residual failed, so no job waits for procs that never start.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use dvm_proto::daemon::{daemon_cmd, LaunchReport};
+use dvm_proto::job::{IofChunk, JobControl, JobMap, ProcStatus, Residual, StdinChunk, StdinTarget};
+use dvm_proto::Message;
+use dvm_rml::Rank;
+use tracing::{debug, warn};
+
+use super::{nspace_of, ExitKind, ProcEvent, ProcSpec};
+use crate::host::{Host, JobStart};
+use crate::jobmap::{self, Placement};
+use crate::Core;
+
+/// Timer slack (µs) of the procs on a machine the job oversubscribes (more of its procs than
+/// cores): a waiting rank that sleeps in short steps then wakes with other timers instead of
+/// alone (docs/slurm.md). `-x DVM_TIMER_SLACK_US=N` sets another value (0: the kernel's).
+pub const OVERSUBSCRIBED_TIMER_SLACK_US: u64 = 2_000;
+
+/// The Open MPI setting that makes a waiting rank yield its core instead of busy-polling.
+pub const YIELD_VAR: &str = "OMPI_MCA_mpi_yield_when_idle";
+
+/// Whether a job's ranks on a machine are told to yield when idle: more of its procs there
+/// than the machine has cores (Open MPI's own launcher decides the same way).
+pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
+    procs_on_machine > cores
+}
+
+/// What a daemon's launch depends on besides the job.
+#[derive(Debug, Clone, Default)]
+pub struct LocalConfig {
+    /// The daemon's own environment minus its `DVM_*` variables: every proc's base.
+    pub base_env: Vec<(String, String)>,
+    /// The daemon's scratch directory for its ranks.
+    pub session_dir: Option<String>,
+    /// The daemon listens on loopback: every daemon of the DVM is on this machine.
+    pub loopback: bool,
+    /// Cores the ranks may run on.
+    pub cores: u32,
+}
+
+/// What the local jobs ask of the node, in order.
+#[derive(Debug)]
+pub enum LocalOut {
+    Spawn(ProcSpec),
+    KillJob {
+        jobid: u32,
+        grace_ms: u32,
+    },
+    SignalJob {
+        jobid: u32,
+        signal: i32,
+    },
+    WriteStdin {
+        jobid: u32,
+        rank: u32,
+        data: Bytes,
+    },
+    CloseStdin {
+        jobid: u32,
+        rank: u32,
+    },
+    /// The job's processes and their state go (after its cleanup).
+    ForgetJob(u32),
+    /// A command to the HNP.
+    ToHnp(daemon_cmd::Body),
+}
+
+#[derive(Debug, Default)]
+struct LocalJob {
+    map: Option<JobMap>,
+    residual: Option<Residual>,
+    started: bool,
+    live: u32,
+    /// This daemon's ranks of the job, as `jobmap::local_procs` derived them.
+    ranks: Vec<u32>,
+    /// Procs not yet reported started or failed, when the map asks for a `LaunchReport`.
+    unstarted: Option<u32>,
+}
+
+/// This daemon's jobs.
+#[derive(Debug, Default)]
+pub struct LocalJobs {
+    cfg: LocalConfig,
+    jobs: BTreeMap<u32, LocalJob>,
+    pub(crate) out: Vec<LocalOut>,
+}
+
+impl LocalJobs {
+    pub fn new(cfg: LocalConfig) -> LocalJobs {
+        LocalJobs { cfg, jobs: BTreeMap::new(), out: Vec::new() }
+    }
+
+    /// Jobs with state on this daemon.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+    /// Procs of `jobid` this daemon started that have not ended.
+    pub fn live(&self, jobid: u32) -> u32 {
+        self.jobs.get(&jobid).map_or(0, |j| j.live)
+    }
+
+    pub(crate) fn on_map(&mut self, r: &Core, host: &mut impl Host, payload: Bytes) {
+        let map = match JobMap::decode(payload) {
+            Ok(m) => m,
+            Err(e) => return warn!("undecodable launch map: {e}"),
+        };
+        let jobid = map.jobid;
+        // Every daemon knows every job's placement (a peer of another job after a connect, a
+        // spawned job's participants).
+        match Placement::from_job_map(&map) {
+            Ok(p) => {
+                let hosts = p.daemons().map(|d| r.host_of(d)).collect();
+                host.pmix_learn_job(jobid, nspace_of(&r.dvm_id(), jobid), p, hosts)
+            }
+            Err(e) => warn!(jobid, "job map unusable: {e}"),
+        }
+        self.jobs.entry(jobid).or_default().map = Some(map);
+        self.maybe_start(r, host, jobid);
+    }
+
+    pub(crate) fn on_residual(&mut self, r: &Core, host: &mut impl Host, data: Bytes) {
+        match Residual::decode(data) {
+            Ok(res) => {
+                let jobid = res.jobid;
+                self.jobs.entry(jobid).or_default().residual = Some(res);
+                self.maybe_start(r, host, jobid);
+            }
+            Err(e) => warn!("undecodable launch residual: {e}"),
+        }
+    }
+
+    fn maybe_start(&mut self, r: &Core, host: &mut impl Host, jobid: u32) {
+        let me = r.me();
+        let Some(lj) = self.jobs.get(&jobid) else { return };
+        let (Some(map), Some(residual), false) = (lj.map.clone(), lj.residual.clone(), lj.started) else { return };
+        let procs = match jobmap::local_procs(&map, &residual, me) {
+            Ok(p) => p,
+            Err(e) => {
+                // Never leave the job waiting for procs that will not start: report every rank
+                // the residual names as failed, with the reason.
+                warn!(jobid, "daemon {me} cannot start its part of job {jobid}: {e}");
+                self.jobs.remove(&jobid);
+                let error = format!("node {}: cannot start job {jobid}: {e}", r.host_of(me));
+                let ranks = residual.ranks.iter().flat_map(|rr| {
+                    (0..rr.count).map(move |i| rr.first.saturating_add(i.saturating_mul(rr.stride.max(1))))
+                });
+                for rank in ranks {
+                    let st = ProcStatus {
+                        jobid,
+                        rank,
+                        exit_code: 127,
+                        error: error.clone(),
+                        daemon: me,
+                        ..Default::default()
+                    };
+                    self.out.push(LocalOut::ToHnp(daemon_cmd::Body::ProcStatus(st)));
+                }
+                return;
+            }
+        };
+        let lj = self.jobs.get_mut(&jobid).expect("present");
+        lj.started = true;
+        lj.live = procs.len() as u32;
+        lj.ranks = procs.iter().map(|p| p.rank).collect();
+        if map.report_launch {
+            lj.unstarted = Some(procs.len() as u32);
+        }
+        let pmix = Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32);
+        let env = &self.cfg.base_env;
+        // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
+        // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
+        // A setting in the daemon's environment (inherited by the ranks) or `-x` wins.
+        let on_machine = if self.cfg.loopback { map.nprocs } else { procs.len() as u32 };
+        let over = oversubscribed(on_machine, self.cfg.cores);
+        let yield_idle = over && !env.iter().any(|(k, _)| k == YIELD_VAR);
+        let timer_slack_us = if over { OVERSUBSCRIBED_TIMER_SLACK_US } else { 0 };
+        let stdin_rank = match StdinTarget::try_from(map.stdin_target) {
+            Ok(StdinTarget::All) => None,
+            Ok(StdinTarget::None) => Some(u32::MAX),
+            _ => Some(map.stdin_rank),
+        };
+        let node = r.host_of(me);
+        for p in procs {
+            let app = &map.apps[p.app as usize];
+            let mut penv = env.clone();
+            for kv in &app.env {
+                if let Some((k, v)) = kv.split_once('=') {
+                    penv.retain(|(ek, _)| ek != k);
+                    penv.push((k.to_string(), v.to_string()));
+                }
+            }
+            for (k, v) in [
+                ("DVM_JOBID", jobid.to_string()),
+                ("DVM_RANK", p.rank.to_string()),
+                ("DVM_SIZE", map.nprocs.to_string()),
+                ("DVM_LOCAL_RANK", p.local_rank.to_string()),
+                ("DVM_NODE_RANK", p.node_rank.to_string()),
+                ("DVM_APPNUM", p.app.to_string()),
+                ("DVM_NODE", node.clone()),
+                ("DVM_DAEMON", me.to_string()),
+            ] {
+                penv.push((k.to_string(), v));
+            }
+            if pmix {
+                let session = self.cfg.session_dir.clone();
+                for (k, v) in host.pmix_proc_env(jobid, p.rank, session, self.cfg.loopback, yield_idle) {
+                    if !app.env.iter().any(|kv| kv.split_once('=').is_some_and(|(ak, _)| ak == k)) {
+                        penv.retain(|(ek, _)| *ek != k);
+                        penv.push((k, v));
+                    }
+                }
+            }
+            self.out.push(LocalOut::Spawn(ProcSpec {
+                jobid,
+                rank: p.rank,
+                argv: app.argv.clone(),
+                env: penv,
+                wdir: app.wdir.clone().into(),
+                stdin: stdin_rank.is_none_or(|r| r == p.rank),
+                timer_slack_us,
+            }));
+        }
+        if self.jobs.get(&jobid).is_some_and(|j| j.live == 0) {
+            self.jobs.remove(&jobid);
+            host.pmix_job_done(jobid);
+        }
+    }
+
+    /// Register a job's PMIx namespace on this daemon (what the job map says, with the hosts
+    /// from the contact table); false: the job runs without PMIx.
+    fn pmix_job_start(r: &Core, host: &mut impl Host, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
+        let placement = match Placement::from_job_map(map) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(jobid, "job map unusable for PMIx: {e}");
+                return false;
+            }
+        };
+        let hosts: Vec<String> = placement.daemons().map(|d| r.host_of(d)).collect();
+        let nspace = nspace_of(&r.dvm_id(), jobid);
+        host.pmix_job_start(JobStart { jobid, nspace, placement, hosts: &hosts, nprocs: map.nprocs, nlocal })
+    }
+
+    /// A `JOB_CONTROL` broadcast: kill, signal, or forget a job that ended. True when the
+    /// daemon has no local job left after a cleanup.
+    pub(crate) fn on_control(&mut self, host: &mut impl Host, payload: Bytes) -> bool {
+        let Ok(ctl) = JobControl::decode(payload) else {
+            warn!("undecodable job control");
+            return false;
+        };
+        if ctl.cleanup {
+            self.jobs.remove(&ctl.jobid);
+            host.pmix_forget_job(ctl.jobid);
+            self.out.push(LocalOut::ForgetJob(ctl.jobid));
+            return self.jobs.is_empty();
+        }
+        if ctl.kill {
+            self.out.push(LocalOut::KillJob { jobid: ctl.jobid, grace_ms: ctl.grace_ms });
+        } else if ctl.signal != 0 {
+            self.out.push(LocalOut::SignalJob { jobid: ctl.jobid, signal: ctl.signal });
+        }
+        false
+    }
+
+    /// prun's stdin for this daemon's ranks of a job.
+    pub(crate) fn on_stdin(&mut self, chunk: StdinChunk) {
+        let Some(lj) = self.jobs.get(&chunk.jobid) else { return };
+        let Some(map) = lj.map.as_ref() else { return };
+        let ranks: Vec<u32> = match StdinTarget::try_from(map.stdin_target) {
+            Ok(StdinTarget::All) => lj.ranks.clone(),
+            Ok(StdinTarget::None) => Vec::new(),
+            _ => vec![map.stdin_rank],
+        };
+        for rank in ranks {
+            let jobid = chunk.jobid;
+            self.out.push(if chunk.eof {
+                LocalOut::CloseStdin { jobid, rank }
+            } else {
+                LocalOut::WriteStdin { jobid, rank, data: chunk.data.clone() }
+            });
+        }
+    }
+
+    /// An event of one of this daemon's processes.
+    pub(crate) fn on_proc(&mut self, me: Rank, host: &mut impl Host, ev: ProcEvent) {
+        match ev {
+            ProcEvent::Started { jobid, rank, pid } => {
+                debug!(jobid, rank, pid, "proc started");
+                self.launch_progress(me, jobid, None);
+            }
+            ProcEvent::Output { jobid, rank, stream, data } => {
+                let chunk = IofChunk { jobid, rank, stream: stream.wire(), data, eof: false };
+                self.out.push(LocalOut::ToHnp(daemon_cmd::Body::Iof(chunk)));
+            }
+            ProcEvent::OutputClosed { .. } => {}
+            ProcEvent::Exited { jobid, rank, pid, status } => {
+                let (exit_code, signal) = match status {
+                    ExitKind::Code(c) => (c, 0),
+                    ExitKind::Signal(s) => (0, s),
+                };
+                let mut st = ProcStatus { jobid, rank, pid, exit_code, signal, error: String::new(), daemon: me };
+                if let Some(why) = host.pmix_proc_exit(jobid, rank) {
+                    if signal == 0 && exit_code == 0 {
+                        st.exit_code = 1;
+                        st.error = why;
+                    }
+                }
+                self.proc_done(host, st);
+            }
+            ProcEvent::LaunchFailed { jobid, rank, error } => {
+                self.launch_progress(me, jobid, Some(error.clone()));
+                self.proc_done(host, ProcStatus { jobid, rank, pid: 0, exit_code: 127, signal: 0, error, daemon: me });
+            }
+        }
+    }
+
+    /// A proc of a job whose map asks for a `LaunchReport` started (or failed to): report
+    /// once every local proc did, or at the first failure.
+    fn launch_progress(&mut self, me: Rank, jobid: u32, error: Option<String>) {
+        let Some(lj) = self.jobs.get_mut(&jobid) else { return };
+        let Some(left) = lj.unstarted.as_mut() else { return };
+        *left = left.saturating_sub(1);
+        if error.is_none() && *left > 0 {
+            return;
+        }
+        lj.unstarted = None;
+        let started = lj.ranks.len() as u32;
+        let report = LaunchReport { jobid, daemon: me, started, error: error.unwrap_or_default() };
+        self.out.push(LocalOut::ToHnp(daemon_cmd::Body::LaunchReport(report)));
+    }
+
+    fn proc_done(&mut self, host: &mut impl Host, st: ProcStatus) {
+        let jobid = st.jobid;
+        let mut done = false;
+        if let Some(lj) = self.jobs.get_mut(&jobid) {
+            lj.live = lj.live.saturating_sub(1);
+            done = lj.live == 0;
+        }
+        self.out.push(LocalOut::ToHnp(daemon_cmd::Body::ProcStatus(st)));
+        if done {
+            host.pmix_job_done(jobid);
+        }
+    }
+}

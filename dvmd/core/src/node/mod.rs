@@ -1,0 +1,546 @@
+//! `Node`: the whole daemon as one sans-IO value, shaped like quinn-proto's `Connection`.
+//!
+//! Inputs, each with `now` (ns, monotonic, from the shell): [`Node::handle_frame`],
+//! [`Node::handle_link`], [`Node::handle_control`], [`Node::handle_proc`],
+//! [`Node::handle_pmix`], [`Node::handle_prun`], [`Node::handle_boot`],
+//! [`Node::handle_timeout`] (and [`Node::handle_start`] once).
+//! Outputs, drained by the shell in one place, in this order after every input:
+//! [`Node::poll_transmit`] (frames and the contact table), [`Node::poll`] ([`Effect`]s:
+//! processes, prun streams, control replies, ready, exit), then [`Node::poll_timeout`].
+//!
+//! Owns: the order in which its parts see an input and the one loop that carries what each
+//! asks of another: the router ([`crate::Core`]), the HNP's job table
+//! ([`crate::jobs::hnp::JobTable`]), the local jobs ([`crate::jobs::local::LocalJobs`]), the
+//! timers ([`crate::timer::Timers`]), the HNP's control requests ([`control`]), and the PMIx
+//! host (a [`Host`], called synchronously).
+//! Never: a socket, a clock, a process, a channel or a reply handle: a prun is a
+//! [`ClientId`], a control call a token.
+//! Invariants: once an [`Effect::Exit`] is produced nothing more is decided; what one part asks
+//! of the router is stepped in the order asked.
+
+mod control;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use dvm_grpcomm::tags;
+use dvm_proto::daemon::daemon_cmd;
+use dvm_proto::rml::{Contact, FrameHeader};
+use dvm_rml::Rank;
+
+pub use control::{Control, Reply};
+
+use crate::host::Host;
+use crate::jobs::hnp::{JobOut, JobTable};
+use crate::jobs::local::{LocalConfig, LocalJobs, LocalOut};
+use crate::jobs::{ClientId, Forward, ProcEvent, ProcSpec, TERMINATE_GRACE_NS};
+use crate::timer::{Timer, Timers};
+use crate::{dtags, Core, CoreConfig, Effect as R, Exit, Input};
+
+/// Something to put on the wire, in order.
+#[derive(Debug)]
+pub enum Transmit {
+    /// This frame on the link to `next_hop`.
+    Frame { next_hop: Rank, header: FrameHeader, payload: Bytes },
+    /// The contact table (WIREUP): address of every other daemon, before any frame to one.
+    Contacts(Vec<(Rank, SocketAddr)>),
+}
+
+/// An effect for the shell, in order.
+#[derive(Debug)]
+pub enum Effect {
+    /// Start a proc.
+    Spawn(ProcSpec),
+    /// TERM every proc of a job, KILL after `grace_ms`.
+    KillJob {
+        jobid: u32,
+        grace_ms: u32,
+    },
+    SignalJob {
+        jobid: u32,
+        signal: i32,
+    },
+    WriteStdin {
+        jobid: u32,
+        rank: u32,
+        data: Bytes,
+    },
+    CloseStdin {
+        jobid: u32,
+        rank: u32,
+    },
+    /// The HNP took `bytes` of a job's output: the readers may go on.
+    AckOutput {
+        jobid: u32,
+        bytes: u64,
+    },
+    /// A job ended everywhere: its process records go.
+    ForgetJob(u32),
+    /// The DVM ends: every local proc goes now.
+    KillAll,
+    /// To a job's prun.
+    ToClient {
+        client: ClientId,
+        item: Forward,
+    },
+    /// The answer to a control call.
+    Reply {
+        token: u64,
+        reply: Reply,
+    },
+    /// HNP: the DVM is ready.
+    Ready,
+    /// HNP: a line for the HNP's stderr (a lost daemon, named).
+    Say(String),
+    /// This daemon's loop ends.
+    Exit(Exit),
+}
+
+/// A link event from the transport.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// The link to `peer` was lost (closed, silent, connect gave up).
+    Lost { peer: Rank, reason: String },
+    /// A send toward next hop `peer` failed at once.
+    SendFailed { peer: Rank },
+}
+
+/// What a prun stream did.
+#[derive(Debug)]
+pub enum PrunEvent {
+    /// prun went away before its job ended.
+    Gone(ClientId),
+    /// prun took `bytes` of `daemon`'s output of `jobid`.
+    Delivered { jobid: u32, daemon: Rank, bytes: u64 },
+    /// prun was sent its last event and hung up (or was gone).
+    Closed(ClientId),
+}
+
+/// HNP: a process the boot started (a daemon, or the step holding them) ended.
+#[derive(Debug)]
+pub struct LauncherExit {
+    /// "daemon 3 on host n3", or the step's description.
+    pub what: String,
+    /// "exited with status 1", "was killed by signal 9".
+    pub how: String,
+    /// What it printed (its last lines).
+    pub printed: String,
+    /// The step that holds every other daemon (its end ends the DVM).
+    pub step: bool,
+}
+
+/// How a daemon starts.
+#[derive(Debug)]
+pub enum Start {
+    /// A daemon: report `own` to the HNP.
+    CheckIn(Contact),
+    /// The HNP of a one-daemon DVM: nothing to wait for.
+    WireSingle,
+    /// The HNP of a larger DVM: wait for the check-ins.
+    AwaitCheckIns,
+}
+
+/// The HNP's own settings.
+#[derive(Debug, Clone)]
+pub struct HnpConfig {
+    pub own: Contact,
+    pub session_dir: String,
+    /// The DVM exists for one job (`dvmd --one-job`): once it ended, the DVM terminates.
+    pub one_job: bool,
+    /// The boot must be done by then (ns after start); None: no bound.
+    pub startup_timeout_ns: Option<u64>,
+    /// Measure the link to a child once WIREUP is held everywhere (and calibrate fences).
+    pub measure_link: bool,
+}
+
+/// A daemon's fixed inputs.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub core: CoreConfig,
+    pub hnp: Option<HnpConfig>,
+    pub local: LocalConfig,
+    /// The name the node itself reports (tree views) and the daemon's pid.
+    pub hostname: String,
+    pub pid: u32,
+}
+
+/// One daemon.
+pub struct Node<H: Host> {
+    router: Core,
+    host: H,
+    /// HNP only.
+    jobs: Option<JobTable>,
+    ctl: Option<control::HnpControl>,
+    local: LocalJobs,
+    timers: Timers,
+    hostname: String,
+    pid: u32,
+    /// Router inputs asked for and not stepped yet.
+    inbox: VecDeque<Input>,
+    transmits: VecDeque<Transmit>,
+    effects: VecDeque<Effect>,
+    exited: bool,
+    now: u64,
+}
+
+impl<H: Host> Node<H> {
+    pub fn new(cfg: NodeConfig, host: H) -> Result<Node<H>, dvm_rml::TopologyError> {
+        let mut router = Core::new(cfg.core, cfg.hnp.as_ref().map(|h| h.own.clone()))?;
+        let mut timers = Timers::default();
+        let ctl = cfg.hnp.map(|h| {
+            if h.measure_link {
+                router.measure_link();
+            }
+            if let Some(t) = h.startup_timeout_ns {
+                timers.set(Timer::Startup, t);
+            }
+            control::HnpControl::new(h.session_dir, h.one_job)
+        });
+        Ok(Node {
+            router,
+            host,
+            jobs: ctl.as_ref().map(|_| JobTable::default()),
+            ctl,
+            local: LocalJobs::new(cfg.local),
+            timers,
+            hostname: cfg.hostname,
+            pid: cfg.pid,
+            inbox: VecDeque::new(),
+            transmits: VecDeque::new(),
+            effects: VecDeque::new(),
+            exited: false,
+            now: 0,
+        })
+    }
+
+    // ------------------------------------------------------------------ accessors
+
+    pub fn router(&self) -> &Core {
+        &self.router
+    }
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+    /// HNP: the job table.
+    pub fn jobs(&self) -> Option<&JobTable> {
+        self.jobs.as_ref()
+    }
+    pub fn local_jobs(&self) -> &LocalJobs {
+        &self.local
+    }
+    pub fn timers(&self) -> &Timers {
+        &self.timers
+    }
+    /// An [`Effect::Exit`] was produced: nothing more is decided.
+    pub fn has_exited(&self) -> bool {
+        self.exited
+    }
+
+    // ------------------------------------------------------------------ inputs
+
+    pub fn handle_start(&mut self, now: u64, start: Start) {
+        match start {
+            Start::CheckIn(own) => self.inbox.push_back(Input::CheckIn(own)),
+            Start::WireSingle => self.inbox.push_back(Input::WireSingle),
+            Start::AwaitCheckIns => {}
+        }
+        self.run(now);
+    }
+
+    pub fn handle_frame(&mut self, now: u64, from_peer: Rank, header: FrameHeader, payload: Bytes) {
+        self.inbox.push_back(Input::Frame { from_peer, header, payload });
+        self.run(now);
+    }
+
+    pub fn handle_link(&mut self, now: u64, ev: LinkEvent) {
+        self.inbox.push_back(match ev {
+            LinkEvent::Lost { peer, reason } => Input::PeerLost { peer, reason },
+            LinkEvent::SendFailed { peer } => Input::SendFailed { peer },
+        });
+        self.run(now);
+    }
+
+    /// A control call (HNP); its answer comes back as [`Effect::Reply`] with `token`.
+    pub fn handle_control(&mut self, now: u64, token: u64, req: Control) {
+        self.now = self.now.max(now);
+        if !self.exited {
+            self.on_control(token, req);
+        }
+        self.run(now);
+    }
+
+    pub fn handle_proc(&mut self, now: u64, ev: ProcEvent) {
+        self.now = self.now.max(now);
+        if !self.exited {
+            let me = self.router.me();
+            self.local.on_proc(me, &mut self.host, ev);
+        }
+        self.run(now);
+    }
+
+    /// The PMIx host was given something (a worker event): `f` runs on it, then what it asks
+    /// of the DVM is carried out.
+    pub fn handle_pmix(&mut self, now: u64, f: impl FnOnce(&mut H)) {
+        f(&mut self.host);
+        self.run(now);
+    }
+
+    pub fn handle_prun(&mut self, now: u64, ev: PrunEvent) {
+        self.now = self.now.max(now);
+        if !self.exited {
+            match ev {
+                PrunEvent::Gone(client) => self.with_jobs(|j, r| j.on_client_gone(r, client)),
+                PrunEvent::Delivered { jobid, daemon, bytes } => {
+                    self.with_jobs(|j, _| j.on_delivered(jobid, daemon, bytes))
+                }
+                // A one-job DVM ends once its prun has everything: not before, or output still
+                // queued for a slow reader would be lost with the DVM.
+                PrunEvent::Closed(_) => self.terminate_one_job_dvm(),
+            }
+        }
+        self.run(now);
+    }
+
+    pub fn handle_boot(&mut self, now: u64, ev: LauncherExit) {
+        self.now = self.now.max(now);
+        if !self.exited {
+            self.on_launcher_exit(ev);
+        }
+        self.run(now);
+    }
+
+    /// Time passed: call at or after [`Node::poll_timeout`].
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        if self.router.next_deadline().is_some_and(|d| d <= now) {
+            self.inbox.push_back(Input::Tick);
+        }
+        while let Some(t) = self.timers.pop_expired(now) {
+            if self.exited {
+                break;
+            }
+            self.on_timer(t);
+            self.carry();
+        }
+        self.run(now);
+    }
+
+    // ------------------------------------------------------------------ outputs
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    pub fn poll(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When to call [`Node::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.exited {
+            return None;
+        }
+        match (self.router.next_deadline(), self.timers.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ------------------------------------------------------------------ the loop
+
+    /// Step every router input asked for and carry what each part asks of another, until
+    /// nothing is left. The one loop.
+    fn run(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        loop {
+            self.carry();
+            let Some(input) = self.inbox.pop_front() else { return };
+            if self.exited {
+                self.inbox.clear();
+                return;
+            }
+            self.router.step(input, self.now);
+            let effects: Vec<R> = self.router.drain().collect();
+            for e in effects {
+                self.on_router(e);
+            }
+        }
+    }
+
+    /// Move what the job table, the local jobs and the PMIx host asked for to the router's
+    /// inbox and the shell's queues, in order.
+    fn carry(&mut self) {
+        loop {
+            let mut moved = false;
+            if let Some(jobs) = self.jobs.as_mut() {
+                for o in std::mem::take(&mut jobs.out) {
+                    moved = true;
+                    match o {
+                        JobOut::Client { client, item } => self.effects.push_back(Effect::ToClient { client, item }),
+                        JobOut::Cmd { dst, body } => self.inbox.push_back(Input::Cmd { dst, body }),
+                        JobOut::Xcast { tag, payload } => self.inbox.push_back(Input::Xcast { tag, payload }),
+                        JobOut::Scatter { tag, slices } => self.inbox.push_back(Input::Scatter { tag, slices }),
+                        JobOut::Arm(t, after) => self.timers.set(t, self.now.saturating_add(after)),
+                        JobOut::AllEnded => {
+                            if self.ctl.as_ref().is_some_and(|c| c.terminate_pending) {
+                                self.terminate_now();
+                            }
+                        }
+                    }
+                }
+            }
+            for o in std::mem::take(&mut self.local.out) {
+                moved = true;
+                self.effects.push_back(match o {
+                    LocalOut::Spawn(spec) => Effect::Spawn(spec),
+                    LocalOut::KillJob { jobid, grace_ms } => Effect::KillJob { jobid, grace_ms },
+                    LocalOut::SignalJob { jobid, signal } => Effect::SignalJob { jobid, signal },
+                    LocalOut::WriteStdin { jobid, rank, data } => Effect::WriteStdin { jobid, rank, data },
+                    LocalOut::CloseStdin { jobid, rank } => Effect::CloseStdin { jobid, rank },
+                    LocalOut::ForgetJob(jobid) => Effect::ForgetJob(jobid),
+                    LocalOut::ToHnp(body) => {
+                        self.inbox.push_back(Input::Cmd { dst: 0, body });
+                        continue;
+                    }
+                });
+            }
+            let asked = self.host.pmix_requests();
+            moved |= !asked.is_empty();
+            self.inbox.extend(asked);
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn with_jobs(&mut self, f: impl FnOnce(&mut JobTable, &Core)) {
+        if let Some(jobs) = self.jobs.as_mut() {
+            f(jobs, &self.router);
+        }
+    }
+
+    fn exit(&mut self, e: Exit) {
+        if !self.exited {
+            self.exited = true;
+            self.effects.push_back(Effect::Exit(e));
+        }
+    }
+
+    fn on_router(&mut self, e: R) {
+        match e {
+            R::Transmit { next_hop, header, payload } => {
+                self.transmits.push_back(Transmit::Frame { next_hop, header, payload })
+            }
+            R::SetContacts(table) => self.transmits.push_back(Transmit::Contacts(table)),
+            R::Ready => {
+                self.timers.cancel(Timer::Startup);
+                self.effects.push_back(Effect::Ready);
+            }
+            R::Deliver { tag, payload } => self.on_deliver(tag, payload),
+            R::ScatterDeliver { tag, data } => {
+                if tag == tags::LAUNCH_RESIDUALS {
+                    self.local.on_residual(&self.router, &mut self.host, data);
+                }
+            }
+            R::Cmd { origin, body } => self.on_cmd(origin, body),
+            R::DaemonsFailed { newly } => {
+                if self.jobs.is_some() {
+                    for &r in &newly {
+                        let why = self.router.loss_reason(r).unwrap_or("declared dead");
+                        let text = format!("dvmd: daemon {r} on host {} was lost: {why}", self.router.host_of(r));
+                        self.effects.push_back(Effect::Say(text));
+                    }
+                    let failed: BTreeSet<Rank> = newly.iter().copied().collect();
+                    self.with_jobs(|j, r| j.lost_daemons(r, &failed));
+                    self.maybe_finish_tree_query();
+                }
+            }
+            R::FenceDone { key, result } => self.host.pmix_fence_done(key, result),
+            R::BenchDone(r) => self.bench_done(r),
+            R::Terminated => {
+                self.terminated();
+                self.exit(Exit::Terminated);
+            }
+            R::Exit(e) => self.exit(e),
+        }
+    }
+
+    fn on_deliver(&mut self, tag: u32, payload: Bytes) {
+        match tag {
+            tags::LAUNCH => self.local.on_map(&self.router, &mut self.host, payload),
+            tags::JOB_CONTROL => {
+                let idle = self.local.on_control(&mut self.host, payload);
+                if idle && self.jobs.as_ref().is_none_or(|j| j.is_empty()) {
+                    // Idle: what the job's messages, processes and streams used goes back to
+                    // the system, so a DVM serving thousands of jobs stays at its idle size.
+                    self.host.trim_heap();
+                }
+            }
+            tags::TERMINATE => {
+                // Every local process ends with the DVM, at once, and so does the PMIx worker
+                // (no job will use it), while the TERMINATE's acknowledgements roll up.
+                self.effects.push_back(Effect::KillAll);
+                self.host.pmix_end_now();
+            }
+            dtags::PMIX_EVENT => self.host.pmix_deliver_event(payload),
+            dtags::TREE_QUERY => self.tree_view(payload),
+            _ => {}
+        }
+    }
+
+    fn on_cmd(&mut self, origin: Rank, body: daemon_cmd::Body) {
+        let body = match body {
+            daemon_cmd::Body::TreeView(v) => return self.on_tree_view(v),
+            daemon_cmd::Body::IofAck(ack) => {
+                return self.effects.push_back(Effect::AckOutput { jobid: ack.jobid, bytes: ack.bytes })
+            }
+            daemon_cmd::Body::Stdin(chunk) => return self.local.on_stdin(chunk),
+            b @ (daemon_cmd::Body::DmodexReq(_)
+            | daemon_cmd::Body::DmodexResp(_)
+            | daemon_cmd::Body::SpawnResp(_)
+            | daemon_cmd::Body::DataResp(_)) => return self.host.pmix_cmd(origin, b),
+            other => other,
+        };
+        match self.jobs.as_mut() {
+            Some(jobs) => {
+                if let Some(rest) = jobs.on_cmd(&self.router, origin, body) {
+                    crate::jobs::hnp::unexpected(origin, &rest);
+                }
+            }
+            None => crate::jobs::hnp::unexpected(origin, &body),
+        }
+    }
+
+    fn on_timer(&mut self, t: Timer) {
+        match t {
+            Timer::Startup => self.startup_timeout(),
+            Timer::JobTimeout(jobid) => self.with_jobs(|j, r| j.on_timeout(r, jobid)),
+            Timer::AbortGrace { jobid, rank } => self.with_jobs(|j, r| j.on_abort_grace(r, jobid, rank)),
+            Timer::TerminateGrace => self.terminate_now(),
+            Timer::Lookup(token) => self.with_jobs(|j, _| j.on_lookup_timeout(token)),
+        }
+    }
+
+    /// HNP: stop the daemons now (jobs ended, or their grace passed). The router's TERMINATE
+    /// is started once however often this is called.
+    fn terminate_now(&mut self) {
+        self.timers.cancel(Timer::TerminateGrace);
+        // Jobs that did not end within the grace still tell their prun why.
+        if let Some(jobs) = self.jobs.as_mut() {
+            jobs.end_remaining_jobs();
+        }
+        self.inbox.push_back(Input::Terminate);
+    }
+
+    /// HNP: arm the termination grace (jobs are being ended first).
+    fn arm_terminate_grace(&mut self) {
+        self.timers.set(Timer::TerminateGrace, self.now.saturating_add(TERMINATE_GRACE_NS));
+    }
+}
+
+#[cfg(test)]
+mod tests;

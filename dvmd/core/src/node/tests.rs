@@ -1,0 +1,216 @@
+//! The job, recovery, spawn and termination rules on the in-memory harness
+//! (`crate::harness::Net`): real nodes, simulated processes and prun streams.
+
+use dvm_proto::daemon::{daemon_cmd, JobAbort, SpawnReq};
+use dvm_proto::job::{AppContext, JobSpec};
+
+use super::{Control, Reply};
+use crate::harness::{job, Net, Program};
+use crate::jobs::{ClientId, TERMINATED_EXIT, TIMEOUT_EXIT};
+use crate::{pmixdef, Exit, Input};
+
+const S: u64 = 1_000_000_000;
+
+fn exit(code: i32, ms: u64) -> Vec<String> {
+    Program::Exit { code, after_ns: ms * 1_000_000 }.argv()
+}
+
+fn hang() -> Vec<String> {
+    Program::Hang.argv()
+}
+
+/// Nothing of any job is left anywhere: no proc, no local job, no namespace, no table entry.
+fn assert_clean(net: &Net) {
+    assert_eq!(net.live_procs(), 0, "no proc is left");
+    for (r, n) in net.nodes.iter().enumerate() {
+        let Some(n) = n else { continue };
+        assert!(n.local_jobs().is_empty(), "daemon {r} holds no local job");
+        assert!(n.host().namespaces.is_empty(), "daemon {r} holds no PMIx namespace");
+        assert!(n.jobs().is_none_or(|j| j.is_empty()), "the HNP's table is empty");
+    }
+    for s in &net.shells {
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+    }
+}
+
+#[test]
+fn a_job_runs_on_every_daemon_and_ends_with_status_0_at_radix_2_and_64() {
+    for radix in [2, 64] {
+        let mut net = Net::boot(7, radix, 1);
+        let c = net.launch(job(7, exit(0, 5)));
+        net.run();
+        assert_eq!(net.ended(c), Some((0, String::new())));
+        let started: usize = net.shells.iter().map(|s| s.started.len()).sum();
+        assert_eq!(started, 7, "one proc per daemon");
+        assert_clean(&net);
+    }
+}
+
+#[test]
+fn the_first_failing_rank_is_named_and_the_rest_of_its_job_is_killed() {
+    let mut net = Net::boot(4, 2, 2);
+    let spec = JobSpec {
+        apps: vec![
+            AppContext { argv: hang(), np: 5, ..Default::default() },
+            AppContext { argv: exit(3, 20), np: 1, ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let c = net.launch(spec);
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended");
+    assert_eq!(code, 3);
+    assert!(why.starts_with("rank 5 on node n2 (pid "), "{why}");
+    assert!(why.ends_with(") exited with status 3"), "{why}");
+    assert_clean(&net);
+}
+
+#[test]
+fn a_lost_daemon_fails_its_jobs_naming_daemon_node_and_ranks_and_spares_other_jobs() {
+    let mut net = Net::boot(7, 2, 1);
+    let c = net.launch(job(7, hang()));
+    net.run();
+    assert_eq!(net.live_procs(), 7);
+    net.kill(3);
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended");
+    assert_eq!(code, 1);
+    assert_eq!(why, "daemon 3 on node n3 was lost with ranks [3] of job 1");
+    assert!(net.shells[0].said.iter().any(|s| s.starts_with("dvmd: daemon 3 on host n3 was lost")));
+    // The DVM goes on: the next job runs on the survivors.
+    let c2 = net.launch(job(6, exit(0, 1)));
+    net.run();
+    assert_eq!(net.ended(c2), Some((0, String::new())));
+    assert_clean(&net);
+}
+
+#[test]
+fn a_timeout_kills_the_job_with_status_124_and_says_so() {
+    let mut net = Net::boot(3, 2, 1);
+    let c = net.launch(JobSpec { timeout_s: 0.5, ..job(3, hang()) });
+    net.run_for(S / 4);
+    assert_eq!(net.ended(c), None, "still running before its timeout");
+    net.run();
+    assert_eq!(net.ended(c), Some((TIMEOUT_EXIT, "job 1 exceeded its --timeout of 0.5 s and was killed".into())));
+    assert_clean(&net);
+}
+
+#[test]
+fn a_job_whose_prun_went_away_is_killed() {
+    let mut net = Net::boot(3, 2, 1);
+    let c = net.launch(job(3, hang()));
+    net.run();
+    net.with(0, |n, now| n.handle_prun(now, super::PrunEvent::Gone(c)));
+    net.run();
+    assert_eq!(net.ended(c), Some((1, "job 1: prun went away".into())));
+    assert_clean(&net);
+}
+
+#[test]
+fn terminate_ends_running_jobs_first_then_every_daemon() {
+    let mut net = Net::boot(5, 2, 1);
+    let c = net.launch(job(5, hang()));
+    net.run();
+    let t = net.control(Control::Terminate);
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended");
+    assert_eq!((code, why.as_str()), (TERMINATED_EXIT, "the DVM was terminated (pterm) while job 1 ran"));
+    assert!(net.shells[0].replies.iter().any(|(tok, r)| *tok == t && matches!(r, Reply::Terminate(x) if x.ok)));
+    for (r, s) in net.shells.iter().enumerate() {
+        assert_eq!(s.exit, Some(Exit::Terminated), "daemon {r}");
+    }
+    assert_eq!(net.live_procs(), 0);
+    // A launch after the termination began is refused.
+    assert!(net.nodes.iter().all(Option::is_none), "every daemon ended");
+}
+
+#[test]
+fn a_recovering_job_goes_on_after_a_rank_fails_and_exits_with_that_rank_status() {
+    let mut net = Net::boot(3, 2, 1);
+    let spec = JobSpec {
+        enable_recovery: true,
+        apps: vec![
+            AppContext { argv: exit(7, 1), np: 1, ..Default::default() },
+            AppContext { argv: exit(0, 50), np: 2, ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let c = net.launch(spec);
+    net.run_for(S / 100);
+    assert_eq!(net.ended(c), None, "it goes on");
+    let notices = net.shells[0].notices(c);
+    assert!(notices.iter().any(|n| n.ends_with("job 1 goes on (--enable-recovery)")), "{notices:?}");
+    net.run();
+    let (code, why) = net.ended(c).expect("ended");
+    assert_eq!(code, 7);
+    assert!(why.starts_with("rank 0 on node n0"), "{why}");
+    // Every rank was told: one PMIx event reached each daemon hosting the job.
+    assert!(net.nodes.iter().flatten().all(|n| n.host().events.len() == 1));
+    assert_clean(&net);
+}
+
+#[test]
+fn an_aborting_rank_that_does_not_exit_fails_its_job_after_the_grace() {
+    let mut net = Net::boot(3, 2, 1);
+    let c = net.launch(job(3, hang()));
+    net.run();
+    let abort = JobAbort { jobid: 1, rank: 2, code: 9, message: String::new(), daemon: 2 };
+    net.with(2, |n, now| {
+        n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: daemon_cmd::Body::JobAbort(abort) }))
+    });
+    net.run_for(S);
+    assert_eq!(net.ended(c), None, "within its grace");
+    net.run();
+    let (code, why) = net.ended(c).expect("ended");
+    assert_eq!(code, 9);
+    assert!(why.starts_with("rank 2 on node n2 called MPI_Abort with code 9 and did not exit within"), "{why}");
+    assert_clean(&net);
+}
+
+fn spawn_req(id: u64, np: u32) -> daemon_cmd::Body {
+    let apps = vec![AppContext { argv: hang(), np, ..Default::default() }];
+    daemon_cmd::Body::SpawnReq(SpawnReq { id, jobid: 1, rank: 0, apps, ..Default::default() })
+}
+
+fn spawn_resp(net: &Net, daemon: u32, id: u64) -> Option<(i32, String)> {
+    net.node(daemon).host().cmds.iter().find_map(|(_, b)| match b {
+        daemon_cmd::Body::SpawnResp(r) if r.id == id => Some((r.status, r.error.clone())),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_spawn_takes_free_slots_answers_once_started_and_ends_with_its_parent() {
+    let mut net = Net::boot(4, 2, 2);
+    let c = net.launch(job(4, hang()));
+    net.run();
+    net.with(1, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: spawn_req(7, 4) })));
+    net.run();
+    assert_eq!(spawn_resp(&net, 1, 7).map(|r| r.0), Some(0), "answered after its procs started");
+    assert_eq!(net.live_procs(), 8);
+    // No slot is left: the next spawn is refused by name, and nothing starts.
+    net.with(1, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: spawn_req(8, 1) })));
+    net.run();
+    let (status, why) = spawn_resp(&net, 1, 8).expect("answered");
+    assert_eq!(status, pmixdef::ERR_JOB_FAILED_TO_MAP);
+    assert!(why.starts_with("MPI_Comm_spawn by rank 0 of job 1 failed: "), "{why}");
+    assert_eq!(net.live_procs(), 8);
+    // The parent's failure takes the spawned job with it; prun hears one end.
+    net.kill(3);
+    net.run();
+    assert_eq!(net.ended(c).map(|e| e.0), Some(1));
+    assert_eq!(net.live_procs(), 0);
+    assert_clean(&net);
+}
+
+#[test]
+fn a_refused_launch_names_the_slots_and_starts_nothing() {
+    let mut net = Net::boot(2, 2, 1);
+    let c = net.launch(job(5, hang()));
+    net.run();
+    let (code, why) = net.ended(c).expect("refused");
+    assert_eq!(code, 1);
+    assert!(why.contains("slots"), "{why}");
+    assert_eq!(net.shells.iter().map(|s| s.started.len()).sum::<usize>(), 0);
+    let _ = ClientId(0);
+}
