@@ -80,6 +80,9 @@ impl Host for ShellHost {
             other => warn!(origin, "unexpected daemon command for PMIx {other:?}"),
         }
     }
+    fn deliver(&mut self, tag: u32, _payload: Bytes) {
+        warn!(tag, "a broadcast with a tag no daemon uses");
+    }
     fn pmix_end_now(&mut self) {
         self.pmix.end_now();
     }

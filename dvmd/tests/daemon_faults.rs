@@ -28,7 +28,12 @@ fn job_procs(dvm: &Dvm, marker: &str) -> usize {
 fn storm_with_a_kill(name: &str, daemons: u32, radix: u32, victim: u32) {
     // The HNP logs when the benchmark reaches it; every daemon applies BENCH before any
     // DAEMON_DIED the kill causes (xcasts are processed in op order).
-    let dvm = Dvm::start(name, Nodes::Local { daemons, slots: 1 }, radix, &[("DVM_LOG", "warn,dvm_core::bench=info")]);
+    let dvm = Dvm::start(
+        name,
+        Nodes::Local { daemons, slots: 1 },
+        radix,
+        &[("DVM_LOG", "warn,dvm_core::router::bench=info")],
+    );
     dvm.storm_with_kill(name, daemons, victim, 1);
     dvm.stop();
 }

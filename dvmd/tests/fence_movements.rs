@@ -29,7 +29,7 @@ fn storm_then_kill(name: &str, daemons: u32, radix: u32, victim: u32, fences: &s
         name,
         Nodes::Local { daemons, slots: 1 },
         radix,
-        &[("DVM_LOG", "warn,dvm_core::bench=info")],
+        &[("DVM_LOG", "warn,dvm_core::router::bench=info")],
         &["--fence-movement", "allgather"],
     );
     assert_allgather_everywhere(&dvm, daemons);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{signal, text, until, wait_output, Dvm, Nodes};
 
-const LOG: (&str, &str) = ("DVM_LOG", "warn,dvm_core::bench=info,dvm_grpcomm::xcast=debug");
+const LOG: (&str, &str) = ("DVM_LOG", "warn,dvm_core::router::bench=info,dvm_grpcomm::xcast=debug");
 
 fn bulk_dvm(name: &str, daemons: u32, radix: u32) -> Dvm {
     Dvm::start_with_args(name, Nodes::Local { daemons, slots: 1 }, radix, &[LOG], &["--bcast-movement", "bulk"])
@@ -120,7 +120,7 @@ fn forced_fence_movement_mismatch_is_named_on_every_participant() {
 /// positive latency and bandwidth; given one, it measures nothing.
 #[test]
 fn the_hnp_measures_its_link_unless_given_one() {
-    let log = ("DVM_LOG", "warn,dvm_core::probe=info");
+    let log = ("DVM_LOG", "warn,dvm_core::router::probe=info");
     let dvm = Dvm::start_with_args("probe", Nodes::Local { daemons: 4, slots: 1 }, 2, &[log], &[]);
     until(Duration::from_secs(60), "the link measurement", || dvm.log().contains("link measured"));
     let text = dvm.log();

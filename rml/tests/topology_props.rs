@@ -1,6 +1,6 @@
 //! Property tests for `rml::topology` against an independent construction.
 //!
-//! The oracle builds the failure-free tree straight from DESIGN.md §3 (level `d` holds `R^d`
+//! The oracle builds the failure-free tree straight from docs/architecture.md, "The routing tree" (level `d` holds `R^d`
 //! ranks; the children of `r` at depth `d` are `r + j * R^d`, `j = 1..=R`), derives parents
 //! from those children lists, and answers subtree questions by walking parents. The repaired
 //! oracle gives each dead slot the lowest live rank of its subtree, computed bottom-up as a

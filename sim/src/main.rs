@@ -172,7 +172,7 @@ fn main() -> Result<()> {
             let mode = Movements::new(fence_movement, bcast_movement);
             let rep = daemons::campaign_with(first..first + count, n, radix, profile, mode);
             let summary = format!(
-                "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} evictions, {} frames from dead daemons dropped: {} failing",
+                "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} jobs ({} failed), {} evictions, {} frames from dead daemons dropped: {} failing",
                 rep.runs,
                 rep.kills,
                 rep.step_kills,
@@ -182,6 +182,8 @@ fn main() -> Result<()> {
                 rep.fences,
                 rep.benches,
                 rep.xcasts,
+                rep.jobs,
+                rep.failed_jobs,
                 rep.evictions,
                 rep.dead_frames,
                 rep.failures.len()

@@ -18,8 +18,18 @@ fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64)
     }
     eprintln!(
         "n={n} radix={radix} {profile}: {} schedules, {} kills, {} mid-step kills, {} freezes, {} cuts, {} HNP losses, \
-         {} fence calls, {} benchmarks, {} evictions, 0 violations",
-        rep.runs, rep.kills, rep.step_kills, rep.stops, rep.cuts, rep.hnp_losses, rep.fences, rep.benches, rep.evictions
+         {} fence calls, {} benchmarks, {} jobs ({} failed), {} evictions, 0 violations",
+        rep.runs,
+        rep.kills,
+        rep.step_kills,
+        rep.stops,
+        rep.cuts,
+        rep.hnp_losses,
+        rep.fences,
+        rep.benches,
+        rep.jobs,
+        rep.failed_jobs,
+        rep.evictions
     );
 }
 
@@ -72,6 +82,17 @@ fn regression_seeds() {
         (5, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
         (14, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
         (19, 7, 2, CoreProfile::Faults, "xcast gap before DAEMON_DIED"),
+        // Jobs under faults (the daemon as one Node). A residual scatter through a daemon
+        // frozen past the bound lost its subtree's slices: the job never ended (the HNP now
+        // sends running jobs' residuals again after a loss); the copy then started procs on
+        // daemons that had already applied the job's kill (a daemon now never starts a proc
+        // of a job it was told to kill).
+        (20040, 16, 2, CoreProfile::Faults, "residuals lost with a frozen relay"),
+        (20042, 16, 2, CoreProfile::Faults, "residuals lost with a frozen relay; procs after the kill"),
+        (30070, 16, 3, CoreProfile::Faults, "jobs under faults"),
+        // The job-timeout timer is idle to the event queue: a run stopped with a job still in
+        // the HNP's table before its --timeout fired (the engine now runs until the table empties).
+        (80001, 7, 2, CoreProfile::Clean, "a hanging job's --timeout"),
     ];
     for &(seed, n, radix, profile, what) in cases {
         let out = run(&CoreScenario::generate(seed, n, radix, profile));

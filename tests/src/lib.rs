@@ -1,4 +1,4 @@
-//! Test support for multi-host dvm tests (DESIGN.md §8, `tests/`).
+//! Test support for multi-host dvm tests (docs/architecture.md).
 //!
 //! Owns: fake nodes built from Linux network namespaces ([`FakeCluster`]), the
 //! system-wide registry of clusters that lets a later run reap what a crashed run left

@@ -61,6 +61,8 @@ pub trait Host {
     fn pmix_deliver_event(&mut self, payload: Bytes);
     /// A daemon command for PMIx hosting (direct modex, spawn and data server answers).
     fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body);
+    /// A broadcast with a tag the daemon itself does not use (the simulator's workloads).
+    fn deliver(&mut self, tag: u32, payload: Bytes);
     /// The DVM ends: the PMIx server goes now.
     fn pmix_end_now(&mut self);
     /// What PMIx hosting asks of the router (fences, commands, broadcasts), in order.

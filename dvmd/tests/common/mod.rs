@@ -503,7 +503,7 @@ impl Dvm {
     /// A `dvm-bench --check-fences` storm (the HNP's benchmark number `nth`) with daemon
     /// `victim` killed by SIGKILL once it runs: the storm must fail naming the victim, and the
     /// `daemons - 1` survivors then pass a clean storm and run jobs. The DVM must have been
-    /// started with `DVM_LOG` including `dvm_core::bench=info` (the start is seen in its log).
+    /// started with `DVM_LOG` including `dvm_core::router::bench=info` (the start is seen in its log).
     pub fn storm_with_kill(&self, name: &str, daemons: u32, victim: u32, nth: u32) {
         let mut storm = self.bench(&["--check-fences", "100000000"]);
         let started = format!("benchmark {nth} started");

@@ -36,6 +36,7 @@ fn fmt_res(r: &Result<Bytes, FenceError>) -> String {
 /// Every violated invariant of one run, each naming the daemon and operation.
 pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     let mut v: Vec<String> = t.engine_errors.clone();
+    v.extend(t.shell_errors.iter().cloned());
     let Some(ready) = t.ready_at else {
         v.push("the DVM never became ready (no Effect::Ready at the HNP)".into());
         return v;
@@ -163,6 +164,7 @@ pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     }
     check_xcasts(sc, t, failed, &mut v);
     check_fences(sc, t, failed, true, &mut v);
+    check_launches(sc, t, &mut v);
     v
 }
 
@@ -304,5 +306,39 @@ fn check_fences(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, hnp_a
         if v.len() > 200 {
             return;
         }
+    }
+}
+
+/// With the HNP up to the end: every job a prun submitted ended for its prun, within the
+/// bound, with a reason that names what failed; nothing of it is left on any daemon.
+fn check_launches(sc: &CoreScenario, t: &CoreTrace, v: &mut Vec<String>) {
+    for (i, plan) in sc.launches.iter().enumerate() {
+        let Some(at) = t.launched_at[i] else { continue };
+        match &t.launch_ends[i] {
+            None => v.push(format!("launch {i} (submitted at {at}): its prun never heard the job end")),
+            Some((end, code, why)) => {
+                let from = at.max(t.last_fault_at);
+                if end.saturating_sub(from) > plan.runs_ns + sc.bound_ns {
+                    v.push(format!(
+                        "launch {i}: ended {} ns after {from}, past its bound of {} ns",
+                        end - from,
+                        plan.runs_ns + sc.bound_ns
+                    ));
+                }
+                let named = ["rank ", "daemon ", "--timeout", "slots", "cannot map"].iter().any(|w| why.contains(w));
+                if *code != 0 && !named {
+                    v.push(format!("launch {i}: ended with status {code} but its reason names nothing: {why:?}"));
+                }
+                if *code == 0 && !why.is_empty() {
+                    v.push(format!("launch {i}: succeeded with a reason: {why:?}"));
+                }
+            }
+        }
+    }
+    for &(d, job, rank) in &t.leftover_procs {
+        v.push(format!("daemon {d}: rank {rank} of job {job} still runs at the end"));
+    }
+    if t.hnp_jobs_left > 0 {
+        v.push(format!("the HNP still holds {} job(s) at the end", t.hnp_jobs_left));
     }
 }

@@ -68,6 +68,9 @@ pub struct CoreCampaignReport {
     pub fences: u64,
     pub benches: u64,
     pub xcasts: u64,
+    /// Jobs pruns submitted, and how many of them failed (a rank, a daemon, a timeout).
+    pub jobs: u64,
+    pub failed_jobs: u64,
     /// Daemons evicted, and frames from declared-dead daemons that survivors dropped.
     pub evictions: u64,
     pub dead_frames: u64,
@@ -85,6 +88,8 @@ impl CoreCampaignReport {
         self.fences += o.fences;
         self.benches += o.benches;
         self.xcasts += o.xcasts;
+        self.jobs += o.jobs;
+        self.failed_jobs += o.failed_jobs;
         self.evictions += o.evictions;
         self.dead_frames += o.dead_frames;
         self.failures.extend(o.failures);
@@ -127,6 +132,8 @@ pub fn campaign_with(
             rep.benches += t.bench_starts.len() as u64;
             rep.xcasts += t.xcast_starts.len() as u64;
             rep.dead_frames += t.stats.dead_frames;
+            rep.jobs += t.launched_at.iter().flatten().count() as u64;
+            rep.failed_jobs += t.launch_ends.iter().flatten().filter(|e| e.1 != 0).count() as u64;
             rep.evictions +=
                 t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
         }

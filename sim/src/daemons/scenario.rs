@@ -46,6 +46,17 @@ impl JobPlan {
     }
 }
 
+/// A job a prun submits to the HNP: simulated procs (`dvm_core::harness::Program`) started
+/// by the daemons, which the DVM must end — succeeded, or failed with the rank or daemon
+/// named — whatever the faults.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    pub at: u64,
+    pub spec: dvm_proto::job::JobSpec,
+    /// How long its longest proc runs (or its timeout, for one that hangs).
+    pub runs_ns: u64,
+}
+
 /// A fence benchmark asked of the HNP.
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
@@ -131,6 +142,8 @@ pub struct CoreScenario {
     pub benches: Vec<BenchPlan>,
     pub xcasts: Vec<XcastPlan>,
     pub faults: Vec<FaultPlan>,
+    /// Jobs submitted by pruns.
+    pub launches: Vec<LaunchPlan>,
     /// The run must be quiet this long after ready plus the last fault.
     pub bound_ns: u64,
 }
@@ -230,9 +243,13 @@ impl CoreScenario {
             faults.sort_by_key(|f| f.at);
         }
 
-        let ops = (longest + 8 + xcasts.len() + 8 * benches.len()) as u64;
+        // From their own stream: the rest of a seed's schedule is what it was before launches.
+        let launches = launches(seed, n, alpha, window);
+        let runs = launches.iter().map(|l| l.at + l.runs_ns).max().unwrap_or(0);
+        let ops = (longest + 8 + xcasts.len() + 8 * benches.len() + 8 * launches.len()) as u64;
         let losses = faults.len() as u64 * (2 * heartbeat_ns + 2 * detect_jitter_ns + 60 * alpha + 8 * round);
         let bound_ns = 2 * window
+            + runs
             + 6 * ops * (round + think_ns)
             + 2 * losses
             + 3 * faults.len() as u64 * cfg.relay_retry_ns
@@ -252,7 +269,51 @@ impl CoreScenario {
             benches,
             xcasts,
             faults,
+            launches,
             bound_ns,
         }
     }
+}
+
+/// 0 to 3 jobs of 1 to `n` procs (one slot per daemon): most exit 0, some fail, some hang
+/// until their `--timeout`; some have two apps.
+fn launches(seed: u64, n: u32, alpha: u64, window: u64) -> Vec<LaunchPlan> {
+    use dvm_core::harness::Program;
+    use dvm_proto::job::{AppContext, JobSpec};
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x1a07_c4e5_0000_0025);
+    let mut out = Vec::new();
+    for _ in 0..rng.gen_range(0..=3) {
+        let np = rng.gen_range(1..=n);
+        let mut runs_ns = 0;
+        let mut timeout_s = 0.0;
+        let mut program = |rng: &mut StdRng| {
+            let after_ns = rng.gen_range(0..=20 * alpha) / 1_000 * 1_000;
+            runs_ns = runs_ns.max(after_ns);
+            let roll: f64 = rng.gen();
+            if roll < 0.7 {
+                Program::Exit { code: 0, after_ns }
+            } else if roll < 0.8 {
+                Program::Exit { code: rng.gen_range(1..=3), after_ns }
+            } else if roll < 0.85 {
+                Program::Signal { signal: 9, after_ns }
+            } else {
+                let t = rng.gen_range(5 * alpha..=30 * alpha);
+                timeout_s = t as f64 / 1e9;
+                runs_ns = runs_ns.max(t);
+                Program::Hang
+            }
+        };
+        let apps = if np > 1 && rng.gen_bool(0.3) {
+            let first = rng.gen_range(1..np);
+            vec![
+                AppContext { argv: program(&mut rng).argv(), np: first, ..Default::default() },
+                AppContext { argv: program(&mut rng).argv(), np: np - first, ..Default::default() },
+            ]
+        } else {
+            vec![AppContext { argv: program(&mut rng).argv(), np, ..Default::default() }]
+        };
+        let spec = JobSpec { apps, timeout_s, ..Default::default() };
+        out.push(LaunchPlan { at: rng.gen_range(0..=window), spec, runs_ns });
+    }
+    out
 }

@@ -72,6 +72,15 @@ pub struct CoreTrace {
     pub engine_errors: Vec<String>,
     pub stats: CoreStats,
     pub end_ns: u64,
+    /// Per launch: when the HNP took it, and how its prun heard it end (time, status, why).
+    pub launched_at: Vec<Option<u64>>,
+    pub launch_ends: Vec<Option<(u64, i32, String)>>,
+    /// Procs still alive at the end on a running daemon: (daemon, job, rank).
+    pub leftover_procs: Vec<(Rank, u32, u32)>,
+    /// Jobs still in the HNP's table at the end (HNP running).
+    pub hnp_jobs_left: usize,
+    /// A daemon started a proc of a job it had already ended.
+    pub shell_errors: Vec<String>,
 }
 
 impl CoreTrace {

@@ -3,9 +3,9 @@
 //! and a small network of nodes for the core's unit tests ([`Net`]). The simulator (`dvm-sim`)
 //! drives its nodes through the same [`SimShell`], so the drain is written once.
 //!
-//! A simulated proc does what its argv says ([`Program`]): `sim-exit CODE MS` exits with CODE
-//! after MS ms, `sim-hang` runs until killed, `sim-signal SIG MS` dies by SIG after MS ms,
-//! `sim-print TEXT MS` writes TEXT to stdout then exits 0 after MS ms. Anything else exits 0
+//! A simulated proc does what its argv says ([`Program`]): `sim-exit CODE US` exits with CODE
+//! after US µs, `sim-hang` runs until killed, `sim-signal SIG US` dies by SIG after US µs,
+//! `sim-print TEXT US` writes TEXT to stdout then exits 0 after US µs. Anything else exits 0
 //! at once.
 //!
 //! Never: a socket, a thread or a clock.
@@ -42,6 +42,8 @@ pub struct SimHost {
     pub learned: BTreeSet<u32>,
     pub events: Vec<Bytes>,
     pub cmds: Vec<(Rank, daemon_cmd::Body)>,
+    /// Broadcasts of tags the node does not use, in order.
+    pub delivered: Vec<(u32, Bytes)>,
     /// The PMIx server was ended (TERMINATE).
     pub ended: bool,
     pub trims: u64,
@@ -86,6 +88,9 @@ impl Host for SimHost {
     fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body) {
         self.cmds.push((origin, body));
     }
+    fn deliver(&mut self, tag: u32, payload: Bytes) {
+        self.delivered.push((tag, payload));
+    }
     fn pmix_end_now(&mut self) {
         self.ended = true;
     }
@@ -108,10 +113,10 @@ impl Program {
     pub fn of(argv: &[String]) -> Program {
         let num = |i: usize| argv.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
         match argv.first().map(String::as_str) {
-            Some("sim-exit") => Program::Exit { code: num(1) as i32, after_ns: num(2) * 1_000_000 },
-            Some("sim-signal") => Program::Signal { signal: num(1) as i32, after_ns: num(2) * 1_000_000 },
+            Some("sim-exit") => Program::Exit { code: num(1) as i32, after_ns: num(2) * 1_000 },
+            Some("sim-signal") => Program::Signal { signal: num(1) as i32, after_ns: num(2) * 1_000 },
             Some("sim-print") => {
-                Program::Print { text: argv.get(1).cloned().unwrap_or_default(), after_ns: num(2) * 1_000_000 }
+                Program::Print { text: argv.get(1).cloned().unwrap_or_default(), after_ns: num(2) * 1_000 }
             }
             Some("sim-hang") => Program::Hang,
             _ => Program::Exit { code: 0, after_ns: 0 },
@@ -122,13 +127,13 @@ impl Program {
     pub fn argv(&self) -> Vec<String> {
         match self {
             Program::Exit { code, after_ns } => {
-                vec!["sim-exit".into(), code.to_string(), (after_ns / 1_000_000).to_string()]
+                vec!["sim-exit".into(), code.to_string(), (after_ns / 1_000).to_string()]
             }
             Program::Signal { signal, after_ns } => {
-                vec!["sim-signal".into(), signal.to_string(), (after_ns / 1_000_000).to_string()]
+                vec!["sim-signal".into(), signal.to_string(), (after_ns / 1_000).to_string()]
             }
             Program::Print { text, after_ns } => {
-                vec!["sim-print".into(), text.clone(), (after_ns / 1_000_000).to_string()]
+                vec!["sim-print".into(), text.clone(), (after_ns / 1_000).to_string()]
             }
             Program::Hang => vec!["sim-hang".into()],
         }

@@ -93,6 +93,9 @@ pub(crate) struct HnpJob {
     pub recovery: bool,
     /// The first failure this job went on after (its exit status unless it fails later).
     pub survived: Option<(i32, String)>,
+    /// Its residual for each hosting daemon, as scattered: sent again after a loss, since a
+    /// scatter through a daemon that died loses the slices of its subtree.
+    residuals: Vec<(Rank, Bytes)>,
 }
 
 impl HnpJob {
@@ -214,6 +217,8 @@ impl JobTable {
             Ok(StdinTarget::None) => None,
             _ => Some(Some(spec.stdin_rank)),
         };
+        let slices: Vec<(Rank, Bytes)> =
+            residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
         self.jobs.insert(
             jobid,
             HnpJob {
@@ -231,10 +236,10 @@ impl JobTable {
                 spawn_failed: false,
                 recovery: spec.enable_recovery,
                 survived: None,
+                residuals: slices.clone(),
             },
         );
         self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
-        let slices = residuals.into_iter().map(|(d, r)| (d, Bytes::from(r.encode_to_vec()))).collect();
         self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
         jobid
     }
@@ -448,6 +453,30 @@ impl JobTable {
                 job.reported.extend(ranks);
             }
             self.maybe_end(r, jobid);
+        }
+        self.rescatter(r);
+    }
+
+    /// After a loss: every running job's residuals again, to its live daemons with ranks not
+    /// yet reported (a daemon that holds its residual already ignores the copy).
+    fn rescatter(&mut self, r: &Core) {
+        let topo = r.topology();
+        let mut again = Vec::new();
+        for job in self.jobs.values() {
+            let slices: Vec<(Rank, Bytes)> = job
+                .residuals
+                .iter()
+                .filter(|(d, _)| {
+                    topo.is_alive(*d) && job.placement.procs_on(*d).iter().any(|k| !job.reported.contains(&k))
+                })
+                .cloned()
+                .collect();
+            if !slices.is_empty() {
+                again.push(slices);
+            }
+        }
+        for slices in again {
+            self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
         }
     }
 

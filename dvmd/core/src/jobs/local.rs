@@ -13,7 +13,7 @@
 //! Invariants: a job's procs start at most once; a daemon that cannot start its part reports
 //! every rank of its residual failed, so no job waits for procs that never start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_proto::daemon::{daemon_cmd, LaunchReport};
@@ -40,6 +40,10 @@ pub const YIELD_VAR: &str = "OMPI_MCA_mpi_yield_when_idle";
 pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
     procs_on_machine > cores
 }
+
+/// The signal a proc of a job killed before it started here is reported ended by (SIGTERM,
+/// what the kill would have sent it).
+const KILLED_BEFORE_START: i32 = 15;
 
 /// What a daemon's launch depends on besides the job.
 #[derive(Debug, Clone, Default)]
@@ -91,19 +95,27 @@ struct LocalJob {
     ranks: Vec<u32>,
     /// Procs not yet reported started or failed, when the map asks for a `LaunchReport`.
     unstarted: Option<u32>,
+    /// The job was killed before its procs started here: they never start.
+    killed: bool,
 }
+
+/// Jobs cleaned up here that are remembered, so a late copy of their launch is ignored.
+const REMEMBER_ENDED: usize = 4096;
 
 /// This daemon's jobs.
 #[derive(Debug, Default)]
 pub struct LocalJobs {
     cfg: LocalConfig,
     jobs: BTreeMap<u32, LocalJob>,
+    /// The most recent jobs cleaned up here: their maps or residuals arriving late (a
+    /// residual sent again after a loss) start nothing.
+    ended: BTreeSet<u32>,
     pub(crate) out: Vec<LocalOut>,
 }
 
 impl LocalJobs {
     pub fn new(cfg: LocalConfig) -> LocalJobs {
-        LocalJobs { cfg, jobs: BTreeMap::new(), out: Vec::new() }
+        LocalJobs { cfg, jobs: BTreeMap::new(), ended: BTreeSet::new(), out: Vec::new() }
     }
 
     /// Jobs with state on this daemon.
@@ -124,6 +136,9 @@ impl LocalJobs {
             Err(e) => return warn!("undecodable launch map: {e}"),
         };
         let jobid = map.jobid;
+        if self.ended.contains(&jobid) {
+            return;
+        }
         // Every daemon knows every job's placement (a peer of another job after a connect, a
         // spawned job's participants).
         match Placement::from_job_map(&map) {
@@ -141,6 +156,9 @@ impl LocalJobs {
         match Residual::decode(data) {
             Ok(res) => {
                 let jobid = res.jobid;
+                if self.ended.contains(&jobid) {
+                    return;
+                }
                 self.jobs.entry(jobid).or_default().residual = Some(res);
                 self.maybe_start(r, host, jobid);
             }
@@ -178,6 +196,17 @@ impl LocalJobs {
             }
         };
         let lj = self.jobs.get_mut(&jobid).expect("present");
+        if lj.killed {
+            // Killed before its launch reached this daemon whole (a residual sent again after
+            // a loss): its procs are reported ended by the kill, and never start.
+            lj.started = true;
+            for p in &procs {
+                let st =
+                    ProcStatus { jobid, rank: p.rank, signal: KILLED_BEFORE_START, daemon: me, ..Default::default() };
+                self.out.push(LocalOut::ToHnp(daemon_cmd::Body::ProcStatus(st)));
+            }
+            return;
+        }
         lj.started = true;
         lj.live = procs.len() as u32;
         lj.ranks = procs.iter().map(|p| p.rank).collect();
@@ -269,11 +298,16 @@ impl LocalJobs {
         };
         if ctl.cleanup {
             self.jobs.remove(&ctl.jobid);
+            self.ended.insert(ctl.jobid);
+            if self.ended.len() > REMEMBER_ENDED {
+                self.ended.pop_first();
+            }
             host.pmix_forget_job(ctl.jobid);
             self.out.push(LocalOut::ForgetJob(ctl.jobid));
             return self.jobs.is_empty();
         }
         if ctl.kill {
+            self.jobs.entry(ctl.jobid).or_default().killed = true;
             self.out.push(LocalOut::KillJob { jobid: ctl.jobid, grace_ms: ctl.grace_ms });
         } else if ctl.signal != 0 {
             self.out.push(LocalOut::SignalJob { jobid: ctl.jobid, signal: ctl.signal });

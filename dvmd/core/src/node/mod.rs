@@ -488,7 +488,8 @@ impl<H: Host> Node<H> {
             }
             dtags::PMIX_EVENT => self.host.pmix_deliver_event(payload),
             dtags::TREE_QUERY => self.tree_view(payload),
-            _ => {}
+            // The router's own (WIREUP, DAEMON_DIED, the link model, benchmarks) never come here.
+            other => self.host.deliver(other, payload),
         }
     }
 

@@ -15,22 +15,27 @@
 //! when it resumes it works through its queue, then hears `PeerLost` at once from every tree
 //! neighbour still silent to it.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_core::{Core, CoreConfig, Effect, FenceOwner, Input};
+use dvm_core::harness::{SimHost, SimShell};
+use dvm_core::jobs::local::LocalConfig;
+use dvm_core::node::{HnpConfig, NodeConfig};
+use dvm_core::{CoreConfig, FenceOwner, Input};
 use dvm_grpcomm::{FenceRequest, Rank};
-use dvm_proto::control::BenchKind;
 use dvm_proto::daemon::{daemon_cmd, DaemonCmd};
 use dvm_proto::rml::{Contact, FrameHeader, Tag};
 use dvm_proto::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::scenario::{CoreScenario, FaultKind, JOB_END, USER_XCAST};
+use super::scenario::{CoreScenario, FaultKind, JOB_END};
 use super::trace::{CoreTrace, End, FenceCall};
 use crate::net::Carrier;
 use crate::queue::EventQueue;
+
+mod jobs;
+mod shell;
 
 const MAX_EVENTS: u64 = 5_000_000;
 /// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
@@ -50,18 +55,63 @@ enum Msg {
 
 #[derive(Debug)]
 enum Kind {
-    CheckIn { daemon: Rank },
-    Arrive { from: Rank, to: Rank, msg: Msg, sent_at: u64 },
-    Handle { from: Rank, to: Rank, msg: Msg },
-    Tick { daemon: Rank, at: u64 },
-    Lost { daemon: Rank, peer: Rank },
-    SendFailed { daemon: Rank, peer: Rank },
-    Fault { idx: usize },
-    Resume { daemon: Rank },
-    JobStep { job: usize, daemon: Rank, step: usize },
-    Bench { idx: usize },
-    Xcast { idx: usize },
-    JobEnd { job: usize },
+    CheckIn {
+        daemon: Rank,
+    },
+    Arrive {
+        from: Rank,
+        to: Rank,
+        msg: Msg,
+        sent_at: u64,
+    },
+    Handle {
+        from: Rank,
+        to: Rank,
+        msg: Msg,
+    },
+    Tick {
+        daemon: Rank,
+        at: u64,
+    },
+    Lost {
+        daemon: Rank,
+        peer: Rank,
+    },
+    SendFailed {
+        daemon: Rank,
+        peer: Rank,
+    },
+    Fault {
+        idx: usize,
+    },
+    Resume {
+        daemon: Rank,
+    },
+    JobStep {
+        job: usize,
+        daemon: Rank,
+        step: usize,
+    },
+    Bench {
+        idx: usize,
+    },
+    Xcast {
+        idx: usize,
+    },
+    JobEnd {
+        job: usize,
+    },
+    Launch {
+        idx: usize,
+    },
+    /// Launch `idx`'s prun was told something: did its job end?
+    Heard {
+        idx: usize,
+    },
+    Proc {
+        daemon: Rank,
+        ev: dvm_core::jobs::ProcEvent,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +125,11 @@ enum State {
 }
 
 struct Node {
-    core: Core,
+    node: dvm_core::Node<SimHost>,
+    /// Its simulated processes and prun streams.
+    shell: SimShell,
+    /// Daemons this node has applied as failed (for `DaemonsFailed`).
+    failed_seen: BTreeSet<Rank>,
     state: State,
     /// Frames and closes that reached it while frozen, in arrival order.
     queue: Vec<(Rank, Msg)>,
@@ -140,9 +194,19 @@ impl<'s> CoreEngine<'s> {
                     size: sc.n,
                     grpcomm: sc.cfg.clone(),
                 };
-                let own = (r == 0).then(|| contact(r));
+                let hnp = (r == 0).then(|| HnpConfig {
+                    own: contact(r),
+                    session_dir: "/sim".into(),
+                    one_job: false,
+                    startup_timeout_ns: None,
+                    measure_link: false,
+                });
+                let local = LocalConfig { cores: 64, ..LocalConfig::default() };
+                let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
                 Node {
-                    core: Core::new(cfg, own).expect("scenario geometry is valid"),
+                    node: dvm_core::Node::new(cfg, SimHost::default()).expect("scenario geometry is valid"),
+                    shell: SimShell::default(),
+                    failed_seen: BTreeSet::new(),
                     state: State::Running,
                     queue: Vec::new(),
                     deferred: Vec::new(),
@@ -154,7 +218,13 @@ impl<'s> CoreEngine<'s> {
             })
             .collect();
         let n = sc.n as usize;
-        let trace = CoreTrace { deliveries: vec![Vec::new(); n], ends: vec![End::Running; n], ..CoreTrace::default() };
+        let trace = CoreTrace {
+            deliveries: vec![Vec::new(); n],
+            ends: vec![End::Running; n],
+            launched_at: vec![None; sc.launches.len()],
+            launch_ends: vec![None; sc.launches.len()],
+            ..CoreTrace::default()
+        };
         let mut e = CoreEngine {
             sc,
             q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
@@ -193,7 +263,8 @@ impl<'s> CoreEngine<'s> {
         while let Some(kind) = self.q.pop() {
             self.event(kind);
             if self.q.only_idle_left()
-                && self.nodes.iter().all(|n| n.state != State::Running || n.core.grpcomm().is_quiescent())
+                && self.nodes.iter().all(|n| n.state != State::Running || n.node.router().grpcomm().is_quiescent())
+                && (self.nodes[0].state != State::Running || self.nodes[0].node.jobs().is_none_or(|j| j.is_empty()))
             {
                 break;
             }
@@ -201,10 +272,11 @@ impl<'s> CoreEngine<'s> {
         self.trace.stats.events = self.q.handled();
         self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
         self.trace.end_ns = self.q.now();
+        self.finish_jobs();
         for n in &self.nodes {
-            self.trace.final_failed.push(n.core.topology().failed().clone());
-            self.trace.final_owned.push(n.core.owned_ops());
-            self.trace.final_quiescent.push(n.core.grpcomm().is_quiescent());
+            self.trace.final_failed.push(n.node.router().topology().failed().clone());
+            self.trace.final_owned.push(n.node.router().owned_ops());
+            self.trace.final_quiescent.push(n.node.router().grpcomm().is_quiescent());
         }
         let log = self.q.take_log();
         (self.trace, log)
@@ -218,7 +290,7 @@ impl<'s> CoreEngine<'s> {
     fn silent(&self, r: Rank, p: Rank) -> bool {
         self.nodes[p as usize].state != State::Running
             || self.cut.contains(&norm(r, p))
-            || !self.nodes[p as usize].core.topology().is_alive(r)
+            || !self.nodes[p as usize].node.router().topology().is_alive(r)
     }
 
     /// Since when `p` has said nothing to `r` (only meaningful while [`Self::silent`]).
@@ -277,19 +349,16 @@ impl<'s> CoreEngine<'s> {
                 State::Stopped => self.nodes[0].deferred.push(Kind::JobEnd { job }),
                 State::Dead { .. } => {}
             },
+            Kind::Launch { idx } => self.launch(idx),
+            Kind::Proc { daemon, ev } => self.proc_event(daemon, ev),
+            Kind::Heard { idx } => self.heard(idx),
             Kind::Bench { idx } => {
                 if self.running(0) {
                     let b = &self.sc.benches[idx];
-                    let input = Input::Bench {
-                        kind: BenchKind::Alternate,
-                        count: b.count,
-                        bytes: b.bytes,
-                        fence_movement: None,
-                        bcast_movement: None,
-                    };
+                    let input = Self::bench_input(b.count, b.bytes);
                     self.trace.bench_starts.push(self.q.now());
                     self.q.note(|| format!("d0 BENCH {idx}"));
-                    self.drive(0, input);
+                    self.drive_in(0, input);
                 } else if self.nodes[0].state == State::Stopped {
                     self.nodes[0].deferred.push(Kind::Bench { idx });
                 }
@@ -357,7 +426,7 @@ impl<'s> CoreEngine<'s> {
                 }
             }
             Msg::Frame { header, payload, delayed } => {
-                if delayed > 0 && self.nodes[to as usize].core.topology().is_alive(from) {
+                if delayed > 0 && self.nodes[to as usize].node.router().topology().is_alive(from) {
                     // A frame held on a failing link comes out only once its receiver has
                     // declared the sender dead (else it would overtake later frames).
                     if delayed < MAX_DELAY_ROUNDS {
@@ -403,7 +472,7 @@ impl<'s> CoreEngine<'s> {
         if !self.faulty || !self.running(r) {
             return;
         }
-        let topo = self.nodes[r as usize].core.topology();
+        let topo = self.nodes[r as usize].node.router().topology();
         let mut peers: Vec<Rank> = topo.children().to_vec();
         peers.extend(topo.parent());
         for p in peers {
@@ -557,7 +626,7 @@ impl<'s> CoreEngine<'s> {
         }
         // Its heartbeat bound passed while it was frozen for every neighbour silent since
         // before then; the others are detected in the usual way.
-        let topo = self.nodes[r as usize].core.topology();
+        let topo = self.nodes[r as usize].node.router().topology();
         let mut peers: Vec<Rank> = topo.children().to_vec();
         peers.extend(topo.parent());
         // Lateral connections carry heartbeats too: a cut one is noticed the same way (the
@@ -608,6 +677,9 @@ impl<'s> CoreEngine<'s> {
         }
         for (i, x) in sc.xcasts.iter().enumerate() {
             self.q.push(t0 + x.at, Kind::Xcast { idx: i });
+        }
+        for (i, l) in sc.launches.iter().enumerate() {
+            self.q.push(t0 + l.at, Kind::Launch { idx: i });
         }
         for (i, f) in sc.faults.iter().enumerate() {
             if let FaultKind::Cut { a, b, lossy: true } = f.kind {
@@ -673,144 +745,11 @@ impl<'s> CoreEngine<'s> {
             let done = self.sc.jobs[j].members.iter().all(|&m| {
                 self.job_finished[j].contains(&m)
                     || matches!(self.nodes[m as usize].state, State::Dead { .. })
-                    || !self.nodes[0].core.topology().is_alive(m)
+                    || !self.nodes[0].node.router().topology().is_alive(m)
             });
             if done {
                 self.job_ended[j] = true;
                 self.q.push(self.q.now(), Kind::JobEnd { job: j });
-            }
-        }
-    }
-
-    // ------------------------------------------------------------------ the shell
-
-    /// Step `input` on daemon `r` and carry out its effects (and the inputs they cause) in
-    /// order, as the daemon's shell does.
-    fn drive(&mut self, r: Rank, input: Input) {
-        let mut inbox = VecDeque::from([input]);
-        while let Some(input) = inbox.pop_front() {
-            if !self.running(r) {
-                return;
-            }
-            let probe = match &input {
-                Input::Frame { from_peer, header, payload } => {
-                    let topo = self.nodes[r as usize].core.topology();
-                    let dead_hop = *from_peer != r && !topo.is_alive(*from_peer);
-                    let dead_origin =
-                        header.origin != r && header.origin < topo.size() && !topo.is_alive(header.origin);
-                    (dead_hop || dead_origin).then(|| (*from_peer, *header, is_eviction(header, payload)))
-                }
-                _ => None,
-            };
-            let node = &mut self.nodes[r as usize];
-            let stale_before = node.core.stale_frames;
-            node.core.step(input, self.q.now());
-            let mut effects: Vec<Effect> = node.core.drain().collect();
-            node.steps += 1;
-            let crash = match node.kill_at_step {
-                Some((at, carried)) if node.steps > at => {
-                    node.kill_at_step = None;
-                    effects.truncate(carried);
-                    true
-                }
-                _ => false,
-            };
-            if let Some((from, header, eviction)) = probe {
-                self.trace.stats.dead_frames += 1;
-                let admitted = self.nodes[r as usize].core.stale_frames == stale_before;
-                let only_notice = effects.iter().all(|e| {
-                    matches!(e, Effect::Transmit { next_hop, header: h, .. }
-                        if *next_hop == from && h.tag == Tag::DaemonCmd as u32)
-                });
-                if (admitted && !(eviction && effects.is_empty())) || !only_notice {
-                    self.trace.engine_errors.push(format!(
-                        "daemon {r} at t={}: a frame from daemon {from} (origin {}, tag {}), declared dead here, \
-                         was admitted or acted on ({} effects)",
-                        self.q.now(),
-                        header.origin,
-                        header.tag,
-                        effects.len()
-                    ));
-                }
-            }
-            for e in effects {
-                self.apply(r, e, &mut inbox);
-            }
-            if crash {
-                self.kill(r, true);
-                return;
-            }
-            if !self.running(r) {
-                return;
-            }
-            if let Some(d) = self.nodes[r as usize].core.next_deadline() {
-                if self.nodes[r as usize].armed.insert(d) {
-                    self.q.push(d, Kind::Tick { daemon: r, at: d });
-                }
-            }
-            self.watch(r);
-        }
-    }
-
-    fn apply(&mut self, r: Rank, e: Effect, inbox: &mut VecDeque<Input>) {
-        match e {
-            Effect::Transmit { next_hop, header, payload } => self.transmit(r, next_hop, header, payload),
-            Effect::SetContacts(_) | Effect::ScatterDeliver { .. } | Effect::Cmd { .. } => {}
-            Effect::Ready => {
-                self.q.note(|| "READY".into());
-                if r == 0 {
-                    self.on_ready();
-                } else {
-                    self.trace.engine_errors.push(format!("daemon {r} reported Ready: only the HNP does"));
-                }
-            }
-            Effect::Deliver { tag, payload } => {
-                if tag == JOB_END {
-                    let j = payload.get(..8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().unwrap()));
-                    match self.sc.jobs.get(j as usize) {
-                        Some(job) => inbox.push_back(Input::ForgetFence(job.sig.clone())),
-                        None => self.trace.engine_errors.push(format!("daemon {r}: JOB_END for unknown job {j}")),
-                    }
-                } else if tag >= USER_XCAST {
-                    self.trace.deliveries[r as usize].push((tag, payload));
-                }
-            }
-            Effect::DaemonsFailed { newly } => {
-                self.q.note(|| format!("d{r} DAEMONS_FAILED {newly:?}"));
-                for x in newly {
-                    // x hears nothing more from r.
-                    self.declared.entry((r, x)).or_insert(self.q.now());
-                    self.watch(x);
-                }
-                if r == 0 {
-                    self.maybe_end_jobs();
-                }
-            }
-            Effect::FenceDone { key, result } => {
-                self.q.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
-                self.fence_done(r, key, result);
-            }
-            Effect::BenchDone(res) => {
-                self.q.note(|| format!("d{r} BENCH_DONE {res:?}"));
-                if r != 0 {
-                    self.trace.engine_errors.push(format!("daemon {r} answered a benchmark: only the HNP does"));
-                }
-                self.trace.bench_dones.push((self.q.now(), res));
-            }
-            Effect::Terminated => {}
-            Effect::Exit(exit) => {
-                self.q.note(|| format!("d{r} EXIT {exit:?}"));
-                if self.trace.ends[r as usize] == End::Running {
-                    self.trace.ends[r as usize] = End::Exited(self.q.now(), exit);
-                }
-                // The process ends once this batch of effects is carried out.
-                self.nodes[r as usize].state = State::Dead { rst: true };
-                self.nodes[r as usize].queue.clear();
-                self.close_all(r);
-                for p in 0..self.sc.n {
-                    self.watch(p);
-                }
-                self.maybe_end_jobs();
             }
         }
     }

@@ -1,0 +1,75 @@
+//! The prun workload: jobs submitted to the HNP, their simulated procs' events fed back to the
+//! daemons that started them, and what each prun heard.
+
+use dvm_core::jobs::{ClientId, ProcEvent};
+use dvm_core::node::Control;
+use dvm_grpcomm::Rank;
+
+use super::shell::In;
+use super::{CoreEngine, Kind, State};
+
+/// The client id of launch `idx`.
+fn client(idx: usize) -> ClientId {
+    ClientId(idx as u64 + 1)
+}
+
+impl CoreEngine<'_> {
+    pub(super) fn launch(&mut self, idx: usize) {
+        match self.nodes[0].state {
+            State::Running => {
+                self.trace.launched_at[idx] = Some(self.q.now());
+                self.q.note(|| format!("d0 LAUNCH {idx}"));
+                let spec = self.sc.launches[idx].spec.clone();
+                self.drive_in(0, In::Control(0, Control::Launch(spec, client(idx))));
+            }
+            State::Stopped => self.nodes[0].deferred.push(Kind::Launch { idx }),
+            State::Dead { .. } => {}
+        }
+    }
+
+    pub(super) fn proc_event(&mut self, daemon: Rank, ev: ProcEvent) {
+        match self.nodes[daemon as usize].state {
+            State::Running => {
+                if self.nodes[daemon as usize].shell.take(&ev) {
+                    self.q.note(|| format!("d{daemon} PROC {ev:?}"));
+                    self.drive_in(daemon, In::Proc(ev));
+                }
+            }
+            State::Stopped => self.nodes[daemon as usize].deferred.push(Kind::Proc { daemon, ev }),
+            State::Dead { .. } => {}
+        }
+    }
+
+    /// The HNP said something to a prun: record the job's end when it is the last word.
+    pub(super) fn job_heard(&mut self, c: ClientId) {
+        let idx = (c.0 - 1) as usize;
+        if self.trace.launch_ends.get(idx).is_some_and(Option::is_none) {
+            // The effect is applied right after this call; look again then.
+            self.q.push(self.q.now(), Kind::Heard { idx });
+        }
+    }
+
+    pub(super) fn heard(&mut self, idx: usize) {
+        if self.trace.launch_ends[idx].is_none() {
+            if let Some((code, why)) = self.nodes[0].shell.ended(client(idx)) {
+                self.trace.launch_ends[idx] = Some((self.q.now(), code, why));
+            }
+        }
+    }
+
+    /// At the end of the run: what was left behind.
+    pub(super) fn finish_jobs(&mut self) {
+        for (r, n) in self.nodes.iter().enumerate() {
+            self.trace.shell_errors.extend(n.shell.errors.iter().cloned());
+            if n.state != State::Running {
+                continue;
+            }
+            for &(job, rank) in n.shell.procs.keys() {
+                self.trace.leftover_procs.push((r as Rank, job, rank));
+            }
+        }
+        if self.nodes[0].state == State::Running {
+            self.trace.hnp_jobs_left = self.nodes[0].node.jobs().map_or(0, |j| j.len());
+        }
+    }
+}
