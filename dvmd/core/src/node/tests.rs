@@ -115,6 +115,8 @@ fn terminate_ends_running_jobs_first_then_every_daemon() {
     net.run();
     let (code, why) = net.ended(c).expect("the job ended");
     assert_eq!((code, why.as_str()), (TERMINATED_EXIT, "the DVM was terminated (pterm) while job 1 ran"));
+    // The job was ended first (its prun told why, its procs killed), then the daemons.
+    assert_eq!(net.shells[0].notices(c), vec![why.clone()]);
     assert!(net.shells[0].replies.iter().any(|(tok, r)| *tok == t && matches!(r, Reply::Terminate(x) if x.ok)));
     for (r, s) in net.shells.iter().enumerate() {
         assert_eq!(s.exit, Some(Exit::Terminated), "daemon {r}");
