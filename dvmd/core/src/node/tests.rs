@@ -216,3 +216,19 @@ fn a_refused_launch_names_the_slots_and_starts_nothing() {
     assert_eq!(net.shells.iter().map(|s| s.started.len()).sum::<usize>(), 0);
     let _ = ClientId(0);
 }
+
+#[test]
+fn a_job_whose_launch_lost_a_relay_still_ends_and_starts_nothing_after_its_kill() {
+    for victim in [1, 2] {
+        let mut net = Net::boot(7, 2, 1);
+        let c = net.launch(job(7, exit(0, 50)));
+        // The relay dies before the launch passes through it: its subtree hears the maps again
+        // after the repair, and its residuals only if the HNP sends them again.
+        net.kill(victim);
+        net.run();
+        let (code, why) = net.ended(c).expect("the job ended");
+        assert_eq!(code, 1);
+        assert!(why.starts_with(&format!("daemon {victim} on node n{victim} was lost")), "{why}");
+        assert_clean(&net);
+    }
+}
