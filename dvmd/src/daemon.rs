@@ -52,6 +52,8 @@ pub struct Hnp {
     pub one_job: bool,
     /// The boot must be done within this.
     pub startup_timeout: Option<Duration>,
+    /// How long TERMINATE may take to reach every daemon before the HNP ends regardless.
+    pub terminate_deadline: Duration,
 }
 
 impl Hnp {
@@ -64,6 +66,7 @@ impl Hnp {
             own,
             one_job: false,
             startup_timeout: None,
+            terminate_deadline: Duration::from_secs(10),
         }
     }
 }
@@ -145,6 +148,7 @@ impl Daemon {
                 one_job: h.one_job,
                 startup_timeout_ns: h.startup_timeout.map(|d| d.as_nanos().min(u64::MAX as u128) as u64),
                 measure_link: false,
+                terminate_deadline_ns: h.terminate_deadline.as_nanos().min(u64::MAX as u128) as u64,
             }
         });
         let hostname = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();

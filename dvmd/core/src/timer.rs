@@ -19,6 +19,9 @@ pub enum Timer {
     AbortGrace { jobid: u32, rank: u32 },
     /// HNP: the jobs ended by a termination have had their grace; stop the daemons.
     TerminateGrace,
+    /// HNP: TERMINATE has not reached every daemon by then; the HNP ends regardless (the
+    /// daemons it did not reach lose it and end too).
+    TerminateDeadline,
     /// HNP: a waiting data-server lookup (its token) gives up.
     Lookup(u64),
 }

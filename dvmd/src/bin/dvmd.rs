@@ -502,6 +502,10 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     });
     // The boot's deadline is one of the HNP's timers.
     hnp.startup_timeout = Some(Duration::from_secs_f64(args.startup_timeout));
+    // A daemon lost while TERMINATE travels is noticed within the transport's loss bound, and
+    // nothing is repaired any more: give it a few bounds, then end regardless.
+    let bound = Duration::from_millis(args.heartbeat_ms) * args.heartbeat_misses.max(1);
+    hnp.terminate_deadline = Duration::from_secs(2) + 3 * bound;
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));

@@ -52,7 +52,9 @@ pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     for r in 1..sc.n {
         match (&t.ends[r as usize], hnp_dead) {
             (End::Running, true) => v.push(format!("daemon {r}: still running after the HNP died (no Exit::LostHnp)")),
-            (End::Exited(_, Exit::Terminated), _) => v.push(format!("daemon {r}: exited Terminated without TERMINATE")),
+            (End::Exited(_, Exit::Terminated), _) if t.terminate_asked.is_none() => {
+                v.push(format!("daemon {r}: exited Terminated without TERMINATE"))
+            }
             _ => {}
         }
     }
@@ -63,9 +65,16 @@ pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
         check_fences(sc, t, &BTreeSet::new(), false, &mut v);
         return v;
     }
+    if let (End::Exited(_, Exit::Terminated), Some(asked)) = (&t.ends[0], t.terminate_asked) {
+        check_terminated(sc, t, asked, &mut v);
+        return v;
+    }
     if let End::Exited(_, e) = &t.ends[0] {
         v.push(format!("HNP: exited: {e:?}"));
         return v;
+    }
+    if t.terminate_asked.is_some() {
+        v.push("the HNP still runs at the end although pterm asked it to terminate".into());
     }
     let failed = &t.final_failed[0];
 
@@ -325,7 +334,9 @@ fn check_launches(sc: &CoreScenario, t: &CoreTrace, v: &mut Vec<String>) {
                         plan.runs_ns + sc.bound_ns
                     ));
                 }
-                let named = ["rank ", "daemon ", "--timeout", "slots", "cannot map"].iter().any(|w| why.contains(w));
+                let named = ["rank ", "daemon ", "--timeout", "slots", "cannot map", "terminat"]
+                    .iter()
+                    .any(|w| why.contains(w));
                 if *code != 0 && !named {
                     v.push(format!("launch {i}: ended with status {code} but its reason names nothing: {why:?}"));
                 }
@@ -335,10 +346,30 @@ fn check_launches(sc: &CoreScenario, t: &CoreTrace, v: &mut Vec<String>) {
             }
         }
     }
+    for (i, asked) in t.spawns_asked.iter().enumerate() {
+        if asked.is_some() && t.spawn_answers[i].len() != 1 {
+            v.push(format!("launch {i}: its rank 0's spawn got {} answers, not one", t.spawn_answers[i].len()));
+        }
+    }
     for &(d, job, rank) in &t.leftover_procs {
         v.push(format!("daemon {d}: rank {rank} of job {job} still runs at the end"));
     }
     if t.hnp_jobs_left > 0 {
         v.push(format!("the HNP still holds {} job(s) at the end", t.hnp_jobs_left));
     }
+}
+
+/// The DVM was terminated (pterm): every daemon ended with it (or was lost before), every
+/// job submitted before ended for its prun (those after were refused), nothing runs.
+fn check_terminated(sc: &CoreScenario, t: &CoreTrace, asked: u64, v: &mut Vec<String>) {
+    for r in 1..sc.n {
+        match &t.ends[r as usize] {
+            End::Running => v.push(format!("daemon {r}: still running after TERMINATE")),
+            End::Exited(at, Exit::Terminated) if *at < asked => {
+                v.push(format!("daemon {r}: exited Terminated at {at}, before pterm asked at {asked}"))
+            }
+            _ => {}
+        }
+    }
+    check_launches(sc, t, v);
 }

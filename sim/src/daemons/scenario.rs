@@ -55,6 +55,16 @@ pub struct LaunchPlan {
     pub spec: dvm_proto::job::JobSpec,
     /// How long its longest proc runs (or its timeout, for one that hangs).
     pub runs_ns: u64,
+    /// Rank 0 of the job (on the HNP's daemon) spawns a job this long after the launch.
+    pub spawn: Option<SpawnPlan>,
+}
+
+/// A `PMIx_Spawn` by rank 0 of a job.
+#[derive(Debug, Clone)]
+pub struct SpawnPlan {
+    pub after: u64,
+    pub np: u32,
+    pub program: dvm_core::harness::Program,
 }
 
 /// A fence benchmark asked of the HNP.
@@ -144,6 +154,8 @@ pub struct CoreScenario {
     pub faults: Vec<FaultPlan>,
     /// Jobs submitted by pruns.
     pub launches: Vec<LaunchPlan>,
+    /// `pterm` at this offset after ready: running jobs end first, then every daemon.
+    pub terminate_at: Option<u64>,
     /// The run must be quiet this long after ready plus the last fault.
     pub bound_ns: u64,
 }
@@ -244,7 +256,7 @@ impl CoreScenario {
         }
 
         // From their own stream: the rest of a seed's schedule is what it was before launches.
-        let launches = launches(seed, n, alpha, window);
+        let (launches, terminate_at) = launches(seed, n, alpha, window, profile);
         let runs = launches.iter().map(|l| l.at + l.runs_ns).max().unwrap_or(0);
         let ops = (longest + 8 + xcasts.len() + 8 * benches.len() + 8 * launches.len()) as u64;
         let losses = faults.len() as u64 * (2 * heartbeat_ns + 2 * detect_jitter_ns + 60 * alpha + 8 * round);
@@ -270,14 +282,16 @@ impl CoreScenario {
             xcasts,
             faults,
             launches,
+            terminate_at,
             bound_ns,
         }
     }
 }
 
 /// 0 to 3 jobs of 1 to `n` procs (one slot per daemon): most exit 0, some fail, some hang
-/// until their `--timeout`; some have two apps.
-fn launches(seed: u64, n: u32, alpha: u64, window: u64) -> Vec<LaunchPlan> {
+/// until their `--timeout`; some have two apps, some spawn a job while they run. A quarter of
+/// the schedules without HNP loss end with `pterm`.
+fn launches(seed: u64, n: u32, alpha: u64, window: u64, profile: CoreProfile) -> (Vec<LaunchPlan>, Option<u64>) {
     use dvm_core::harness::Program;
     use dvm_proto::job::{AppContext, JobSpec};
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a07_c4e5_0000_0025);
@@ -313,7 +327,13 @@ fn launches(seed: u64, n: u32, alpha: u64, window: u64) -> Vec<LaunchPlan> {
             vec![AppContext { argv: program(&mut rng).argv(), np, ..Default::default() }]
         };
         let spec = JobSpec { apps, timeout_s, ..Default::default() };
-        out.push(LaunchPlan { at: rng.gen_range(0..=window), spec, runs_ns });
+        let spawn = rng.gen_bool(0.3).then(|| SpawnPlan {
+            after: rng.gen_range(0..=4 * alpha),
+            np: rng.gen_range(1..=n),
+            program: Program::Exit { code: 0, after_ns: rng.gen_range(0..=10 * alpha) / 1_000 * 1_000 },
+        });
+        out.push(LaunchPlan { at: rng.gen_range(0..=window), spec, runs_ns, spawn });
     }
-    out
+    let terminate = profile != CoreProfile::HnpLoss && rng.gen_bool(0.25);
+    (out, terminate.then(|| rng.gen_range(0..=2 * window)))
 }

@@ -81,6 +81,12 @@ pub struct CoreTrace {
     pub hnp_jobs_left: usize,
     /// A daemon started a proc of a job it had already ended.
     pub shell_errors: Vec<String>,
+    /// When pterm was asked (the HNP running).
+    pub terminate_asked: Option<u64>,
+    /// Per launch with a spawn: when it was asked, and the answers rank 0's daemon got
+    /// (status), in order.
+    pub spawns_asked: Vec<Option<u64>>,
+    pub spawn_answers: Vec<Vec<i32>>,
 }
 
 impl CoreTrace {

@@ -78,6 +78,7 @@ impl Net {
                 one_job: false,
                 startup_timeout_ns: Some(60_000_000_000),
                 measure_link: false,
+                terminate_deadline_ns: 1_000_000_000,
             });
             let local = LocalConfig {
                 base_env: vec![("PATH".into(), "/bin".into())],

@@ -56,16 +56,18 @@ pub(crate) struct HnpControl {
     terminate: Vec<u64>,
     /// Termination asked for while jobs ran: they are being ended first.
     pub(crate) terminate_pending: bool,
+    pub(crate) terminate_deadline_ns: u64,
     tree_query: Option<(u64, Vec<TreeView>, u64)>,
     bench: Option<u64>,
     next_query: u64,
 }
 
 impl HnpControl {
-    pub(crate) fn new(session_dir: String, one_job: bool) -> HnpControl {
+    pub(crate) fn new(session_dir: String, one_job: bool, terminate_deadline_ns: u64) -> HnpControl {
         HnpControl {
             session_dir,
             one_job,
+            terminate_deadline_ns,
             terminate: Vec::new(),
             terminate_pending: false,
             tree_query: None,
@@ -209,6 +211,25 @@ impl<H: Host> Node<H> {
             let reply = TerminateReply { ok: true, message: "every daemon received TERMINATE".into() };
             self.reply(token, Reply::Terminate(reply));
         }
+    }
+
+    /// TERMINATE did not reach every daemon in time (one was lost on the way, and nothing is
+    /// repaired once the DVM terminates): the HNP ends anyway, saying which daemons it did not
+    /// hear from; those lose the HNP and end too.
+    pub(super) fn terminate_deadline(&mut self) {
+        let text = format!(
+            "dvmd: TERMINATE was not acknowledged by every daemon within {:?}; the HNP ends, and every \
+             daemon it did not reach ends when it loses the HNP",
+            std::time::Duration::from_nanos(self.ctl.as_ref().map_or(0, |c| c.terminate_deadline_ns))
+        );
+        warn!("{text}");
+        self.effects.push_back(Effect::Say(text));
+        let tokens = self.ctl.as_mut().map(|c| std::mem::take(&mut c.terminate)).unwrap_or_default();
+        for token in tokens {
+            let reply = TerminateReply { ok: false, message: "not every daemon acknowledged TERMINATE in time".into() };
+            self.reply(token, Reply::Terminate(reply));
+        }
+        self.exit(Exit::Terminated);
     }
 
     /// HNP of a `--one-job` DVM: its job has ended and its prun has received everything and

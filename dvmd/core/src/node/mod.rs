@@ -152,6 +152,9 @@ pub struct HnpConfig {
     pub startup_timeout_ns: Option<u64>,
     /// Measure the link to a child once WIREUP is held everywhere (and calibrate fences).
     pub measure_link: bool,
+    /// How long TERMINATE may take to reach every daemon before the HNP ends regardless: a
+    /// few of the transport's loss bounds (a daemon lost meanwhile is no longer repaired).
+    pub terminate_deadline_ns: u64,
 }
 
 /// A daemon's fixed inputs.
@@ -195,7 +198,7 @@ impl<H: Host> Node<H> {
             if let Some(t) = h.startup_timeout_ns {
                 timers.set(Timer::Startup, t);
             }
-            control::HnpControl::new(h.session_dir, h.one_job)
+            control::HnpControl::new(h.session_dir, h.one_job, h.terminate_deadline_ns)
         });
         Ok(Node {
             router,
@@ -522,6 +525,7 @@ impl<H: Host> Node<H> {
             Timer::JobTimeout(jobid) => self.with_jobs(|j, r| j.on_timeout(r, jobid)),
             Timer::AbortGrace { jobid, rank } => self.with_jobs(|j, r| j.on_abort_grace(r, jobid, rank)),
             Timer::TerminateGrace => self.terminate_now(),
+            Timer::TerminateDeadline => self.terminate_deadline(),
             Timer::Lookup(token) => self.with_jobs(|j, _| j.on_lookup_timeout(token)),
         }
     }
@@ -533,6 +537,10 @@ impl<H: Host> Node<H> {
         // Jobs that did not end within the grace still tell their prun why.
         if let Some(jobs) = self.jobs.as_mut() {
             jobs.end_remaining_jobs();
+        }
+        if !self.timers.is_armed(Timer::TerminateDeadline) {
+            let after = self.ctl.as_ref().map_or(0, |c| c.terminate_deadline_ns);
+            self.timers.set(Timer::TerminateDeadline, self.now.saturating_add(after));
         }
         self.inbox.push_back(Input::Terminate);
     }

@@ -65,11 +65,73 @@ impl CoreEngine<'_> {
                 continue;
             }
             for &(job, rank) in n.shell.procs.keys() {
+                // (a daemon that exited took its procs with it)
                 self.trace.leftover_procs.push((r as Rank, job, rank));
             }
         }
         if self.nodes[0].state == State::Running {
             self.trace.hnp_jobs_left = self.nodes[0].node.jobs().map_or(0, |j| j.len());
+        }
+    }
+}
+
+impl CoreEngine<'_> {
+    /// Rank 0 of launch `idx` (on daemon 0: the mapper fills daemon 0's slot first) spawns a
+    /// job, if its job started and still runs.
+    pub(super) fn spawn(&mut self, idx: usize) {
+        use dvm_core::Input;
+        use dvm_proto::control::job_event;
+        use dvm_proto::daemon::{daemon_cmd, SpawnReq};
+        use dvm_proto::job::AppContext;
+        match self.nodes[0].state {
+            State::Running => {}
+            State::Stopped => return self.nodes[0].deferred.push(Kind::Spawn { idx }),
+            State::Dead { .. } => return,
+        }
+        if self.trace.launch_ends[idx].is_some() {
+            return;
+        }
+        let started = self.nodes[0].shell.clients.get(&client(idx)).and_then(|items| {
+            items.iter().find_map(|f| match f {
+                dvm_core::jobs::Forward::Event(e) => match &e.event {
+                    Some(job_event::Event::Started(s)) => Some(s.jobid),
+                    _ => None,
+                },
+                _ => None,
+            })
+        });
+        let Some(jobid) = started else { return };
+        let sp = self.sc.launches[idx].spawn.clone().expect("planned");
+        let apps = vec![AppContext { argv: sp.program.argv(), np: sp.np, ..Default::default() }];
+        let req = SpawnReq { id: idx as u64 + 1, jobid, rank: 0, apps, ..Default::default() };
+        self.trace.spawns_asked[idx] = Some(self.q.now());
+        self.q.note(|| format!("d0 SPAWN for launch {idx} (job {jobid})"));
+        self.drive(0, Input::Cmd { dst: 0, body: daemon_cmd::Body::SpawnReq(req) });
+    }
+
+    /// pterm.
+    pub(super) fn terminate(&mut self) {
+        match self.nodes[0].state {
+            State::Running => {
+                self.trace.terminate_asked = Some(self.q.now());
+                self.q.note(|| "d0 TERMINATE".into());
+                self.drive_in(0, In::Control(u64::MAX, Control::Terminate));
+            }
+            State::Stopped => self.nodes[0].deferred.push(Kind::Terminate),
+            State::Dead { .. } => {}
+        }
+    }
+
+    /// The spawn answers daemon 0's PMIx host received.
+    pub(super) fn collect_spawn_answers(&mut self) {
+        use dvm_proto::daemon::daemon_cmd;
+        let cmds = std::mem::take(&mut self.nodes[0].node.host_mut().cmds);
+        for (_, body) in cmds {
+            if let daemon_cmd::Body::SpawnResp(r) = body {
+                if let Some(a) = self.trace.spawn_answers.get_mut((r.id - 1) as usize) {
+                    a.push(r.status);
+                }
+            }
         }
     }
 }

@@ -108,6 +108,11 @@ enum Kind {
     Heard {
         idx: usize,
     },
+    /// Rank 0 of launch `idx` spawns a job.
+    Spawn {
+        idx: usize,
+    },
+    Terminate,
     Proc {
         daemon: Rank,
         ev: dvm_core::jobs::ProcEvent,
@@ -200,6 +205,8 @@ impl<'s> CoreEngine<'s> {
                     one_job: false,
                     startup_timeout_ns: None,
                     measure_link: false,
+                    // A few loss bounds: a daemon lost while TERMINATE travels is noticed in one.
+                    terminate_deadline_ns: 4 * (sc.heartbeat_ns + sc.detect_jitter_ns) + sc.cfg.relay_retry_ns,
                 });
                 let local = LocalConfig { cores: 64, ..LocalConfig::default() };
                 let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
@@ -223,6 +230,8 @@ impl<'s> CoreEngine<'s> {
             ends: vec![End::Running; n],
             launched_at: vec![None; sc.launches.len()],
             launch_ends: vec![None; sc.launches.len()],
+            spawns_asked: vec![None; sc.launches.len()],
+            spawn_answers: vec![Vec::new(); sc.launches.len()],
             ..CoreTrace::default()
         };
         let mut e = CoreEngine {
@@ -352,6 +361,8 @@ impl<'s> CoreEngine<'s> {
             Kind::Launch { idx } => self.launch(idx),
             Kind::Proc { daemon, ev } => self.proc_event(daemon, ev),
             Kind::Heard { idx } => self.heard(idx),
+            Kind::Spawn { idx } => self.spawn(idx),
+            Kind::Terminate => self.terminate(),
             Kind::Bench { idx } => {
                 if self.running(0) {
                     let b = &self.sc.benches[idx];
@@ -680,6 +691,12 @@ impl<'s> CoreEngine<'s> {
         }
         for (i, l) in sc.launches.iter().enumerate() {
             self.q.push(t0 + l.at, Kind::Launch { idx: i });
+            if let Some(sp) = &l.spawn {
+                self.q.push(t0 + l.at + sp.after, Kind::Spawn { idx: i });
+            }
+        }
+        if let Some(at) = sc.terminate_at {
+            self.q.push(t0 + at, Kind::Terminate);
         }
         for (i, f) in sc.faults.iter().enumerate() {
             if let FaultKind::Cut { a, b, lossy: true } = f.kind {

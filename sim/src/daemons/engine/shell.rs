@@ -91,6 +91,9 @@ impl CoreEngine<'_> {
                 }
             }
             self.after_step(r, &mut inbox);
+            if r == 0 {
+                self.collect_spawn_answers();
+            }
             for e in effects {
                 self.apply(r, e);
             }
