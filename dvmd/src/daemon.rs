@@ -2,7 +2,7 @@
 //! and PMIx worker events for the sans-IO [`dvm_core::Node`], where every decision is made.
 //!
 //! Where to look: an input enters in [`Daemon::run`] (one `select!`) and is handed to the
-//! node's matching `handle_*`; then [`Daemon::drain`] — the one place effects leave — puts
+//! node's matching `handle_*`; then `Daemon::drain` — the one place effects leave — puts
 //! the node's transmits on the transport and carries out its effects (odls, prun streams,
 //! control replies), in order. The shell keeps only sockets, processes, the PMIx worker and
 //! a token -> handle map (control replies, prun streams).

@@ -1,20 +1,19 @@
-//! dvmd: the DVM daemon and its tools.
+//! dvmd: the DVM daemon's shell and the tools.
 //!
 //! Owns: booting a DVM (local daemons or through a launch agent), the per-daemon shell that
-//! carries out the decisions of the sans-IO daemon core (`dvm_core`, re-exported as
-//! [`core`]) over the `rml` transport, jobs (mapping in `jobmap`, launch and exits in `jobs`,
-//! processes and output in `odls`), hosting libpmix's server in a worker process per daemon
-//! (`pmix`), the HNP's control API (tonic), session directories, and the tools `prun`, `pterm`
-//! and `dvm-bench`.
+//! carries out what the sans-IO daemon (`dvm_core::Node`, re-exported as [`core`]) decides,
+//! over the `rml` transport: processes and their output (`odls`), the PMIx server in a worker
+//! process per daemon (`pmix`, reached by the node through `host`), prun streams and control
+//! replies by token, the HNP's control API (tonic), session directories, and the tools `prun`,
+//! `pterm` and `dvm-bench`.
 //!
-//! Where to look: an input enters in `daemon::Daemon::run` (one `select!`); every protocol
-//! decision is made in `dvm_core::Core::step`; effects leave in `daemon::Daemon::drive`, the
-//! one place they are drained, in order.
+//! Where to look: an input enters in `daemon::Daemon::run` (one `select!`) and is handed to
+//! the node's `handle_*`; effects leave in `daemon::Daemon::drain`, the one place the node's
+//! `poll_transmit` and `poll` are drained, in order. docs/architecture.md has the table.
 //!
-//! Never: protocol decisions of the collectives (they live in `grpcomm`), routing, loss or
-//! epoch decisions (`dvm_core`), or routing math (`rml::topology`). The actor never blocks
-//! for long: every input is an event on its loop, and PMIx upcalls are answered from it,
-//! never inside libpmix's thread.
+//! Never: a decision about jobs, routing, losses or collectives (they live in `dvm_core` and
+//! `grpcomm`). The actor never blocks for long: every input is an event on its loop, and PMIx
+//! upcalls are answered from it, never inside libpmix's thread.
 //! Traps: the DVM secret travels on a daemon's stdin, never on a command line; every daemon
 //! keeps its check-in connection to the HNP open, which is how it notices the HNP is gone and
 //! how its reports reach the HNP when a relay dies; deregistering PMIx clients one by one

@@ -7,7 +7,7 @@
 //!
 //! | input | entry | decided in | leaves as |
 //! |---|---|---|---|
-//! | a frame, a lost link | `handle_frame`, `handle_link` | [`router`] ([`Core`]), grpcomm | `Transmit` |
+//! | a frame, a lost link | `handle_frame`, `handle_link` | `router` ([`Core`]), grpcomm | `Transmit` |
 //! | a control call (prun, pterm, dvm-bench) | `handle_control` | `node::control`, [`jobs::hnp`] | `Effect::Reply`, `Effect::ToClient` |
 //! | a proc started, wrote, ended | `handle_proc` | [`jobs::local`] | a command to the HNP |
 //! | the HNP hears of a proc, a spawn, a lookup | (a frame) | [`jobs::hnp`] and its spawn and recovery parts | `Effect::ToClient`, broadcasts |

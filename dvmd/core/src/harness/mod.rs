@@ -1,4 +1,4 @@
-//! The in-memory stand-ins for what surrounds a [`Node`]: a PMIx host ([`SimHost`]), a shell
+//! The in-memory stand-ins for what surrounds a [`crate::Node`]: a PMIx host ([`SimHost`]), a shell
 //! that carries out a node's effects on simulated processes and prun streams ([`SimShell`]),
 //! and a small network of nodes for the core's unit tests ([`Net`]). The simulator (`dvm-sim`)
 //! drives its nodes through the same [`SimShell`], so the drain is written once.

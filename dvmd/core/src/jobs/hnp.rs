@@ -9,7 +9,7 @@
 //! job, returned when prun took the bytes.
 //!
 //! Never: a stream, a process or a clock: what a job says to its prun leaves as
-//! [`JobOut::Client`], what it asks of the daemons as commands and broadcasts, in order.
+//! `JobOut::Client`, what it asks of the daemons as commands and broadcasts, in order.
 //! Invariants: a job leaves the table once every one of its procs has been reported (ended,
 //! failed to start, or lost with its daemon) and every job it spawned has left; its prun hears
 //! `Ended` exactly once (a spawned job's prun is its parent's, which hears its parent's end).

@@ -1,5 +1,5 @@
-//! Jobs: the HNP's job table ([`hnp`], with spawn and the data server in [`spawn`] and the
-//! events and `--enable-recovery` in [`recovery`]) and each daemon's local part ([`local`]:
+//! Jobs: the HNP's job table ([`hnp`], with spawn and the data server in `spawn` and the
+//! events and `--enable-recovery` in `recovery`) and each daemon's local part ([`local`]:
 //! maps + residuals in, process specs out).
 //!
 //! Never: a process, a stream or a clock. A job's prun is a [`ClientId`]; a proc is a
@@ -40,7 +40,7 @@ pub struct ClientId(pub u64);
 #[derive(Debug, Clone, PartialEq)]
 pub enum Forward {
     /// Output of a rank, read on `daemon`: once prun took it, the shell reports
-    /// [`crate::PrunEvent::Delivered`] so the daemon gets its credit back.
+    /// [`crate::node::PrunEvent::Delivered`] so the daemon gets its credit back.
     Output { daemon: Rank, chunk: IofChunk },
     /// A job event (started, a notice, ended: the stream's last).
     Event(JobEvent),

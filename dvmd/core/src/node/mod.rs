@@ -11,7 +11,7 @@
 //! Owns: the order in which its parts see an input and the one loop that carries what each
 //! asks of another: the router ([`crate::Core`]), the HNP's job table
 //! ([`crate::jobs::hnp::JobTable`]), the local jobs ([`crate::jobs::local::LocalJobs`]), the
-//! timers ([`crate::timer::Timers`]), the HNP's control requests ([`control`]), and the PMIx
+//! timers ([`crate::timer::Timers`]), the HNP's control requests (`control`), and the PMIx
 //! host (a [`Host`], called synchronously).
 //! Never: a socket, a clock, a process, a channel or a reply handle: a prun is a
 //! [`ClientId`], a control call a token.
