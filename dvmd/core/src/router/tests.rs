@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::*;
 use dvm_grpcomm::Participants;
+use dvm_proto::daemon::DaemonLost;
 
 pub(crate) struct Net {
     pub(crate) cores: Vec<Core>,
