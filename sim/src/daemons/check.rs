@@ -174,6 +174,16 @@ pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     check_xcasts(sc, t, failed, &mut v);
     check_fences(sc, t, failed, true, &mut v);
     check_launches(sc, t, &mut v);
+    if let Some((r, at)) = t.restarted {
+        // Told it cannot rejoin, or (the simulated links carry no heartbeat on its fresh
+        // connection) it lost the HNP first: either way it ended and changed nothing.
+        if !matches!(&t.restart_end, Some((_, Exit::Evicted(_) | Exit::LostHnp(_)))) {
+            v.push(format!(
+                "daemon {r}: its new incarnation (started at {at}) ended {:?}: it should have been told it cannot rejoin",
+                t.restart_end
+            ));
+        }
+    }
     v
 }
 

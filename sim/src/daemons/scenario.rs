@@ -156,6 +156,9 @@ pub struct CoreScenario {
     pub launches: Vec<LaunchPlan>,
     /// `pterm` at this offset after ready: running jobs end first, then every daemon.
     pub terminate_at: Option<u64>,
+    /// A daemon killed at this offset and started again (a new incarnation) `after` later:
+    /// it must be told it cannot rejoin, and change nothing.
+    pub restart: Option<RestartPlan>,
     /// The run must be quiet this long after ready plus the last fault.
     pub bound_ns: u64,
 }
@@ -256,8 +259,17 @@ impl CoreScenario {
         }
 
         // From their own stream: the rest of a seed's schedule is what it was before launches.
-        let (launches, terminate_at) = launches(seed, n, alpha, window, profile);
+        let (launches, terminate_at, restart) = launches(seed, n, alpha, window, profile, heartbeat_ns);
         let runs = launches.iter().map(|l| l.at + l.runs_ns).max().unwrap_or(0);
+        // A restart of a daemon the schedule also faults would test the schedule, not the DVM.
+        let restart = restart.filter(|rp| {
+            !faults.iter().any(|f| match f.kind {
+                FaultKind::Kill { rank, .. } | FaultKind::KillAtStep { rank, .. } | FaultKind::Stop { rank, .. } => {
+                    rank == rp.rank
+                }
+                FaultKind::Cut { a, b, .. } => a == rp.rank || b == rp.rank,
+            })
+        });
         let ops = (longest + 8 + xcasts.len() + 8 * benches.len() + 8 * launches.len()) as u64;
         let losses = faults.len() as u64 * (2 * heartbeat_ns + 2 * detect_jitter_ns + 60 * alpha + 8 * round);
         let bound_ns = 2 * window
@@ -283,6 +295,7 @@ impl CoreScenario {
             faults,
             launches,
             terminate_at,
+            restart,
             bound_ns,
         }
     }
@@ -291,7 +304,14 @@ impl CoreScenario {
 /// 0 to 3 jobs of 1 to `n` procs (one slot per daemon): most exit 0, some fail, some hang
 /// until their `--timeout`; some have two apps, some spawn a job while they run. A quarter of
 /// the schedules without HNP loss end with `pterm`.
-fn launches(seed: u64, n: u32, alpha: u64, window: u64, profile: CoreProfile) -> (Vec<LaunchPlan>, Option<u64>) {
+fn launches(
+    seed: u64,
+    n: u32,
+    alpha: u64,
+    window: u64,
+    profile: CoreProfile,
+    heartbeat_ns: u64,
+) -> (Vec<LaunchPlan>, Option<u64>, Option<RestartPlan>) {
     use dvm_core::harness::Program;
     use dvm_proto::job::{AppContext, JobSpec};
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a07_c4e5_0000_0025);
@@ -335,5 +355,22 @@ fn launches(seed: u64, n: u32, alpha: u64, window: u64, profile: CoreProfile) ->
         out.push(LaunchPlan { at: rng.gen_range(0..=window), spec, runs_ns, spawn });
     }
     let terminate = profile != CoreProfile::HnpLoss && rng.gen_bool(0.25);
-    (out, terminate.then(|| rng.gen_range(0..=2 * window)))
+    let terminate_at = terminate.then(|| rng.gen_range(0..=2 * window));
+    let restart = (profile == CoreProfile::Faults && rng.gen_bool(0.15)).then(|| RestartPlan {
+        rank: rng.gen_range(1..n),
+        at: rng.gen_range(0..=window),
+        // Before its loss is noticed, or after.
+        after: rng.gen_range(0..=2 * heartbeat_ns),
+        epoch: rng.gen::<u64>() | 1,
+    });
+    (out, terminate_at, restart)
+}
+
+/// A daemon killed and started again.
+#[derive(Debug, Clone)]
+pub struct RestartPlan {
+    pub rank: Rank,
+    pub at: u64,
+    pub after: u64,
+    pub epoch: u64,
 }

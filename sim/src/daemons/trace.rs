@@ -83,6 +83,9 @@ pub struct CoreTrace {
     pub shell_errors: Vec<String>,
     /// When pterm was asked (the HNP running).
     pub terminate_asked: Option<u64>,
+    /// A daemon's new incarnation: when it started, and how it ended.
+    pub restarted: Option<(Rank, u64)>,
+    pub restart_end: Option<(u64, dvm_core::Exit)>,
     /// Per launch with a spawn: when it was asked, and the answers rank 0's daemon got
     /// (status), in order.
     pub spawns_asked: Vec<Option<u64>>,

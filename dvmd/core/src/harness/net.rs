@@ -28,6 +28,11 @@ enum Ev {
     Timeout { daemon: Rank },
 }
 
+/// Daemon `r`'s first incarnation.
+fn epoch_of(r: Rank) -> u64 {
+    u64::from(r) * 7919 + 1
+}
+
 /// Daemon `r`'s contact as the test network gives it.
 pub fn contact(r: Rank, slots: u32) -> Contact {
     Contact { rank: r, host: format!("n{r}"), addr: format!("10.0.0.{}:7100", r + 1), pid: 100 + r, slots, epoch: 0 }
@@ -64,42 +69,51 @@ impl Net {
             next_token: 1,
         };
         for r in 0..n {
-            let core = CoreConfig {
-                me: r,
-                host: format!("n{r}"),
-                epoch: u64::from(r) * 7919 + 1,
-                radix,
-                size: n,
-                grpcomm: Config::default(),
-            };
-            let hnp = (r == 0).then(|| HnpConfig {
-                own: contact(0, slots),
-                session_dir: "/tmp/sim".into(),
-                one_job: false,
-                startup_timeout_ns: Some(60_000_000_000),
-                measure_link: false,
-                terminate_deadline_ns: 1_000_000_000,
-            });
-            let local = LocalConfig {
-                base_env: vec![("PATH".into(), "/bin".into())],
-                session_dir: None,
-                loopback: false,
-                cores: 64,
-            };
-            let cfg = NodeConfig { core, hnp, local, hostname: format!("n{r}"), pid: 100 + r };
+            let cfg = Self::config(r, n, radix, slots, epoch_of(r));
             net.nodes.push(Some(Node::new(cfg, SimHost::default()).expect("valid geometry")));
         }
         for r in 0..n {
             let start = match (r, n) {
                 (0, 1) => Start::WireSingle,
                 (0, _) => Start::AwaitCheckIns,
-                _ => Start::CheckIn(Contact { epoch: u64::from(r) * 7919 + 1, ..contact(r, slots) }),
+                _ => Start::CheckIn(Contact { epoch: epoch_of(r), ..contact(r, slots) }),
             };
             net.with(r, |node, now| node.handle_start(now, start));
         }
         net.run();
         assert!(net.shells[0].ready, "the test DVM of {n} daemons at radix {radix} became ready");
         net
+    }
+
+    fn config(r: Rank, n: u32, radix: u32, slots: u32, epoch: u64) -> NodeConfig {
+        let core = CoreConfig { me: r, host: format!("n{r}"), epoch, radix, size: n, grpcomm: Config::default() };
+        let hnp = (r == 0).then(|| HnpConfig {
+            own: contact(0, slots),
+            session_dir: "/tmp/sim".into(),
+            one_job: false,
+            startup_timeout_ns: Some(60_000_000_000),
+            measure_link: false,
+            terminate_deadline_ns: 1_000_000_000,
+        });
+        let local = LocalConfig {
+            base_env: vec![("PATH".into(), "/bin".into())],
+            session_dir: None,
+            loopback: false,
+            cores: 64,
+        };
+        NodeConfig { core, hnp, local, hostname: format!("n{r}"), pid: 100 + r }
+    }
+
+    /// Daemon `r` (dead) is started again as a new incarnation (`epoch`) and checks in.
+    pub fn restart(&mut self, r: Rank, epoch: u64) {
+        assert!(!self.alive(r), "daemon {r} is dead before it restarts");
+        let t = self.nodes.iter().flatten().next().expect("a live daemon").router().topology();
+        let (n, radix) = (t.size(), t.radix());
+        self.nodes[r as usize] =
+            Some(Node::new(Self::config(r, n, radix, 1, epoch), SimHost::default()).expect("valid"));
+        self.shells[r as usize] = SimShell::default();
+        let own = Contact { epoch, ..contact(r, 1) };
+        self.with(r, |node, now| node.handle_start(now, Start::CheckIn(own)));
     }
 
     fn push(&mut self, at: u64, ev: Ev) {

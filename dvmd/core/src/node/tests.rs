@@ -232,3 +232,27 @@ fn a_job_whose_launch_lost_a_relay_still_ends_and_starts_nothing_after_its_kill(
         assert_clean(&net);
     }
 }
+
+#[test]
+fn a_daemon_started_again_is_told_it_cannot_rejoin_before_and_after_its_loss_is_noticed() {
+    for noticed in [false, true] {
+        let mut net = Net::boot(5, 2, 1);
+        net.kill(3);
+        if noticed {
+            net.run();
+            assert!(!net.node(0).router().topology().is_alive(3), "the HNP declared daemon 3 dead");
+        }
+        net.restart(3, 424_242);
+        net.run();
+        assert!(!net.alive(3), "the new incarnation ended");
+        let why = match &net.shells[3].exit {
+            Some(Exit::Evicted(why)) => why.clone(),
+            other => panic!("daemon 3 ended {other:?}"),
+        };
+        assert!(why.contains("cannot rejoin"), "{why}");
+        // The DVM goes on without it.
+        let c = net.launch(job(4, exit(0, 1)));
+        net.run();
+        assert_eq!(net.ended(c), Some((0, String::new())));
+    }
+}

@@ -448,10 +448,32 @@ impl Core {
     }
 
     /// The incarnation check every frame passes before it can change anything.
-    fn admit(&mut self, from_peer: Rank, h: &FrameHeader) -> bool {
+    fn admit(&mut self, from_peer: Rank, h: &FrameHeader, payload: &Bytes) -> bool {
         let topo = self.g.topology();
         let failed_hop = from_peer != self.me && from_peer < topo.size() && !topo.is_alive(from_peer);
         let failed_origin = h.origin < topo.size() && !topo.is_alive(h.origin) && h.origin != self.me;
+        if h.tag == Tag::Checkin as u32
+            && from_peer == h.origin
+            && self.hnp.is_some()
+            && own_checkin(from_peer, payload)
+        {
+            let new_incarnation = self.epochs.get(&from_peer).is_some_and(|&e| e != h.epoch);
+            if failed_hop || new_incarnation {
+                // A daemon started again after the DVM was wired up: it cannot rejoin, and it
+                // must not wait for a WIREUP that never comes.
+                self.stale_frames += 1;
+                warn!(rank = from_peer, "daemon {from_peer} checked in again (a new incarnation): telling it to exit");
+                let reason = format!(
+                    "daemon {from_peer} was started again after the DVM was wired up; a daemon cannot rejoin a \
+                     running DVM"
+                );
+                let payload = Bytes::from(
+                    DaemonCmd { body: Some(daemon_cmd::Body::Evicted(Evicted { reason })) }.encode_to_vec(),
+                );
+                self.transmit_direct(from_peer, Tag::DaemonCmd, payload);
+                return false;
+            }
+        }
         if failed_hop || failed_origin {
             self.stale_frames += 1;
             let who = if failed_hop { from_peer } else { h.origin };
@@ -488,7 +510,7 @@ impl Core {
                 return;
             }
         }
-        if !self.admit(from_peer, &header) {
+        if !self.admit(from_peer, &header, &payload) {
             return;
         }
         if header.dst != self.me {
@@ -532,3 +554,8 @@ impl Core {
 mod fuzz_tests;
 #[cfg(test)]
 mod tests;
+
+/// Whether a check-in's payload is `rank`'s own contact (a daemon reporting itself).
+fn own_checkin(rank: Rank, payload: &Bytes) -> bool {
+    Checkin::decode(payload.clone()).is_ok_and(|c| c.contacts.len() == 1 && c.contacts[0].rank == rank)
+}

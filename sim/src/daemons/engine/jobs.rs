@@ -135,3 +135,25 @@ impl CoreEngine<'_> {
         }
     }
 }
+
+impl CoreEngine<'_> {
+    /// The planned restart: the daemon is killed (`start` false), then its new incarnation
+    /// starts and checks in (it must be told it cannot rejoin).
+    pub(super) fn restart(&mut self, start: bool) {
+        let Some(rp) = self.sc.restart.clone() else { return };
+        let r = rp.rank;
+        if !start {
+            self.q.note(|| format!("RESTART: kill d{r}"));
+            self.kill(r, true);
+            return;
+        }
+        if !matches!(self.nodes[r as usize].state, State::Dead { .. }) || self.trace.restarted.is_some() {
+            return;
+        }
+        self.q.note(|| format!("RESTART: d{r} starts again"));
+        self.nodes[r as usize] = super::Node::fresh(self.sc, r, rp.epoch);
+        self.trace.restarted = Some((r, self.q.now()));
+        let own = dvm_proto::rml::Contact { epoch: rp.epoch, ..super::contact(r) };
+        self.drive(r, dvm_core::Input::CheckIn(own));
+    }
+}

@@ -114,6 +114,10 @@ enum Kind {
         idx: usize,
     },
     Terminate,
+    /// The planned daemon dies (`start`) or its new incarnation starts.
+    Restart {
+        start: bool,
+    },
     Proc {
         daemon: Rank,
         ev: dvm_core::jobs::ProcEvent,
@@ -174,6 +178,37 @@ pub struct CoreEngine<'s> {
     pub trace: CoreTrace,
 }
 
+impl Node {
+    /// Daemon `r` of the scenario, booting as incarnation `epoch`.
+    fn fresh(sc: &CoreScenario, r: Rank, epoch: u64) -> Node {
+        let cfg =
+            CoreConfig { me: r, host: format!("n{r}"), epoch, radix: sc.radix, size: sc.n, grpcomm: sc.cfg.clone() };
+        let hnp = (r == 0).then(|| HnpConfig {
+            own: contact(r),
+            session_dir: "/sim".into(),
+            one_job: false,
+            startup_timeout_ns: None,
+            measure_link: false,
+            // A few loss bounds: a daemon lost while TERMINATE travels is noticed in one.
+            terminate_deadline_ns: 4 * (sc.heartbeat_ns + sc.detect_jitter_ns) + sc.cfg.relay_retry_ns,
+        });
+        let local = LocalConfig { cores: 64, ..LocalConfig::default() };
+        let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
+        Node {
+            node: dvm_core::Node::new(cfg, SimHost::default()).expect("scenario geometry is valid"),
+            shell: SimShell::default(),
+            failed_seen: BTreeSet::new(),
+            state: State::Running,
+            queue: Vec::new(),
+            deferred: Vec::new(),
+            armed: BTreeSet::new(),
+            steps: 0,
+            kill_at_step: None,
+            stopped_at: 0,
+        }
+    }
+}
+
 fn key_of(job: usize, step: usize) -> u64 {
     ((job as u64) << 32) | step as u64
 }
@@ -191,39 +226,7 @@ fn is_eviction(header: &FrameHeader, payload: &Bytes) -> bool {
 impl<'s> CoreEngine<'s> {
     pub fn new(sc: &'s CoreScenario) -> Self {
         let nodes = (0..sc.n)
-            .map(|r| {
-                let cfg = CoreConfig {
-                    me: r,
-                    host: format!("n{r}"),
-                    epoch: (sc.seed.wrapping_mul(0x9E37_79B9) ^ (u64::from(r) << 20)) | 1,
-                    radix: sc.radix,
-                    size: sc.n,
-                    grpcomm: sc.cfg.clone(),
-                };
-                let hnp = (r == 0).then(|| HnpConfig {
-                    own: contact(r),
-                    session_dir: "/sim".into(),
-                    one_job: false,
-                    startup_timeout_ns: None,
-                    measure_link: false,
-                    // A few loss bounds: a daemon lost while TERMINATE travels is noticed in one.
-                    terminate_deadline_ns: 4 * (sc.heartbeat_ns + sc.detect_jitter_ns) + sc.cfg.relay_retry_ns,
-                });
-                let local = LocalConfig { cores: 64, ..LocalConfig::default() };
-                let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
-                Node {
-                    node: dvm_core::Node::new(cfg, SimHost::default()).expect("scenario geometry is valid"),
-                    shell: SimShell::default(),
-                    failed_seen: BTreeSet::new(),
-                    state: State::Running,
-                    queue: Vec::new(),
-                    deferred: Vec::new(),
-                    armed: BTreeSet::new(),
-                    steps: 0,
-                    kill_at_step: None,
-                    stopped_at: 0,
-                }
-            })
+            .map(|r| Node::fresh(sc, r, (sc.seed.wrapping_mul(0x9E37_79B9) ^ (u64::from(r) << 20)) | 1))
             .collect();
         let n = sc.n as usize;
         let trace = CoreTrace {
@@ -364,6 +367,7 @@ impl<'s> CoreEngine<'s> {
             Kind::Heard { idx } => self.heard(idx),
             Kind::Spawn { idx } => self.spawn(idx),
             Kind::Terminate => self.terminate(),
+            Kind::Restart { start } => self.restart(start),
             Kind::Bench { idx } => {
                 if self.running(0) {
                     let b = &self.sc.benches[idx];
@@ -428,6 +432,10 @@ impl<'s> CoreEngine<'s> {
         }
         if let Some(at) = sc.terminate_at {
             self.q.push(t0 + at, Kind::Terminate);
+        }
+        if let Some(rp) = &sc.restart {
+            self.q.push(t0 + rp.at, Kind::Restart { start: false });
+            self.q.push(t0 + rp.at + rp.after, Kind::Restart { start: true });
         }
         for (i, f) in sc.faults.iter().enumerate() {
             if let FaultKind::Cut { a, b, lossy: true } = f.kind {

@@ -171,6 +171,8 @@ impl CoreEngine<'_> {
                 self.q.note(|| format!("d{r} EXIT {exit:?}"));
                 if self.trace.ends[r as usize] == End::Running {
                     self.trace.ends[r as usize] = End::Exited(self.q.now(), exit.clone());
+                } else if self.trace.restarted.is_some_and(|(x, _)| x == r) && self.trace.restart_end.is_none() {
+                    self.trace.restart_end = Some((self.q.now(), exit.clone()));
                 }
                 self.nodes[r as usize].shell.apply(r, self.q.now(), Effect::Exit(exit));
                 // The process ends once this batch of effects is carried out.
