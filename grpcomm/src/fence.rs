@@ -1,5 +1,7 @@
 //! Fence: barrier and modex over a participant set. This file is the framing; the movements
 //! are `tree.rs` (rollup and release) and `allgather.rs` (lateral exchange, no release).
+//! The framing is split by concept: `types.rs` (what callers see), `record.rs` (per-signature
+//! bookkeeping), `rollup.rs` (retire, fail, release down) and here `FenceState`'s entry points.
 //!
 //! Framing owns: the per-signature sequence counters, one `tracker::FenceTracker` per fence in flight
 //! (signature, seq), the stash of contributions from a newer topology epoch, the list of
@@ -31,29 +33,29 @@
 //! the odd daemon is named); releases carry no epoch and are accepted whenever they arrive; a
 //! daemon that missed a release (its relay died) is answered from the result memory, so the
 //! last success per signature is kept until the next one.
-
 mod allgather;
+mod record;
+mod rollup;
 mod run;
 mod start;
 mod tracker;
 mod tree;
+mod types;
 mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock, FenceContrib, FenceRelease};
 use dvm_proto::Message;
 use dvm_rml::topology::{Rank, RepairDelta};
 use tracing::debug;
 
-use crate::{Ctx, Effect, FenceMovementMode};
+use crate::{Ctx, FenceMovementMode};
+use record::SigRecord;
+use rollup::{dropped, emit, fail, release_down, retire, send_error_up};
 use run::Run;
-use tracker::{child_slots, lost, FenceTracker, OwnSlot};
-
-/// Results kept per signature after retirement, to answer contributions re-sent after a repair
-/// (plus the last success, which later failures cannot push out).
-const RECENT_PER_SIGNATURE: usize = 8;
+use tracker::{child_slots, lost, FenceTracker};
+pub use types::{FenceError, FenceId, FenceRequest, FenceSignature, Participants};
 
 /// Allgather blocks are held for fences at most this many ahead of this daemon's next start
 /// (a peer runs ahead by the fences it started without waiting for the previous ones, and by
@@ -62,169 +64,6 @@ const HOLD_AHEAD: u64 = 1024;
 
 /// Forgotten signatures remembered (see `FenceState::forgotten`).
 const FORGOTTEN_KEPT: usize = 16;
-
-/// The daemons taking part in a fence.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Participants {
-    /// Every daemon of the DVM. Once any daemon has failed, every fence over `All` fails with
-    /// `LostConnection` (pending or started later); use an explicit list over the survivors.
-    All,
-    /// These daemons (sorted, unique).
-    Daemons(Vec<Rank>),
-}
-
-impl Participants {
-    pub fn contains(&self, r: Rank) -> bool {
-        match self {
-            Participants::All => true,
-            Participants::Daemons(d) => d.binary_search(&r).is_ok(),
-        }
-    }
-
-    /// Canonical (sorted, unique), non-empty and inside a DVM of `size` daemons.
-    pub fn check(&self, size: u32) -> Result<(), String> {
-        let Participants::Daemons(d) = self else { return Ok(()) };
-        if d.is_empty() {
-            return Err("fence participant list is empty".into());
-        }
-        if let Some(w) = d.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(format!("fence participants not sorted and unique ({} then {})", w[0], w[1]));
-        }
-        match d.last() {
-            Some(&last) if last >= size => Err(format!("fence participant daemon {last} is outside the DVM of {size}")),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Canonical participant set: an opaque key (nspace + ranks, or nspace + wildcard) plus the
-/// participating daemons. The k-th fence over one signature is fence k on every daemon.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FenceSignature {
-    pub key: Bytes,
-    pub participants: Participants,
-}
-
-impl FenceSignature {
-    /// Canonicalizes the daemon list (sorted, duplicates removed).
-    pub fn new(key: impl Into<Bytes>, participants: Participants) -> Self {
-        let participants = match participants {
-            Participants::All => Participants::All,
-            Participants::Daemons(mut d) => {
-                d.sort_unstable();
-                d.dedup();
-                Participants::Daemons(d)
-            }
-        };
-        FenceSignature { key: key.into(), participants }
-    }
-}
-
-/// One daemon's part in a fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FenceRequest {
-    pub sig: FenceSignature,
-    /// `PMIX_COLLECT_DATA`: true selects the modex movement, false the barrier.
-    pub collect: bool,
-    /// This daemon's contribution (ignored by a barrier).
-    pub data: Bytes,
-    /// Fail with `Timeout` if not complete after this many nanoseconds.
-    pub timeout: Option<u64>,
-    /// Bytes the caller expects a collecting fence to release, for `auto` to price the first
-    /// one over a signature (later ones use what the previous one released). Every
-    /// participant must pass the same value: derive it from what all of them hold (the procs
-    /// array, a benchmark's size), never from this daemon's own data.
-    pub size_hint: Option<u64>,
-}
-
-/// Identifies one fence: signature and sequence number.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FenceId {
-    pub sig: FenceSignature,
-    pub seq: u64,
-}
-
-/// Why a fence failed. The same error is reported on every participant.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FenceError {
-    #[error("fence timed out after {timeout_ns} ns (detected by daemon {daemon})")]
-    Timeout { timeout_ns: u64, daemon: Rank },
-    #[error("fence lost participant daemon(s) {lost:?}")]
-    LostConnection { lost: Vec<Rank> },
-    #[error("fence movement mismatch: daemon {daemon} used {got} where {expected} was expected")]
-    MovementMismatch { expected: String, got: String, daemon: Rank },
-    #[error("daemon {daemon} is not a participant of this fence")]
-    NotParticipant { daemon: Rank },
-    #[error("fence protocol error: {0}")]
-    Protocol(String),
-    #[error("fence abandoned by its owner on daemon {daemon}")]
-    Abandoned { daemon: Rank },
-}
-
-type FenceResult = Result<Bytes, FenceError>;
-
-/// Everything this daemon holds about one signature.
-#[derive(Debug, Default)]
-struct SigRecord {
-    /// Local starts so far: the next local start is fence `started`.
-    started: u64,
-    trackers: BTreeMap<u64, FenceTracker>,
-    /// Error releases of fences this daemon participates in but has not started yet.
-    early_errors: BTreeMap<u64, FenceError>,
-    /// Most recent retired results (bounded).
-    recent: VecDeque<(u64, FenceResult)>,
-    /// The last fence that succeeded. A participant still waiting for it holds up every later
-    /// fence over the signature, so those can only fail; this must outlive their errors.
-    last_ok: Option<(u64, Bytes)>,
-    /// The last allgather this daemon finished, kept until the next one finishes: a partner
-    /// whose lateral link was lost may still wait for blocks sent just before the end (it is
-    /// at most one fence behind, since this daemon cannot finish the next without it).
-    finished: Option<(u64, Run)>,
-    /// (seq, bytes) of the last collecting fence that succeeded here: what `auto` prices the
-    /// next collecting fence with. Identical on every participant once that fence is retired
-    /// everywhere, which is why a priced fence waits in `deferred` until then.
-    released: Option<(u64, u64)>,
-    /// Collecting fences started locally under a byte-pricing mode while an earlier
-    /// collecting fence over the signature was still in flight here: their movement is chosen
-    /// once it retires. Each has a tracker (own slot waiting), so what comes early is held.
-    deferred: BTreeMap<u64, start::Deferred>,
-}
-
-impl SigRecord {
-    fn is_retired(&self, seq: u64, participant: bool) -> bool {
-        self.result_of(seq).is_some()
-            || self.early_errors.contains_key(&seq)
-            || (participant && seq < self.started && !self.trackers.contains_key(&seq))
-    }
-
-    fn result_of(&self, seq: u64) -> Option<FenceResult> {
-        match self.recent.iter().find(|(s, _)| *s == seq) {
-            Some((_, r)) => Some(r.clone()),
-            None => self.last_ok.as_ref().filter(|(s, _)| *s == seq).map(|(_, d)| Ok(d.clone())),
-        }
-    }
-
-    fn remember(&mut self, seq: u64, result: FenceResult) {
-        if let Ok(data) = &result {
-            self.last_ok = Some((seq, data.clone()));
-        }
-        if self.recent.len() == RECENT_PER_SIGNATURE {
-            self.recent.pop_front();
-        }
-        self.recent.push_back((seq, result));
-    }
-
-    /// Every result still held, for pushing to new neighbours after a repair.
-    fn held_results(&self) -> Vec<(u64, FenceResult)> {
-        let mut out: Vec<(u64, FenceResult)> = self.recent.iter().cloned().collect();
-        if let Some((seq, data)) = &self.last_ok {
-            if !out.iter().any(|(s, _)| s == seq) {
-                out.push((*seq, Ok(data.clone())));
-            }
-        }
-        out
-    }
-}
 
 impl FenceState {
     /// The owner of `sig` no longer wants its fences in flight (its job failed, a member of
@@ -279,106 +118,6 @@ pub(crate) struct FenceState {
     /// until the loss is noticed again, and by then this daemon may have finished, and
     /// forgotten, the exchange that owed it.
     lateral_lost: BTreeSet<Rank>,
-}
-
-fn emit(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: FenceResult) {
-    debug!(rank = ctx.topo.me(), key = ?sig.key, seq, ok = result.is_ok(), "fence complete");
-    ctx.out.push(Effect::FenceComplete { id: FenceId { sig: sig.clone(), seq }, result });
-}
-
-fn dropped(ctx: &mut Ctx<'_>, from: Rank, reason: String) {
-    debug!(rank = ctx.topo.me(), from, %reason, "fence message dropped");
-    ctx.out.push(Effect::Dropped { from, reason });
-}
-
-/// Remove the tracker, remember the result, forward it to every child holding a participant
-/// (but not back to `from`; a success only for movements that release), then emit it if this
-/// daemon started the fence.
-fn retire(
-    ctx: &mut Ctx<'_>,
-    sig: &FenceSignature,
-    seq: u64,
-    rec: &mut SigRecord,
-    result: FenceResult,
-    from: Option<Rank>,
-) {
-    let mut t = rec.trackers.remove(&seq);
-    // A fence still deferred here ends before it began (an error came down): its caller hears.
-    let started = t.as_ref().is_some_and(FenceTracker::started) | rec.deferred.remove(&seq).is_some();
-    if let (Ok(data), Some(t)) = (&result, &t) {
-        if t.collect && t.started() && rec.released.is_none_or(|(s, _)| s < seq) {
-            rec.released = Some((seq, data.len() as u64));
-        }
-    }
-    let release = result.is_err() || t.as_ref().is_none_or(FenceTracker::releases_success);
-    if let Some(kept) = t.take().and_then(|t| t.run.outlives_fence()) {
-        if result.is_ok() {
-            rec.finished = Some((seq, kept));
-        }
-    }
-    rec.remember(seq, result.clone());
-    if let Err(e) = &result {
-        if !started && sig.participants.contains(ctx.topo.me()) && seq >= rec.started {
-            rec.early_errors.insert(seq, e.clone());
-        }
-    }
-    if release {
-        release_down(ctx, sig, seq, &result, from);
-    }
-    if started {
-        emit(ctx, sig, seq, result);
-    }
-}
-
-/// The result to every child whose subtree holds a participant, except `from`.
-fn release_down(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, result: &FenceResult, from: Option<Rank>) {
-    let msg = wire::release_msg(sig, seq, result);
-    for c in child_slots(ctx.topo, &sig.participants) {
-        if Some(c) != from {
-            ctx.send(c, Body::Release(msg.clone()));
-        }
-    }
-}
-
-/// Fail the fence in this subtree: the root releases the error; anyone else sends it up.
-fn fail(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut SigRecord, err: FenceError) {
-    let Some(t) = rec.trackers.get_mut(&seq) else { return };
-    if t.failed.is_some() {
-        return;
-    }
-    debug!(rank = ctx.topo.me(), key = ?sig.key, seq, %err, "fence failed here");
-    if ctx.topo.is_root() {
-        retire(ctx, sig, seq, rec, Err(err), None);
-        return;
-    }
-    if matches!(err, FenceError::Timeout { daemon, .. } if daemon == ctx.topo.me()) {
-        // Give the root one more timeout to answer, then give up locally.
-        let at = ctx.now.saturating_add(t.timeout_ns.max(1));
-        t.deadline = Some(at);
-        ctx.out.push(Effect::ArmTimer { at });
-    }
-    t.failed = Some(err);
-    send_error_up(ctx, sig, seq, t);
-}
-
-fn send_error_up(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, t: &FenceTracker) {
-    let (Some(err), Some(parent)) = (&t.failed, ctx.topo.parent()) else { return };
-    let (status, error) = wire::error_to_wire(err);
-    let movement = match t.own {
-        OwnSlot::Filled { movement, .. } => movement,
-        _ => 0,
-    };
-    let m = FenceContrib {
-        sig: Some(wire::sig_to_wire(sig)),
-        seq,
-        movement,
-        topo_epoch: ctx.topo.epoch(),
-        count: 0,
-        entries: Vec::new(),
-        status,
-        error,
-    };
-    ctx.send(parent, Body::Contrib(m));
 }
 
 impl FenceState {

@@ -36,9 +36,12 @@ use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceBlock};
 use dvm_rml::topology::Rank;
 use tracing::debug;
 
+use super::record::SigRecord;
+use super::rollup::{fail, retire};
 use super::run::Run;
 use super::tracker::{OwnSlot, MAX_EARLY_BLOCKS};
-use super::{fail, retire, wire, FenceError, FenceSignature, Participants, SigRecord};
+use super::types::{FenceError, FenceSignature, Participants};
+use super::wire;
 use crate::allgather::exchange::{Exchange, Outgoing, Received};
 use crate::{Ctx, Effect, Movement};
 

@@ -13,7 +13,9 @@ use bytes::Bytes;
 use dvm_proto::grpcomm::{FenceBlock, FenceContrib};
 use dvm_rml::topology::Rank;
 
-use super::{allgather, tree, FenceError, FenceSignature, SigRecord};
+use super::record::SigRecord;
+use super::types::{FenceError, FenceSignature};
+use super::{allgather, tree};
 use crate::allgather::exchange::Exchange;
 use crate::{Ctx, Movement};
 

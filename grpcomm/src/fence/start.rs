@@ -14,9 +14,11 @@ use bytes::Bytes;
 use dvm_rml::topology::Rank;
 use tracing::debug;
 
+use super::record::SigRecord;
 use super::run::Run;
 use super::tracker::{self, child_slots, FenceTracker};
-use super::{FenceRequest, FenceSignature, FenceState, Participants, SigRecord};
+use super::types::{FenceRequest, FenceSignature, Participants};
+use super::FenceState;
 use crate::movement::FenceShape;
 use crate::{Ctx, Effect, FenceMovementMode};
 

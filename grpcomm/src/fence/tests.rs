@@ -6,8 +6,10 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 use dvm_proto::grpcomm::{grpcomm_msg::Body, GrpcommMsg};
 
+use super::types::FenceResult;
 use super::*;
 use crate::testnet::Links;
+use crate::Effect;
 
 fn daemons(n: u32) -> Links {
     Links::new(n, 2, 0)

@@ -9,7 +9,7 @@ use dvm_proto::grpcomm::FenceEntry;
 use dvm_rml::topology::{Rank, Route, Topology};
 
 use super::run::Run;
-use super::{FenceError, Participants};
+use super::types::{FenceError, Participants};
 
 /// Allgather messages held for a fence this daemon has not started (one per sender and step;
 /// a schedule has at most 32 steps, so this bounds a sender that misbehaves).

@@ -11,9 +11,12 @@ use dvm_proto::grpcomm::{grpcomm_msg::Body, FenceContrib};
 use dvm_rml::topology::{Rank, Route};
 use tracing::debug;
 
+use super::record::SigRecord;
+use super::rollup::{fail, retire};
 use super::run::Run;
 use super::tracker::{self, Agreement, OwnSlot, SubtreeContrib};
-use super::{fail, retire, wire, FenceError, FenceResult, FenceSignature, SigRecord};
+use super::types::{FenceError, FenceResult, FenceSignature};
+use super::wire;
 use crate::{Ctx, Movement};
 
 /// This daemon starts fence `seq` on tree movement `m` (barrier or gather) with `data`

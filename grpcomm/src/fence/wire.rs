@@ -5,7 +5,7 @@ use bytes::Bytes;
 use dvm_proto::grpcomm as pb;
 use dvm_rml::topology::Rank;
 
-use super::{FenceError, FenceSignature, Participants};
+use super::types::{FenceError, FenceSignature, Participants};
 
 const STATUS_TIMEOUT: i32 = 1;
 const STATUS_LOST: i32 = 2;
