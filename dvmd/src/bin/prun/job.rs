@@ -1,0 +1,234 @@
+//! One job on a DVM: submitting it, printing its output stream, forwarding stdin and signals,
+//! and turning its end into prun's exit status.
+//!
+//! Never boots or stops a DVM. Do not break: output lines are written in the order the DVM
+//! sends them, a closed stdout ends the job with [`CLOSED_STDOUT`], and a broken event stream
+//! is reported as the DVM lost (`Head::lost`), never as the job's failure.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use anyhow::Result;
+use dvm_proto::control::{job_event, JobOutput, StdinMsg};
+use dvm_proto::job::StdinTarget;
+use dvmd::control::Client;
+use dvmd::prun_cli::PrunCommand;
+use dvmd::session::DvmUri;
+use tokio::io::AsyncReadExt;
+
+use super::head::Head;
+use super::signals::{ends_job, Signals};
+
+/// Exit status when prun's stdout was closed (a reader such as `head` went away), as for any
+/// filter killed by SIGPIPE.
+pub(super) const CLOSED_STDOUT: i32 = 128 + libc::SIGPIPE;
+
+/// Writes job output: raw, or tagged per line `[job,rank]<stream>: line`. Once prun's stdout is
+/// closed, what would go there is dropped; errors on stderr are ignored.
+pub(super) struct Output {
+    pub(super) jobid: u32,
+    pub(super) tag: bool,
+    pub(super) merge: bool,
+    pub(super) partial: HashMap<(u32, u32), Vec<u8>>,
+    pub(super) stdout_closed: bool,
+}
+
+impl Output {
+    /// Write one chunk; true when this write found stdout closed.
+    pub(super) fn write(&mut self, o: JobOutput) -> bool {
+        let to = if self.merge { 1 } else { o.stream };
+        if !self.tag {
+            return self.put(to, &o.data);
+        }
+        let buf = self.partial.entry((o.rank, o.stream)).or_default();
+        buf.extend_from_slice(&o.data);
+        let mut lines = Vec::new();
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            lines.push(buf.drain(..=nl).collect::<Vec<u8>>());
+        }
+        let mut closed = false;
+        for l in lines {
+            closed |= self.emit(o.rank, o.stream, to, &l);
+        }
+        closed
+    }
+
+    pub(super) fn emit(&mut self, rank: u32, from: u32, to: u32, line: &[u8]) -> bool {
+        let name = if from == 2 { "stderr" } else { "stdout" };
+        let mut text = format!("[{},{}]<{name}>: ", self.jobid, rank).into_bytes();
+        text.extend_from_slice(line);
+        if !text.ends_with(b"\n") {
+            text.push(b'\n');
+        }
+        self.put(to, &text)
+    }
+
+    /// Write to stream `to` (2: stderr, else stdout); true when this write found stdout closed.
+    pub(super) fn put(&mut self, to: u32, data: &[u8]) -> bool {
+        if to == 2 {
+            let mut e = std::io::stderr().lock();
+            let _ = e.write_all(data).and_then(|()| e.flush());
+            return false;
+        }
+        if self.stdout_closed {
+            return false;
+        }
+        let mut s = std::io::stdout().lock();
+        match s.write_all(data).and_then(|()| s.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.stdout_closed = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn finish(&mut self) {
+        let rest: Vec<((u32, u32), Vec<u8>)> = self.partial.drain().filter(|(_, b)| !b.is_empty()).collect();
+        for ((rank, from), line) in rest {
+            let to = if self.merge { 1 } else { from };
+            self.emit(rank, from, to, &line);
+        }
+    }
+}
+
+/// How a job ended for prun.
+pub(super) struct JobResult {
+    /// prun's exit status.
+    pub(super) code: i32,
+    /// prun stops waiting (a second SIGINT/SIGTERM): a one-shot DVM is killed, not stopped.
+    pub(super) abandon: bool,
+}
+
+pub(super) async fn run_job(
+    cmd: &PrunCommand,
+    head: &Head,
+    signals: &mut Signals,
+    mut pending: Vec<i32>,
+) -> Result<JobResult> {
+    let uri = &head.uri;
+    let mut client = Client::connect(uri.clone()).await?;
+    let spec = cmd.spec.clone();
+    if cmd.launch_sizes {
+        let p = client.launch_plan(spec).await?;
+        println!("job of {} procs on {} nodes, placement {}", p.nprocs, p.nodes, p.placement);
+        println!("  broadcast map: {} bytes", p.map_bytes);
+        println!("  scattered residuals: {} bytes in all", p.residual_bytes);
+        println!("  per proc: {:.3} bytes", p.bytes_per_proc);
+        println!("  most received by one daemon: {} bytes", p.max_daemon_bytes);
+        return Ok(JobResult { code: 0, abandon: false });
+    }
+    let mut events = client.launch(spec.clone()).await?;
+    let mut out = Output {
+        jobid: 0,
+        tag: spec.tag_output,
+        merge: spec.merge_stderr,
+        partial: HashMap::new(),
+        stdout_closed: false,
+    };
+    let mut jobid = None;
+    // The first SIGINT/SIGTERM: the job is killed, and prun never reports success after it.
+    let mut interrupted: Option<i32> = None;
+    loop {
+        let next = tokio::select! {
+            ev = events.message() => ev,
+            sig = signals.next() => {
+                if ends_job(sig) {
+                    // A second one: stop waiting, once the kill is on its way or the DVM is ours.
+                    if let (Some(first), true) = (interrupted, jobid.is_some() || head.one_shot) {
+                        return Ok(JobResult { code: 128 + first, abandon: true });
+                    }
+                    interrupted.get_or_insert(sig);
+                }
+                // Signals that come before the job has an id are forwarded once it has one.
+                match jobid {
+                    Some(j) => forward_signal(uri, j, sig).await,
+                    None => pending.push(sig),
+                }
+                continue;
+            }
+        };
+        let ev = match next {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return Err(head.lost("its job event stream ended without a result").await.into()),
+            Err(status) => return Err(head.lost(status.message()).await.into()),
+        };
+        match ev.event {
+            Some(job_event::Event::Started(s)) => {
+                jobid = Some(s.jobid);
+                out.jobid = s.jobid;
+                for sig in pending.drain(..) {
+                    forward_signal(uri, s.jobid, sig).await;
+                }
+                if StdinTarget::try_from(spec.stdin_target).ok() != Some(StdinTarget::None) {
+                    tokio::spawn(forward_stdin(uri.clone(), s.jobid));
+                }
+            }
+            Some(job_event::Event::Output(o)) => {
+                // The first write that finds stdout closed (nobody reads prun's output any
+                // more) ends the job, quietly, like a filter killed by SIGPIPE.
+                let closed_now = out.write(o);
+                if let (true, Some(j)) = (closed_now, jobid) {
+                    forward_signal(uri, j, libc::SIGTERM).await;
+                }
+            }
+            // Quiet once stdout is closed: the job ends because prun's reader went away.
+            Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
+            Some(job_event::Event::Ended(e)) => {
+                out.finish();
+                if jobid.is_none() && !e.message.is_empty() {
+                    // Refused before launch (mapping): the message is the reason.
+                    eprintln!("prun: {}", e.message);
+                }
+                let code = match (out.stdout_closed, interrupted) {
+                    (true, _) => CLOSED_STDOUT,
+                    (false, Some(sig)) if e.exit_code == 0 => 128 + sig,
+                    _ => e.exit_code,
+                };
+                return Ok(JobResult { code, abandon: false });
+            }
+            _ => {}
+        }
+    }
+}
+
+pub(super) async fn forward_signal(uri: &DvmUri, jobid: u32, sig: i32) {
+    match Client::connect(uri.clone()).await {
+        Ok(mut c) => {
+            if let Err(e) = c.signal(jobid, sig).await {
+                eprintln!("prun: cannot forward signal {sig}: {e:#}");
+            }
+        }
+        Err(e) => eprintln!("prun: cannot forward signal {sig}: {e:#}"),
+    }
+}
+
+pub(super) async fn forward_stdin(uri: DvmUri, jobid: u32) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<StdinMsg>(16);
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(StdinMsg { jobid, data: Default::default(), eof: true }).await;
+                    return;
+                }
+                Ok(n) => {
+                    if tx.send(StdinMsg { jobid, data: buf[..n].to_vec().into(), eof: false }).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let result: Result<()> = async {
+        let mut c = Client::connect(uri).await?;
+        c.stdin(stream).await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::debug!("stdin forwarding ended: {e:#}");
+    }
+}

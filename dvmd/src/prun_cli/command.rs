@@ -1,0 +1,150 @@
+//! What `prun`'s command line turns into: [`PrunCommand`] (the job plus how to find or boot a
+//! DVM), the one-shot DVM choices, the errors, and the `--help` text.
+//!
+//! Never parses or reads anything. Do not break: [`USAGE`] lists every option the parser's
+//! table accepts, and every error names the option as the user typed it.
+
+use std::path::PathBuf;
+
+use dvm_proto::job::JobSpec;
+
+use crate::hostfile::HostfileError;
+
+/// Help text printed by `prun --help`; lists every option [`parse`](super::parse) accepts.
+pub const USAGE: &str = "\
+Usage: prun [job options] [app options] EXE [ARGS...] [: [app options] EXE [ARGS...]]...
+
+Runs a job on a running DVM (--dvm-uri, else the only persistent DVM of this user), or on a
+one-shot DVM booted for it and private to it (--local, or --host/--hostfile when no persistent
+DVM is running). Everything after EXE is passed to it, up to a lone ':' that starts the next
+app (MPMD).
+
+Exit status: 0; the first failing process's status (killed by signal S: 128+S); 127 exec failure;
+124 --timeout; 130/143 prun got SIGINT/SIGTERM; 141 prun's stdout was closed; 125 the DVM's head
+process ended (or was lost) during the job; 1 prun could not run the job.
+
+App options (before each EXE; -x and --wdir before the first EXE apply to every app):
+  -n, --np N                 number of processes of this app (default: fill the slots, or -N per node)
+  -x VAR | VAR=value         export VAR from prun's environment, or set it to value
+  --wdir, --wd DIR           working directory of the processes (relative to prun's directory)
+  --                         end of options: the next argument is the executable
+
+Job options (before the first EXE):
+  -N, --npernode N           N processes on each node (same as --map-by ppr:N:node)
+  --map-by slot|node|ppr:N:node[:oversubscribe]
+                             fill each node's slots in turn (default), round-robin over nodes,
+                             or N per node
+  --oversubscribe            allow more processes than slots on a node
+  -H, --host a,b,c           run on these hosts of the DVM (name[:slots] for a one-shot DVM)
+  --hostfile, --machinefile F
+                             run on the hosts listed in F (lines 'name [slots=N]')
+  --output tag[,merge-stderr-to-stdout]
+                             tag each output line with its rank; send stderr to stdout
+  --tag-output               same as --output tag
+  --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
+  --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
+  --timeout SECONDS          kill the job after SECONDS
+  --enable-recovery          a process that dies does not end the job: the others are told
+                             (PMIx event PMIX_ERR_PROC_ABORTED; a lost node: LOST_CONNECTION)
+  --dvm-uri URI|file:F       the DVM to use: its URI, or a file holding it
+  --local N                  boot a one-shot DVM of N daemons on this machine for this job
+  --slots S                  with --local: S slots per daemon
+  --launch-sizes             print the sizes of the launch messages instead of launching
+  -h, --help                 print this help
+  -V, --version              print the version
+
+Single-dash long options (-np 4, -host a, -wdir d) and --opt=VALUE are accepted.
+";
+
+/// What `prun` was asked to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrunCommand {
+    /// The job. `spec.hosts` holds the host names from `--host` or `--hostfile` (empty: all).
+    pub spec: JobSpec,
+    /// `--dvm-uri`, as given; a relative `file:` path is resolved against prun's directory.
+    pub dvm_uri: Option<String>,
+    /// `--local N [--slots S]`. Hostfile/host-list one-shots are the caller's decision: see
+    /// [`PrunCommand::one_shot_candidate`].
+    pub one_shot: Option<OneShot>,
+    /// `--hostfile`, resolved against prun's directory (already read into `spec.hosts`).
+    pub hostfile: Option<PathBuf>,
+    /// `--host` exactly as given (`name[:slots],...`), for booting a one-shot DVM from it.
+    pub host_list: Option<String>,
+    /// `--launch-sizes`: print the launch message sizes, don't launch.
+    pub launch_sizes: bool,
+    pub help: bool,
+    pub version: bool,
+}
+
+/// A DVM booted for one job and torn down after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OneShot {
+    Local {
+        daemons: u32,
+        slots: Option<u32>,
+    },
+    Hostfile(PathBuf),
+    Hosts(String),
+    /// Inside a Slurm job: the allocation's nodes, read by dvmd from the environment.
+    Slurm,
+}
+
+impl PrunCommand {
+    /// The one-shot DVM to boot if no persistent DVM is running: `--local`, else `--hostfile`,
+    /// else `--host`, else the Slurm allocation when prun runs in one.
+    pub fn one_shot_candidate(&self, in_slurm_job: bool) -> Option<OneShot> {
+        if let Some(o) = &self.one_shot {
+            return Some(o.clone());
+        }
+        if let Some(f) = &self.hostfile {
+            return Some(OneShot::Hostfile(f.clone()));
+        }
+        match &self.host_list {
+            Some(h) => Some(OneShot::Hosts(h.clone())),
+            None => in_slurm_job.then_some(OneShot::Slurm),
+        }
+    }
+}
+
+/// A command line `prun` refuses. Options are named as the user typed them.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CliError {
+    #[error("unknown option '{0}' (see prun --help)")]
+    UnknownOption(String),
+    #[error("{0} needs a value")]
+    MissingValue(String),
+    #[error("{option} takes no value, got '{value}'")]
+    UnexpectedValue { option: String, value: String },
+    #[error("{option} '{value}': {problem}")]
+    BadValue { option: String, value: String, problem: String },
+    #[error("{option} given twice{}", for_app(.app))]
+    GivenTwice { option: String, app: usize },
+    #[error("{first} and {second} cannot both be given")]
+    Conflict { first: String, second: String },
+    #[error("{option} needs {needs}")]
+    Requires { option: String, needs: String },
+    #[error("{option} applies to the whole job: give it before the first executable, not in app {app}")]
+    JobOptionInApp { option: String, app: usize },
+    #[error("no executable given")]
+    NoExecutable,
+    #[error("app 1 before ':' has no executable")]
+    FirstAppWithoutExecutable,
+    #[error("app {app} after ':' has no executable")]
+    AppWithoutExecutable { app: usize },
+    #[error("-x {name}: {name} is not set in prun's environment")]
+    UnsetVariable { name: String },
+    #[error("--stdin {rank}: the job has only {nprocs} procs")]
+    StdinRankOutOfRange { rank: u32, nprocs: u64 },
+    #[error("{what} '{path}' is not valid UTF-8")]
+    NotUtf8 { what: String, path: String },
+    #[error(transparent)]
+    Hosts(#[from] HostfileError),
+}
+
+pub(super) fn for_app(app: &usize) -> String {
+    if *app > 1 {
+        format!(" for app {app}")
+    } else {
+        String::new()
+    }
+}

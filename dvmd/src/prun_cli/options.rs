@@ -1,0 +1,148 @@
+//! The option table (every option's kind and spellings), looking a token up in it, and the
+//! small value checks the parser shares.
+//!
+//! Never decides which scope (job or app) an option belongs to: that is the parser's. Do not
+//! break: a name resolves to at most one kind, and `--opt=VALUE` keeps everything after the
+//! first `=` as the value.
+
+use std::path::{Path, PathBuf};
+
+use dvm_proto::job::MapBy;
+
+use super::command::CliError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Np,
+    Export,
+    Wdir,
+    PerNode,
+    MapBy,
+    Oversubscribe,
+    Host,
+    Hostfile,
+    Output,
+    TagOutput,
+    MergeStderr,
+    Stdin,
+    Timeout,
+    DvmUri,
+    Local,
+    Slots,
+    LaunchSizes,
+    EnableRecovery,
+    Help,
+    Version,
+}
+
+impl Kind {
+    pub(super) fn takes_value(self) -> bool {
+        !matches!(
+            self,
+            Kind::Oversubscribe
+                | Kind::TagOutput
+                | Kind::MergeStderr
+                | Kind::LaunchSizes
+                | Kind::EnableRecovery
+                | Kind::Help
+                | Kind::Version
+        )
+    }
+    pub(super) fn is_app_option(self) -> bool {
+        matches!(self, Kind::Np | Kind::Export | Kind::Wdir)
+    }
+}
+
+/// Every spelling `prun` accepts (single-dash forms of the long names are derived in [`lookup`]).
+pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
+    (Kind::Np, &["-n", "--np"]),
+    (Kind::Export, &["-x"]),
+    (Kind::Wdir, &["--wdir", "--wd"]),
+    (Kind::PerNode, &["-N", "--npernode"]),
+    (Kind::MapBy, &["--map-by"]),
+    (Kind::Oversubscribe, &["--oversubscribe"]),
+    (Kind::Host, &["-H", "--host"]),
+    (Kind::Hostfile, &["--hostfile", "--machinefile"]),
+    (Kind::Output, &["--output"]),
+    (Kind::TagOutput, &["--tag-output"]),
+    (Kind::MergeStderr, &["--merge-stderr-to-stdout"]),
+    (Kind::Stdin, &["--stdin"]),
+    (Kind::Timeout, &["--timeout"]),
+    (Kind::DvmUri, &["--dvm-uri"]),
+    (Kind::Local, &["--local"]),
+    (Kind::Slots, &["--slots"]),
+    (Kind::LaunchSizes, &["--launch-sizes"]),
+    (Kind::EnableRecovery, &["--enable-recovery"]),
+    (Kind::Help, &["-h", "--help"]),
+    (Kind::Version, &["-V", "--version"]),
+];
+
+pub(super) fn kind_of(name: &str) -> Option<Kind> {
+    OPTIONS.iter().find(|(_, names)| names.contains(&name)).map(|(k, _)| *k)
+}
+
+/// Resolve an option token to its kind, its spelling (for messages) and an inline value.
+pub(super) fn lookup(token: &str) -> Result<(Kind, String, Option<String>), CliError> {
+    // `-np` means `--np`; a name written with `--` is only ever itself.
+    let find =
+        |name: &str| kind_of(name).or_else(|| if name.starts_with("--") { None } else { kind_of(&format!("-{name}")) });
+    if let Some(k) = find(token) {
+        return Ok((k, token.to_string(), None));
+    }
+    if let Some((name, value)) = token.split_once('=') {
+        if let Some(k) = find(name) {
+            return Ok((k, name.to_string(), Some(value.to_string())));
+        }
+    }
+    if !token.starts_with("--") && token.len() > 2 && token.is_char_boundary(2) {
+        // `-n4`, `-xFOO=1`: a one-letter option with its value attached.
+        if let Some(k) = kind_of(&token[..2]).filter(|k| k.takes_value()) {
+            return Ok((k, token[..2].to_string(), Some(token[2..].to_string())));
+        }
+    }
+    let name = if token.starts_with("--") { token.split('=').next().unwrap_or(token) } else { token };
+    Err(CliError::UnknownOption(name.to_string()))
+}
+
+pub(super) fn set_once<T>(slot: &mut Option<T>, value: T, twice: impl FnOnce() -> CliError) -> Result<(), CliError> {
+    if slot.is_some() {
+        return Err(twice());
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+pub(super) fn positive(s: &str) -> Option<u32> {
+    s.parse::<u32>().ok().filter(|&n| n > 0)
+}
+
+/// `slot`, `node` or `ppr:N:node`, each optionally `:oversubscribe` (any case).
+pub(super) fn parse_map_by(value: &str) -> Result<(MapBy, u32, bool), String> {
+    const EXPECTED: &str = "expected slot, node or ppr:N:node[:oversubscribe]";
+    let mut parts: Vec<&str> = value.split(':').collect();
+    let oversubscribe = parts.len() > 1 && parts.last().is_some_and(|m| m.eq_ignore_ascii_case("oversubscribe"));
+    if oversubscribe {
+        parts.pop();
+    }
+    let lower: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
+    match lower.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["slot"] => Ok((MapBy::Slot, 0, oversubscribe)),
+        ["node"] => Ok((MapBy::Node, 0, oversubscribe)),
+        ["ppr", n, "node"] => match positive(n) {
+            Some(n) => Ok((MapBy::Ppr, n, oversubscribe)),
+            None => Err("N in ppr:N:node must be a positive integer".to_string()),
+        },
+        _ => Err(EXPECTED.to_string()),
+    }
+}
+
+/// Drop `.` components lexically (no file system access; `..` is kept as given).
+pub(super) fn clean(path: &Path) -> PathBuf {
+    path.components().collect()
+}
+
+pub(super) fn utf8(path: &Path, what: &str) -> Result<String, CliError> {
+    path.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| CliError::NotUtf8 { what: what.to_string(), path: path.display().to_string() })
+}

@@ -1,0 +1,347 @@
+//! The hand-written parser: walks the arguments once, splitting MPMD segments at a lone `:`,
+//! and builds the [`PrunCommand`].
+//!
+//! No I/O except reading a `--hostfile`. Do not break: job options are refused after the
+//! first executable, everything after an app's executable is its argv up to a lone `:`, and
+//! `--help`/`--version` short-circuit where they appear.
+
+use std::path::{Path, PathBuf};
+
+use dvm_proto::job::{AppContext, JobSpec, MapBy, StdinTarget};
+
+use crate::hostfile;
+
+use super::command::{CliError, OneShot, PrunCommand};
+use super::options::{clean, lookup, parse_map_by, positive, set_once, utf8, Kind};
+
+#[derive(Default)]
+struct AppDraft {
+    argv: Vec<String>,
+    np: Option<u32>,
+    env: Vec<(String, String)>,
+    wdir: Option<String>,
+}
+
+/// Parse state; each single-value option keeps the spelling it was given with, for messages.
+struct Parser<'a> {
+    cwd: &'a Path,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    global: AppDraft,
+    apps: Vec<AppDraft>,
+    map_by: Option<(String, MapBy, u32)>,
+    per_node: Option<(String, u32)>,
+    oversubscribe: bool,
+    host: Option<(String, String, Vec<String>)>,
+    hostfile: Option<(String, PathBuf, Vec<String>)>,
+    output: Option<String>,
+    tag_output: bool,
+    merge_stderr: bool,
+    stdin: Option<(StdinTarget, u32)>,
+    timeout: Option<f64>,
+    dvm_uri: Option<(String, String)>,
+    local: Option<(String, u32)>,
+    slots: Option<(String, u32)>,
+    launch_sizes: bool,
+    enable_recovery: bool,
+}
+
+/// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
+/// (absolute); `env` looks up prun's environment for `-x VAR`.
+pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<PrunCommand, CliError> {
+    let cwd_str = utf8(cwd, "prun's working directory")?;
+    let mut p = Parser {
+        cwd,
+        env,
+        global: AppDraft::default(),
+        apps: vec![AppDraft::default()],
+        map_by: None,
+        per_node: None,
+        oversubscribe: false,
+        host: None,
+        hostfile: None,
+        output: None,
+        tag_output: false,
+        merge_stderr: false,
+        stdin: None,
+        timeout: None,
+        dvm_uri: None,
+        local: None,
+        slots: None,
+        launch_sizes: false,
+        enable_recovery: false,
+    };
+    let mut i = 0;
+    loop {
+        let app = p.apps.len();
+        // Options of this segment, up to its executable.
+        while i < args.len() && args[i] != ":" {
+            let token = &args[i];
+            i += 1;
+            if token == "--" {
+                break;
+            }
+            if !token.starts_with('-') {
+                i -= 1;
+                break;
+            }
+            let (kind, spelled, inline) = lookup(token)?;
+            let value = match (kind.takes_value(), inline) {
+                (true, Some(v)) => Some(v),
+                (true, None) => {
+                    let v = args.get(i).ok_or_else(|| CliError::MissingValue(spelled.clone()))?;
+                    i += 1;
+                    Some(v.clone())
+                }
+                (false, Some(v)) => return Err(CliError::UnexpectedValue { option: spelled, value: v }),
+                (false, None) => None,
+            };
+            match kind {
+                Kind::Help | Kind::Version => return Ok(short_circuit(cwd_str, kind)),
+                _ => p.apply(kind, &spelled, value.unwrap_or_default(), app)?,
+            }
+        }
+        // The executable and its argv, up to a lone ':'.
+        let start = i;
+        while i < args.len() && args[i] != ":" {
+            i += 1;
+        }
+        if start == i {
+            return Err(match (app, i < args.len()) {
+                (1, false) => CliError::NoExecutable,
+                (1, true) => CliError::FirstAppWithoutExecutable,
+                _ => CliError::AppWithoutExecutable { app },
+            });
+        }
+        p.apps[app - 1].argv = args[start..i].to_vec();
+        if i == args.len() {
+            break;
+        }
+        i += 1; // the ':'
+        p.apps.push(AppDraft::default());
+    }
+    p.finish(cwd_str)
+}
+
+impl Parser<'_> {
+    fn apply(&mut self, kind: Kind, opt: &str, value: String, app: usize) -> Result<(), CliError> {
+        if app > 1 && !kind.is_app_option() {
+            return Err(CliError::JobOptionInApp { option: opt.to_string(), app });
+        }
+        let twice = || CliError::GivenTwice { option: opt.to_string(), app };
+        let bad = |problem: &str| CliError::BadValue {
+            option: opt.to_string(),
+            value: value.clone(),
+            problem: problem.to_string(),
+        };
+        match kind {
+            Kind::Np => {
+                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
+                set_once(&mut self.apps[app - 1].np, n, twice)?;
+            }
+            Kind::Export => {
+                let (name, val) = match value.split_once('=') {
+                    Some((name, val)) => (name.to_string(), val.to_string()),
+                    None => (value.clone(), String::new()),
+                };
+                if name.is_empty() {
+                    return Err(bad("expected VAR or VAR=value"));
+                }
+                let val = if value.contains('=') {
+                    val
+                } else {
+                    (self.env)(&name).ok_or_else(|| CliError::UnsetVariable { name: name.clone() })?
+                };
+                let scope = if app == 1 { &mut self.global } else { &mut self.apps[app - 1] };
+                if scope.env.iter().any(|(n, _)| *n == name) {
+                    return Err(CliError::GivenTwice { option: format!("{opt} {name}"), app });
+                }
+                scope.env.push((name, val));
+            }
+            Kind::Wdir => {
+                if value.is_empty() {
+                    return Err(bad("not a directory path"));
+                }
+                let dir = utf8(&clean(&self.cwd.join(&value)), opt)?;
+                let scope = if app == 1 { &mut self.global } else { &mut self.apps[app - 1] };
+                set_once(&mut scope.wdir, dir, twice)?;
+            }
+            Kind::PerNode => {
+                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
+                if let Some((first, ..)) = &self.map_by {
+                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
+                }
+                set_once(&mut self.per_node, (opt.to_string(), n), twice)?;
+            }
+            Kind::MapBy => {
+                let (map_by, ppr, oversubscribe) = parse_map_by(&value).map_err(|p| bad(&p))?;
+                if let Some((first, _)) = &self.per_node {
+                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
+                }
+                set_once(&mut self.map_by, (opt.to_string(), map_by, ppr), twice)?;
+                self.oversubscribe |= oversubscribe;
+            }
+            Kind::Oversubscribe => self.oversubscribe = true,
+            Kind::Host => {
+                if let Some((first, ..)) = &self.hostfile {
+                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
+                }
+                let names = hostfile::parse_host_list(&value)?.into_iter().map(|h| h.name).collect();
+                set_once(&mut self.host, (opt.to_string(), value.clone(), names), twice)?;
+            }
+            Kind::Hostfile => {
+                if let Some((first, ..)) = &self.host {
+                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
+                }
+                if self.hostfile.is_some() {
+                    return Err(twice());
+                }
+                if value.is_empty() {
+                    return Err(bad("not a file path"));
+                }
+                let path = clean(&self.cwd.join(&value));
+                let names = hostfile::read(&path)?.into_iter().map(|h| h.name).collect();
+                self.hostfile = Some((opt.to_string(), path, names));
+            }
+            Kind::Output => {
+                set_once(&mut self.output, value.clone(), twice)?;
+                for item in value.split(',') {
+                    match item {
+                        "tag" => self.tag_output = true,
+                        "merge-stderr-to-stdout" => self.merge_stderr = true,
+                        _ => return Err(bad("expected tag, merge-stderr-to-stdout or both separated by ','")),
+                    }
+                }
+            }
+            Kind::TagOutput => self.tag_output = true,
+            Kind::MergeStderr => self.merge_stderr = true,
+            Kind::Stdin => {
+                let target = match value.to_ascii_lowercase().as_str() {
+                    "rank" => (StdinTarget::Rank, 0),
+                    "all" => (StdinTarget::All, 0),
+                    "none" => (StdinTarget::None, 0),
+                    v => (StdinTarget::Rank, v.parse().map_err(|_| bad("expected rank, all, none or a rank number"))?),
+                };
+                set_once(&mut self.stdin, target, twice)?;
+            }
+            Kind::Timeout => {
+                let t = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite() && *t > 0.0)
+                    .ok_or_else(|| bad("not a positive number of seconds"))?;
+                set_once(&mut self.timeout, t, twice)?;
+            }
+            Kind::DvmUri => {
+                let uri = match value.strip_prefix("file:") {
+                    Some("") => return Err(bad("expected a URI or file:PATH")),
+                    Some(f) => format!("file:{}", utf8(&clean(&self.cwd.join(f)), opt)?),
+                    None if value.is_empty() => return Err(bad("expected a URI or file:PATH")),
+                    None => value.clone(),
+                };
+                set_once(&mut self.dvm_uri, (opt.to_string(), uri), twice)?;
+            }
+            Kind::Local => {
+                let n = positive(&value).ok_or_else(|| bad("not a positive number of daemons"))?;
+                set_once(&mut self.local, (opt.to_string(), n), twice)?;
+            }
+            Kind::Slots => {
+                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
+                set_once(&mut self.slots, (opt.to_string(), n), twice)?;
+            }
+            Kind::LaunchSizes => self.launch_sizes = true,
+            Kind::EnableRecovery => self.enable_recovery = true,
+            Kind::Help | Kind::Version => unreachable!("--help and --version short-circuit in parse"),
+        }
+        Ok(())
+    }
+
+    fn finish(self, cwd: String) -> Result<PrunCommand, CliError> {
+        if let Some((local, _)) = &self.local {
+            let other = (self.dvm_uri.as_ref().map(|d| &d.0))
+                .or(self.host.as_ref().map(|h| &h.0))
+                .or(self.hostfile.as_ref().map(|h| &h.0))
+                .cloned();
+            if let Some(other) = other {
+                return Err(CliError::Conflict { first: local.clone(), second: other });
+            }
+        } else if let Some((slots, _)) = &self.slots {
+            return Err(CliError::Requires { option: slots.clone(), needs: "--local N".into() });
+        }
+        let global = self.global;
+        let apps: Vec<AppContext> = self
+            .apps
+            .into_iter()
+            .map(|a| {
+                // Global -x first, minus the names this app sets itself.
+                let env = global
+                    .env
+                    .iter()
+                    .filter(|(n, _)| !a.env.iter().any(|(m, _)| m == n))
+                    .chain(a.env.iter())
+                    .map(|(n, v)| format!("{n}={v}"))
+                    .collect();
+                AppContext {
+                    argv: a.argv,
+                    np: a.np.unwrap_or(0),
+                    env,
+                    wdir: a.wdir.or_else(|| global.wdir.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        let (stdin_target, stdin_rank) = self.stdin.unwrap_or((StdinTarget::Rank, 0));
+        if stdin_target == StdinTarget::Rank && apps.iter().all(|a| a.np > 0) {
+            let nprocs: u64 = apps.iter().map(|a| u64::from(a.np)).sum();
+            if u64::from(stdin_rank) >= nprocs {
+                return Err(CliError::StdinRankOutOfRange { rank: stdin_rank, nprocs });
+            }
+        }
+        let (map_by, ppr) = match (self.map_by, self.per_node) {
+            (Some((_, m, ppr)), _) => (m, ppr),
+            (None, Some((_, n))) => (MapBy::Ppr, n),
+            (None, None) => (MapBy::Slot, 0),
+        };
+        let (host_list, hosts) = match (self.host, &self.hostfile) {
+            (Some((_, list, names)), _) => (Some(list), names),
+            (None, Some((_, _, names))) => (None, names.clone()),
+            (None, None) => (None, Vec::new()),
+        };
+        let spec = JobSpec {
+            apps,
+            map_by: map_by as i32,
+            ppr,
+            oversubscribe: self.oversubscribe,
+            hosts,
+            tag_output: self.tag_output,
+            merge_stderr: self.merge_stderr,
+            stdin_target: stdin_target as i32,
+            stdin_rank,
+            timeout_s: self.timeout.unwrap_or(0.0),
+            cwd,
+            enable_recovery: self.enable_recovery,
+        };
+        Ok(PrunCommand {
+            spec,
+            dvm_uri: self.dvm_uri.map(|(_, u)| u),
+            one_shot: self.local.map(|(_, daemons)| OneShot::Local { daemons, slots: self.slots.map(|(_, s)| s) }),
+            hostfile: self.hostfile.map(|(_, path, _)| path),
+            host_list,
+            launch_sizes: self.launch_sizes,
+            help: false,
+            version: false,
+        })
+    }
+}
+
+/// `--help` / `--version`: nothing else of the command line matters.
+fn short_circuit(cwd: String, kind: Kind) -> PrunCommand {
+    PrunCommand {
+        spec: JobSpec { cwd, ..Default::default() },
+        dvm_uri: None,
+        one_shot: None,
+        hostfile: None,
+        host_list: None,
+        launch_sizes: false,
+        help: kind == Kind::Help,
+        version: kind == Kind::Version,
+    }
+}
