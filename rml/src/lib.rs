@@ -16,6 +16,8 @@
 pub mod topology;
 
 #[cfg(feature = "net")]
+pub mod admission;
+#[cfg(feature = "net")]
 pub mod auth;
 #[cfg(feature = "net")]
 mod conn;
