@@ -196,6 +196,8 @@ pub enum AuthError {
     Timeout(Duration),
     #[error("i/o during handshake: {0}")]
     Io(#[from] io::Error),
+    #[error("the peer closed the connection during the handshake (not a daemon of this DVM, or a listener flooded with connections that closed this one)")]
+    ClosedByPeer,
     #[error("handshake message of {size} bytes exceeds the limit of {max}")]
     MessageTooLarge { size: usize, max: usize },
     #[error("malformed handshake message: {0}")]
@@ -367,17 +369,25 @@ where
     Ok(())
 }
 
+/// A read that ended because the peer closed (EOF) or reset the connection is named as such.
+fn closed(e: io::Error) -> AuthError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => AuthError::ClosedByPeer,
+        _ => AuthError::Io(e),
+    }
+}
+
 async fn read_msg<S, M>(stream: &mut S) -> Result<M, AuthError>
 where
     S: AsyncRead + Unpin,
     M: Message + Default,
 {
-    let size = stream.read_u32().await? as usize;
+    let size = stream.read_u32().await.map_err(closed)? as usize;
     if size > MAX_HANDSHAKE_MSG {
         return Err(AuthError::MessageTooLarge { size, max: MAX_HANDSHAKE_MSG });
     }
     let mut buf = vec![0u8; size];
-    stream.read_exact(&mut buf).await?;
+    stream.read_exact(&mut buf).await.map_err(closed)?;
     M::decode(&buf[..]).map_err(|e| AuthError::Malformed(e.to_string()))
 }
 

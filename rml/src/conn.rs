@@ -2,10 +2,11 @@
 //! in one task, so neither can starve the other and both end together.
 //!
 //! Traps: the read-idle bound restarts on every received *byte*, not every frame, so a large
-//! frame arriving slowly is not mistaken for silence. Writers send the encoded prefix and then
-//! the shared payload through a buffered writer: small frames are batched into few syscalls,
-//! large payloads go to the socket without a copy (with `--link-security aead` the payload is
-//! encrypted into a per-connection buffer first). Every frame read, heartbeats included, is
+//! frame arriving slowly is not mistaken for silence; whether silence means loss is the rule of
+//! [`crate::liveness`] (a daemon that was itself stopped gives its peers a fresh bound).
+//! Writers send the encoded prefix and then the shared payload through a buffered writer: small
+//! frames are batched into few syscalls, large payloads go to the socket without a copy (with
+//! `--link-security aead` the payload is encrypted into a per-connection buffer first). Every frame read, heartbeats included, is
 //! verified by the connection's [`Opener`] before anything looks at it; one that fails ends
 //! the connection.
 
@@ -19,10 +20,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::frame::{Frame, FrameError};
 use crate::link::{OpenError, Opener, Sealer};
+use crate::liveness::{ReadIdle, Wake};
 use crate::topology::Rank;
 use crate::transport::{LinkError, Shared, TransportEvent};
 
@@ -59,7 +61,10 @@ pub(crate) async fn run(
 
 async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: SocketAddr, mut codec: Opener) -> ConnEnd {
     let me = shared.cfg.rank;
-    let idle = shared.cfg.read_idle();
+    let mut idle = shared.cfg.read_idle().map(|_| {
+        let cfg = &shared.cfg;
+        ReadIdle::new(cfg.heartbeat, cfg.heartbeat_misses, Instant::now().into_std())
+    });
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
         loop {
@@ -90,16 +95,30 @@ async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: Sock
         if buf.capacity() - buf.len() < READ_CHUNK / 4 {
             buf.reserve(READ_CHUNK);
         }
-        let read = r.read_buf(&mut buf);
-        let n = match idle {
-            Some(bound) => match tokio::time::timeout(bound, read).await {
-                Ok(n) => n,
-                Err(_) => {
-                    warn!(rank = me, peer, %addr, ?bound, "peer silent past the heartbeat bound; closing connection");
-                    return ConnEnd::Lost(LinkError::ReadIdle(bound));
+        let n = match idle.as_mut() {
+            Some(idle) => loop {
+                let wake = Instant::from_std(idle.next_wake());
+                match tokio::time::timeout_at(wake, r.read_buf(&mut buf)).await {
+                    Ok(n) => {
+                        idle.heard(Instant::now().into_std());
+                        break n;
+                    }
+                    // `read_buf` is cancel-safe: nothing read is lost by waking the rule.
+                    Err(_) => match idle.wake(Instant::now().into_std()) {
+                        Wake::Quiet => {}
+                        Wake::Stalled { late } => {
+                            info!(rank = me, peer, %addr, ?late, bound = ?idle.bound(),
+                                "this daemon's timers ran late (stopped, paused or starved); the peer gets a fresh read-idle bound");
+                        }
+                        Wake::Silent(s) => {
+                            warn!(rank = me, peer, %addr, bound = ?s.bound, silent = ?s.for_,
+                                "peer silent past the heartbeat bound; closing connection");
+                            return ConnEnd::Lost(LinkError::ReadIdle(s.bound));
+                        }
+                    },
                 }
             },
-            None => read.await,
+            None => r.read_buf(&mut buf).await,
         };
         match n {
             Ok(0) => {

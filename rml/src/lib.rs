@@ -1,9 +1,10 @@
 //! RML: the routing layer of the DVM.
 //!
-//! Owns: the radix routing tree math (`topology`: pure, no clock, no socket, always built) and,
-//! behind the default cargo feature `net`, the tokio side: wire frames and their codec
-//! (`frame`), the DVM secret and the HMAC handshake (`auth`), the per-frame integrity and
-//! encryption keyed by each handshake (`link`), and the TCP transport that opens,
+//! Owns: the radix routing tree math (`topology`: pure, no clock, no socket, always built), the
+//! rule for when a silent connection means a lost peer (`liveness`: pure, `now` passed in,
+//! always built) and, behind the default cargo feature `net`, the tokio side: wire frames and
+//! their codec (`frame`), the DVM secret and the HMAC handshake (`auth`), the per-frame
+//! integrity and encryption keyed by each handshake (`link`), and the TCP transport that opens,
 //! authenticates, heartbeats and watches connections to named peers (`transport`).
 //! Never: collective logic (`grpcomm`), job logic (`dvmd`), or routing decisions in the
 //! transport: the daemon actor asks its `Topology` for the next hop and the transport only
@@ -15,6 +16,8 @@
 pub mod topology;
 
 #[cfg(feature = "net")]
+pub mod admission;
+#[cfg(feature = "net")]
 pub mod auth;
 #[cfg(feature = "net")]
 mod conn;
@@ -22,6 +25,7 @@ mod conn;
 pub mod frame;
 #[cfg(feature = "net")]
 pub mod link;
+pub mod liveness;
 #[cfg(feature = "net")]
 pub mod transport;
 

@@ -58,6 +58,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+use crate::admission::{Admission, Ticket};
 use crate::auth::{self, DvmSecret, Established, Local, Role};
 use crate::conn::{self, ConnEnd};
 use crate::frame::{Frame, DEFAULT_MAX_FRAME};
@@ -94,8 +95,9 @@ pub struct TransportConfig {
     pub event_capacity: usize,
     /// How frames are protected after the handshake; the same on every daemon.
     pub link_security: LinkSecurity,
-    /// Accepted connections allowed to be in their handshake at once; one more is closed at
-    /// once (so a flood of idle or garbage connections costs bounded memory and descriptors).
+    /// Accepted connections allowed to be in their handshake at once; one more closes the
+    /// oldest of them (so a flood of idle or garbage connections costs bounded memory and
+    /// descriptors, and never keeps a real peer out: see [`crate::admission`]).
     pub max_pending_handshakes: usize,
     /// Test hook: connections to this rank are dialed to this address instead, which is told
     /// the real contact in one line (`ip:port\n`) before the handshake (a forwarding proxy).
@@ -234,6 +236,8 @@ pub(crate) struct Shared {
     tasks: TaskTracker,
     runtime: tokio::runtime::Handle,
     next_id: AtomicU64,
+    /// Accepted connections still in their handshake; the oldest gives way to a newcomer.
+    pending: Mutex<Admission<CancellationToken>>,
 }
 
 #[derive(Default)]
@@ -272,6 +276,7 @@ impl Transport {
             source,
         })?;
         let (events, rx) = mpsc::channel(cfg.event_capacity);
+        let pending = Mutex::new(Admission::new(cfg.max_pending_handshakes));
         let shared = Arc::new(Shared {
             cfg,
             table: Mutex::new(PeerTable::default()),
@@ -280,6 +285,7 @@ impl Transport {
             tasks: TaskTracker::new(),
             runtime: tokio::runtime::Handle::current(),
             next_id: AtomicU64::new(1),
+            pending,
         });
         debug!(rank = shared.cfg.rank, %local_addr, "RML listener bound");
         shared.spawn(accept_loop(shared.clone(), listener));
@@ -377,6 +383,10 @@ impl Shared {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn pending(&self) -> MutexGuard<'_, Admission<CancellationToken>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -447,22 +457,23 @@ impl Shared {
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let pending = Arc::new(tokio::sync::Semaphore::new(shared.cfg.max_pending_handshakes));
-    let mut refused: u64 = 0;
+    let mut evicted: u64 = 0;
     loop {
         match listener.accept().await {
-            Ok((stream, addr)) => match pending.clone().try_acquire_owned() {
-                Ok(permit) => shared.spawn(inbound(shared.clone(), stream, addr, permit)),
-                Err(_) => {
-                    // Closed at once; logged for the first and then every 1000th.
-                    if refused.is_multiple_of(1000) {
-                        warn!(rank = shared.cfg.rank, %addr, refused = refused + 1, max = shared.cfg.max_pending_handshakes,
-                            "refused RML connection: too many connections still in their handshake");
+            Ok((stream, addr)) => {
+                let token = shared.cancel.child_token();
+                let (ticket, gone) = shared.pending().admit(token.clone());
+                if let Some((_, oldest)) = gone {
+                    // Logged for the first and then every 1000th.
+                    if evicted.is_multiple_of(1000) {
+                        warn!(rank = shared.cfg.rank, %addr, evicted = evicted + 1, max = shared.cfg.max_pending_handshakes,
+                            "too many RML connections still in their handshake: closing the oldest to admit a new one");
                     }
-                    refused += 1;
-                    drop(stream);
+                    evicted += 1;
+                    oldest.cancel();
                 }
-            },
+                shared.spawn(inbound(shared.clone(), stream, addr, ticket, token));
+            }
             Err(e) => {
                 // E.g. out of file descriptors: keep the listener, back off briefly.
                 warn!(rank = shared.cfg.rank, error = %e, "RML accept failed");
@@ -483,11 +494,19 @@ async fn inbound(
     shared: Arc<Shared>,
     mut stream: TcpStream,
     addr: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    ticket: Ticket,
+    token: CancellationToken,
 ) {
     let cfg = &shared.cfg;
     let _ = stream.set_nodelay(true);
-    let est = match auth::handshake(&mut stream, shared.local(Role::Responder), cfg.handshake_timeout).await {
+    let shake = auth::handshake(&mut stream, shared.local(Role::Responder), cfg.handshake_timeout);
+    let res = token.run_until_cancelled(shake).await;
+    shared.pending().finished(ticket);
+    let Some(res) = res else {
+        debug!(rank = cfg.rank, %addr, "closed an unauthenticated RML connection to admit a newer one");
+        return;
+    };
+    let est = match res {
         Ok(est) if est.peer.is_tool() || est.peer.rank == cfg.rank => {
             warn!(rank = cfg.rank, %addr, claimed = est.peer.rank, "refused RML connection: not a peer daemon");
             return;
@@ -498,7 +517,6 @@ async fn inbound(
             return;
         }
     };
-    drop(permit);
     let peer = est.peer;
     debug!(rank = cfg.rank, peer = peer.rank, peer_epoch = peer.epoch, %addr, "accepted RML connection");
     let (id, token) = shared.register(peer.rank, None).expect("an accepted connection is always registered");
