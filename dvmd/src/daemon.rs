@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use dvm_core::jobs::local::LocalConfig;
-use dvm_core::jobs::{ClientId, Forward};
+use dvm_core::jobs::{ClientId, Forward, ProcCmd};
 use dvm_core::node::{
     Control, Effect, HnpConfig, LauncherExit, LinkEvent, NodeConfig, PrunEvent, Reply, Start, Transmit,
 };
@@ -318,14 +318,18 @@ impl Daemon {
 
     fn on_effect(&mut self, e: Effect) {
         match e {
-            Effect::Spawn(spec) => self.odls.spawn(spec),
-            Effect::KillJob { jobid, grace_ms } => self.odls.kill_job(jobid, Duration::from_millis(grace_ms.into())),
-            Effect::SignalJob { jobid, signal } => self.odls.signal_job(jobid, signal),
-            Effect::WriteStdin { jobid, rank, data } => self.odls.write_stdin(jobid, rank, data),
-            Effect::CloseStdin { jobid, rank } => self.odls.close_stdin(jobid, rank),
-            Effect::AckOutput { jobid, bytes } => self.odls.ack_output(jobid, bytes as usize),
-            Effect::ForgetJob(jobid) => self.odls.forget_job(jobid),
-            Effect::KillAll => self.odls.kill_all(),
+            Effect::Proc(cmd) => match cmd {
+                ProcCmd::Spawn(spec) => self.odls.spawn(spec),
+                ProcCmd::KillJob { jobid, grace_ms } => {
+                    self.odls.kill_job(jobid, Duration::from_millis(grace_ms.into()))
+                }
+                ProcCmd::SignalJob { jobid, signal } => self.odls.signal_job(jobid, signal),
+                ProcCmd::WriteStdin { jobid, rank, data } => self.odls.write_stdin(jobid, rank, data),
+                ProcCmd::CloseStdin { jobid, rank } => self.odls.close_stdin(jobid, rank),
+                ProcCmd::AckOutput { jobid, bytes } => self.odls.ack_output(jobid, bytes as usize),
+                ProcCmd::ForgetJob(jobid) => self.odls.forget_job(jobid),
+                ProcCmd::KillAll => self.odls.kill_all(),
+            },
             Effect::ToClient { client, item } => match item {
                 Forward::Refused(why) => {
                     if let Some(tx) = self.clients.remove(&client.0) {

@@ -11,7 +11,7 @@
 //! | a control call (prun, pterm, dvm-bench) | `handle_control` | `node::control`, [`jobs::hnp`] | `Effect::Reply`, `Effect::ToClient` |
 //! | a proc started, wrote, ended | `handle_proc` | [`jobs::local`] | a command to the HNP |
 //! | the HNP hears of a proc, a spawn, a lookup | (a frame) | [`jobs::hnp`] and its spawn and recovery parts | `Effect::ToClient`, broadcasts |
-//! | maps and residuals | (a frame) | [`jobs::local`] | `Effect::Spawn`, PMIx calls by [`Host`] |
+//! | maps and residuals | (a frame) | [`jobs::local`] | `Effect::Proc(Spawn)`, PMIx calls by [`Host`] |
 //! | a PMIx upcall | `handle_pmix` | the shell's PMIx host (its requests come back in order) | fences, commands |
 //! | a prun stream took output, went away, closed | `handle_prun` | [`jobs::hnp`], `node::control` | credit (`IofAck`) |
 //! | a boot process ended | `handle_boot` | `node::control` | `Effect::Exit` |

@@ -22,7 +22,7 @@ use dvm_rml::Rank;
 
 use crate::host::{Host, JobStart};
 use crate::jobmap::Placement;
-use crate::jobs::{ClientId, ExitKind, Forward, ProcEvent, ProcSpec, Stream};
+use crate::jobs::{ClientId, ExitKind, Forward, ProcCmd, ProcEvent, ProcSpec, Stream};
 use crate::node::{Effect, Reply, Transmit};
 use crate::{Exit, Input};
 
@@ -182,7 +182,7 @@ impl SimShell {
     pub fn apply(&mut self, me: Rank, now: u64, e: Effect) -> Vec<Due> {
         let mut due = Vec::new();
         match e {
-            Effect::Spawn(spec) => {
+            Effect::Proc(ProcCmd::Spawn(spec)) => {
                 let (jobid, rank) = (spec.jobid, spec.rank);
                 if self.ended_jobs.contains(&jobid) {
                     self.errors
@@ -208,7 +208,7 @@ impl SimShell {
                 self.started.push((jobid, rank));
                 self.procs.insert((jobid, rank), SimProc { spec, pid, ending: end.is_some() });
             }
-            Effect::KillJob { jobid, grace_ms: _ } => {
+            Effect::Proc(ProcCmd::KillJob { jobid, grace_ms: _ }) => {
                 self.ended_jobs.insert(jobid);
                 for ((j, rank), p) in self.procs.iter_mut().filter(|((j, _), _)| *j == jobid) {
                     if !p.ending {
@@ -220,14 +220,16 @@ impl SimShell {
                     }
                 }
             }
-            Effect::SignalJob { .. }
-            | Effect::WriteStdin { .. }
-            | Effect::CloseStdin { .. }
-            | Effect::AckOutput { .. } => {}
-            Effect::ForgetJob(jobid) => {
+            Effect::Proc(
+                ProcCmd::SignalJob { .. }
+                | ProcCmd::WriteStdin { .. }
+                | ProcCmd::CloseStdin { .. }
+                | ProcCmd::AckOutput { .. },
+            ) => {}
+            Effect::Proc(ProcCmd::ForgetJob(jobid)) => {
                 self.ended_jobs.insert(jobid);
             }
-            Effect::KillAll => self.procs.clear(),
+            Effect::Proc(ProcCmd::KillAll) => self.procs.clear(),
             Effect::ToClient { client, item } => self.clients.entry(client).or_default().push(item),
             Effect::Reply { token, reply } => self.replies.push((token, reply)),
             Effect::Ready => self.ready = true,

@@ -8,7 +8,7 @@
 //! than it has cores is oversubscribed: its ranks are told to yield when idle (unless the
 //! environment says otherwise) and get a coarser timer slack.
 //!
-//! Never: a process. Specs leave as [`LocalOut::Spawn`], in rank order; the PMIx server is
+//! Never: a process. Specs leave as [`ProcCmd::Spawn`], in rank order; the PMIx server is
 //! asked through [`Host`] in the order the job needs (learn, register, each rank's env).
 //! Invariants: a job's procs start at most once; a daemon that cannot start its part reports
 //! every rank of its residual failed, so no job waits for procs that never start.
@@ -22,7 +22,7 @@ use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::{debug, warn};
 
-use super::{nspace_of, ExitKind, ProcEvent, ProcSpec};
+use super::{nspace_of, ExitKind, ProcCmd, ProcEvent, ProcSpec};
 use crate::host::{Host, JobStart};
 use crate::jobmap::{self, Placement};
 use crate::Core;
@@ -61,26 +61,8 @@ pub struct LocalConfig {
 /// What the local jobs ask of the node, in order.
 #[derive(Debug)]
 pub enum LocalOut {
-    Spawn(ProcSpec),
-    KillJob {
-        jobid: u32,
-        grace_ms: u32,
-    },
-    SignalJob {
-        jobid: u32,
-        signal: i32,
-    },
-    WriteStdin {
-        jobid: u32,
-        rank: u32,
-        data: Bytes,
-    },
-    CloseStdin {
-        jobid: u32,
-        rank: u32,
-    },
-    /// The job's processes and their state go (after its cleanup).
-    ForgetJob(u32),
+    /// Of the process layer.
+    Proc(ProcCmd),
     /// A command to the HNP.
     ToHnp(daemon_cmd::Body),
 }
@@ -258,7 +240,7 @@ impl LocalJobs {
                     }
                 }
             }
-            self.out.push(LocalOut::Spawn(ProcSpec {
+            self.out.push(LocalOut::Proc(ProcCmd::Spawn(ProcSpec {
                 jobid,
                 rank: p.rank,
                 argv: app.argv.clone(),
@@ -266,7 +248,7 @@ impl LocalJobs {
                 wdir: app.wdir.clone().into(),
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),
                 timer_slack_us,
-            }));
+            })));
         }
         if self.jobs.get(&jobid).is_some_and(|j| j.live == 0) {
             self.jobs.remove(&jobid);
@@ -303,14 +285,14 @@ impl LocalJobs {
                 self.ended.pop_first();
             }
             host.pmix_forget_job(ctl.jobid);
-            self.out.push(LocalOut::ForgetJob(ctl.jobid));
+            self.out.push(LocalOut::Proc(ProcCmd::ForgetJob(ctl.jobid)));
             return self.jobs.is_empty();
         }
         if ctl.kill {
             self.jobs.entry(ctl.jobid).or_default().killed = true;
-            self.out.push(LocalOut::KillJob { jobid: ctl.jobid, grace_ms: ctl.grace_ms });
+            self.out.push(LocalOut::Proc(ProcCmd::KillJob { jobid: ctl.jobid, grace_ms: ctl.grace_ms }));
         } else if ctl.signal != 0 {
-            self.out.push(LocalOut::SignalJob { jobid: ctl.jobid, signal: ctl.signal });
+            self.out.push(LocalOut::Proc(ProcCmd::SignalJob { jobid: ctl.jobid, signal: ctl.signal }));
         }
         false
     }
@@ -326,11 +308,11 @@ impl LocalJobs {
         };
         for rank in ranks {
             let jobid = chunk.jobid;
-            self.out.push(if chunk.eof {
-                LocalOut::CloseStdin { jobid, rank }
+            self.out.push(LocalOut::Proc(if chunk.eof {
+                ProcCmd::CloseStdin { jobid, rank }
             } else {
-                LocalOut::WriteStdin { jobid, rank, data: chunk.data.clone() }
-            });
+                ProcCmd::WriteStdin { jobid, rank, data: chunk.data.clone() }
+            }));
         }
     }
 

@@ -15,7 +15,7 @@ use dvm_proto::control::{job_event, JobEvent};
 use dvm_proto::job::{IofChunk, ProcStatus};
 use dvm_rml::Rank;
 
-pub use proc::{ExitKind, ProcEvent, ProcSpec, Stream, TIMER_SLACK_VAR};
+pub use proc::{ExitKind, ProcCmd, ProcEvent, ProcSpec, Stream, TIMER_SLACK_VAR};
 
 /// Output bytes a daemon may have in flight to the HNP per job before it stops reading.
 pub const IOF_WINDOW: u32 = 1 << 20;

@@ -84,3 +84,37 @@ pub enum ProcEvent {
         error: String,
     },
 }
+
+/// What a daemon asks of its process layer (odls), in order.
+#[derive(Debug)]
+pub enum ProcCmd {
+    /// Start a proc.
+    Spawn(ProcSpec),
+    /// TERM every proc of a job, KILL after `grace_ms`.
+    KillJob {
+        jobid: u32,
+        grace_ms: u32,
+    },
+    SignalJob {
+        jobid: u32,
+        signal: i32,
+    },
+    WriteStdin {
+        jobid: u32,
+        rank: u32,
+        data: Bytes,
+    },
+    CloseStdin {
+        jobid: u32,
+        rank: u32,
+    },
+    /// The HNP took `bytes` of a job's output: the readers may go on.
+    AckOutput {
+        jobid: u32,
+        bytes: u64,
+    },
+    /// A job ended everywhere: its process records go.
+    ForgetJob(u32),
+    /// The DVM ends: every local proc goes now.
+    KillAll,
+}

@@ -34,7 +34,7 @@ pub use control::{Control, Reply};
 use crate::host::Host;
 use crate::jobs::hnp::{JobOut, JobTable};
 use crate::jobs::local::{LocalConfig, LocalJobs, LocalOut};
-use crate::jobs::{ClientId, Forward, ProcEvent, ProcSpec, TERMINATE_GRACE_NS};
+use crate::jobs::{ClientId, Forward, ProcCmd, ProcEvent, TERMINATE_GRACE_NS};
 use crate::timer::{Timer, Timers};
 use crate::{dtags, Core, CoreConfig, Effect as R, Exit, Input};
 
@@ -50,45 +50,12 @@ pub enum Transmit {
 /// An effect for the shell, in order.
 #[derive(Debug)]
 pub enum Effect {
-    /// Start a proc.
-    Spawn(ProcSpec),
-    /// TERM every proc of a job, KILL after `grace_ms`.
-    KillJob {
-        jobid: u32,
-        grace_ms: u32,
-    },
-    SignalJob {
-        jobid: u32,
-        signal: i32,
-    },
-    WriteStdin {
-        jobid: u32,
-        rank: u32,
-        data: Bytes,
-    },
-    CloseStdin {
-        jobid: u32,
-        rank: u32,
-    },
-    /// The HNP took `bytes` of a job's output: the readers may go on.
-    AckOutput {
-        jobid: u32,
-        bytes: u64,
-    },
-    /// A job ended everywhere: its process records go.
-    ForgetJob(u32),
-    /// The DVM ends: every local proc goes now.
-    KillAll,
+    /// For the process layer: start, signal, feed or forget procs.
+    Proc(ProcCmd),
     /// To a job's prun.
-    ToClient {
-        client: ClientId,
-        item: Forward,
-    },
+    ToClient { client: ClientId, item: Forward },
     /// The answer to a control call.
-    Reply {
-        token: u64,
-        reply: Reply,
-    },
+    Reply { token: u64, reply: Reply },
     /// HNP: the DVM is ready.
     Ready,
     /// HNP: a line for the HNP's stderr (a lost daemon, named).
@@ -398,18 +365,10 @@ impl<H: Host> Node<H> {
             }
             for o in std::mem::take(&mut self.local.out) {
                 moved = true;
-                self.effects.push_back(match o {
-                    LocalOut::Spawn(spec) => Effect::Spawn(spec),
-                    LocalOut::KillJob { jobid, grace_ms } => Effect::KillJob { jobid, grace_ms },
-                    LocalOut::SignalJob { jobid, signal } => Effect::SignalJob { jobid, signal },
-                    LocalOut::WriteStdin { jobid, rank, data } => Effect::WriteStdin { jobid, rank, data },
-                    LocalOut::CloseStdin { jobid, rank } => Effect::CloseStdin { jobid, rank },
-                    LocalOut::ForgetJob(jobid) => Effect::ForgetJob(jobid),
-                    LocalOut::ToHnp(body) => {
-                        self.inbox.push_back(Input::Cmd { dst: 0, body });
-                        continue;
-                    }
-                });
+                match o {
+                    LocalOut::Proc(cmd) => self.effects.push_back(Effect::Proc(cmd)),
+                    LocalOut::ToHnp(body) => self.inbox.push_back(Input::Cmd { dst: 0, body }),
+                }
             }
             let asked = self.host.pmix_requests();
             moved |= !asked.is_empty();
@@ -486,7 +445,7 @@ impl<H: Host> Node<H> {
             tags::TERMINATE => {
                 // Every local process ends with the DVM, at once, and so does the PMIx worker
                 // (no job will use it), while the TERMINATE's acknowledgements roll up.
-                self.effects.push_back(Effect::KillAll);
+                self.effects.push_back(Effect::Proc(ProcCmd::KillAll));
                 self.host.pmix_end_now();
             }
             dtags::PMIX_EVENT => self.host.pmix_deliver_event(payload),
@@ -500,7 +459,8 @@ impl<H: Host> Node<H> {
         let body = match body {
             daemon_cmd::Body::TreeView(v) => return self.on_tree_view(v),
             daemon_cmd::Body::IofAck(ack) => {
-                return self.effects.push_back(Effect::AckOutput { jobid: ack.jobid, bytes: ack.bytes })
+                let cmd = ProcCmd::AckOutput { jobid: ack.jobid, bytes: ack.bytes };
+                return self.effects.push_back(Effect::Proc(cmd));
             }
             daemon_cmd::Body::Stdin(chunk) => return self.local.on_stdin(chunk),
             b @ (daemon_cmd::Body::DmodexReq(_)
