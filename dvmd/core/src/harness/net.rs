@@ -52,6 +52,9 @@ pub struct Net {
     seq: u64,
     pub now: u64,
     links: BTreeSet<(Rank, Rank)>,
+    /// Daemons cut off without a trace (a pulled cable, no heartbeat here): every frame to or
+    /// from them vanishes and nobody is told.
+    silent: BTreeSet<Rank>,
     next_token: u64,
 }
 
@@ -66,6 +69,7 @@ impl Net {
             seq: 0,
             now: 0,
             links: BTreeSet::new(),
+            silent: BTreeSet::new(),
             next_token: 1,
         };
         for r in 0..n {
@@ -181,11 +185,17 @@ impl Net {
         }
     }
 
+    /// Cut daemon `r` off silently: its frames vanish both ways and no loss is reported.
+    pub fn silence(&mut self, r: Rank) {
+        self.silent.insert(r);
+    }
+
     /// Step the earliest event; false when none is left.
     pub fn step(&mut self) -> bool {
         let Some(Reverse((at, _, idx))) = self.q.pop() else { return false };
         self.now = self.now.max(at);
         match self.evs[idx].take().expect("each event once") {
+            Ev::Arrive { from, to, .. } if self.silent.contains(&from) || self.silent.contains(&to) => {}
             Ev::Arrive { from, to, header, payload } => {
                 if !self.alive(to) {
                     if self.alive(from) && self.links.remove(&(from.min(to), from.max(to))) {

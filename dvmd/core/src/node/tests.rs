@@ -6,7 +6,7 @@ use dvm_proto::job::{AppContext, JobSpec};
 
 use super::{Control, Reply};
 use crate::harness::{job, Net, Program};
-use crate::jobs::{ClientId, TERMINATED_EXIT, TIMEOUT_EXIT};
+use crate::jobs::{TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::{pmixdef, Exit, Input};
 
 const S: u64 = 1_000_000_000;
@@ -122,7 +122,6 @@ fn terminate_ends_running_jobs_first_then_every_daemon() {
         assert_eq!(s.exit, Some(Exit::Terminated), "daemon {r}");
     }
     assert_eq!(net.live_procs(), 0);
-    // A launch after the termination began is refused.
     assert!(net.nodes.iter().all(Option::is_none), "every daemon ended");
 }
 
@@ -214,7 +213,6 @@ fn a_refused_launch_names_the_slots_and_starts_nothing() {
     assert_eq!(code, 1);
     assert!(why.contains("slots"), "{why}");
     assert_eq!(net.shells.iter().map(|s| s.started.len()).sum::<usize>(), 0);
-    let _ = ClientId(0);
 }
 
 #[test]
@@ -254,5 +252,36 @@ fn a_daemon_started_again_is_told_it_cannot_rejoin_before_and_after_its_loss_is_
         let c = net.launch(job(4, exit(0, 1)));
         net.run();
         assert_eq!(net.ended(c), Some((0, String::new())));
+    }
+}
+
+#[test]
+fn a_launch_while_the_dvm_terminates_is_refused_and_starts_nothing() {
+    let mut net = Net::boot(3, 2, 1);
+    let c = net.launch(job(3, hang()));
+    net.run_for(S / 1000);
+    // Its job's kill is under way when the next prun comes.
+    net.control(Control::Terminate);
+    let late = net.launch(job(1, exit(0, 1)));
+    net.run();
+    assert_eq!(net.ended(late), Some((1, "the DVM is terminating".into())));
+    assert_eq!(net.ended(c).map(|e| e.0), Some(TERMINATED_EXIT));
+    let started: usize = net.shells.iter().map(|s| s.started.len()).sum();
+    assert_eq!(started, 3, "only the first job's procs ever started");
+}
+
+#[test]
+fn pterm_ends_the_hnp_after_its_deadline_when_termination_cannot_reach_a_daemon() {
+    let mut net = Net::boot(5, 2, 1);
+    // Daemon 4 is cut off without a trace: TERMINATE never reaches it, and no loss is noticed.
+    net.silence(4);
+    let t = net.control(Control::Terminate);
+    net.run();
+    assert_eq!(net.shells[0].exit, Some(Exit::Terminated), "the HNP ended");
+    assert!(net.shells[0].said.iter().any(|s| s.contains("TERMINATE was not acknowledged by every daemon")));
+    let reply = net.shells[0].replies.iter().find(|(tok, _)| *tok == t).map(|(_, r)| r);
+    assert!(matches!(reply, Some(Reply::Terminate(r)) if !r.ok), "{reply:?}");
+    for r in 1..4 {
+        assert_eq!(net.shells[r].exit, Some(Exit::Terminated), "daemon {r} got TERMINATE");
     }
 }
