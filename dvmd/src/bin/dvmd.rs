@@ -19,6 +19,13 @@ use dvmd::session::{self, DvmUri, Session};
 use dvmd::slurm;
 use tokio::sync::{mpsc, oneshot};
 
+#[path = "dvmd/config.rs"]
+mod config;
+#[path = "dvmd/daemon_side.rs"]
+mod daemon_side;
+use config::*;
+use daemon_side::*;
+
 #[derive(Parser, Debug)]
 #[command(name = "dvmd", about = "Start a distributed virtual machine (DVM) or one of its daemons")]
 struct Args {
@@ -234,74 +241,6 @@ fn daemonize() -> Result<ExitCode> {
     }
     let status = child.wait()?;
     Ok(ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8))
-}
-
-fn validate_common(args: &Args) -> Result<()> {
-    dvm_rml::Tree::new(args.radix, 1).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
-    if !(args.startup_timeout > 0.0 && args.startup_timeout.is_finite()) {
-        bail!("--startup-timeout {}: must be a positive number of seconds", args.startup_timeout);
-    }
-    if args.max_message < 1024 {
-        bail!("--max-message {}: must be at least 1024 bytes", args.max_message);
-    }
-    if let Some(us) = args.link_latency_us.filter(|us| !(us.is_finite() && *us >= 0.0)) {
-        bail!("--link-latency-us {us}: must be a non-negative number of microseconds");
-    }
-    if let Some(mbps) = args.link_bandwidth_mbps.filter(|m| !(m.is_finite() && *m > 0.0)) {
-        bail!("--link-bandwidth-mbps {mbps}: must be a positive number of MB/s");
-    }
-    Ok(())
-}
-
-/// `mode`, or with `other` the movement a test hook forces instead (see
-/// `DVMD_FAULT_OTHER_FENCE_MOVEMENT_RANK`).
-fn other_movement(mode: dvm_grpcomm::FenceMovementMode, other: bool) -> dvm_grpcomm::FenceMovementMode {
-    use dvm_grpcomm::FenceMovementMode::{Allgather, Tree};
-    match (other, mode) {
-        (false, m) => m,
-        (true, Allgather) => Tree,
-        (true, _) => Allgather,
-    }
-}
-
-/// How long a daemon waits for the DVM secret its HNP writes to its stdin.
-const SECRET_WAIT: Duration = Duration::from_secs(10);
-
-/// The collective configuration from the command line (the same on every daemon).
-fn grpcomm_config(args: &Args) -> dvm_grpcomm::Config {
-    let mut cfg = dvm_grpcomm::Config {
-        fence_movement: args.fence_movement,
-        bcast_movement: args.bcast_movement,
-        // grpcomm's default stands for what is not given, until the HNP has measured a link.
-        link: {
-            let d = dvm_grpcomm::LinkModel::default();
-            dvm_grpcomm::LinkModel {
-                alpha_ns: args.link_latency_us.map_or(d.alpha_ns, |us| us * 1e3),
-                beta_ns_per_byte: args.link_bandwidth_mbps.map_or(d.beta_ns_per_byte, |mbps| 1e3 / mbps),
-            }
-        },
-        ..dvm_grpcomm::Config::default()
-    };
-    // dvm-bench's broadcast may take either movement (its A/B runs force one).
-    cfg.bulk_tags.insert(dvm_core::dtags::BENCH_XCAST);
-    cfg
-}
-
-fn transport_config(args: &Args, rank: Rank, epoch: u64, listen: SocketAddr, secret: DvmSecret) -> TransportConfig {
-    let mut cfg = TransportConfig::new(rank, epoch, listen, secret);
-    cfg.max_frame = args.max_message;
-    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
-    cfg.heartbeat_misses = args.heartbeat_misses;
-    cfg.link_security = args.link_security;
-    cfg
-}
-
-/// Test hook `DVM_TEST_DIAL_VIA=RANK@IP:PORT` (read by the HNP only): the HNP dials daemon RANK
-/// through the forwarding proxy at IP:PORT (see `TransportConfig::dial_via`).
-fn dial_via_from_env() -> Result<Option<(Rank, SocketAddr)>> {
-    let Ok(v) = std::env::var("DVM_TEST_DIAL_VIA") else { return Ok(None) };
-    let parsed = v.split_once('@').and_then(|(r, a)| Some((r.parse().ok()?, a.parse().ok()?)));
-    parsed.map(Some).ok_or_else(|| anyhow!("DVM_TEST_DIAL_VIA={v}: expected RANK@IP:PORT"))
 }
 
 async fn run_hnp(args: Args) -> Result<ExitCode> {
@@ -600,142 +539,4 @@ async fn shutdown(daemon: Daemon, pids: &[u32]) {
         // within a millisecond.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-}
-
-/// Every daemon hosts a PMIx server (in a worker process) in its own session directory:
-/// started by the first job that reaches the daemon, or (eager) now, in the background — but
-/// not on a daemon with no slots (an HNP outside the allocation), where no job will run
-/// unless spawned there later, and a server would only take CPU from the boot.
-fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
-    daemon.set_session_dir(session);
-    daemon.set_pmix_settings(pmix_settings(session, args));
-    if eager_pmix(args, slots) {
-        daemon.start_pmix_background();
-    }
-}
-
-/// Where a daemon's PMIx workers keep their files, and when one is replaced.
-fn pmix_settings(session: &std::path::Path, args: &Args) -> dvmd::pmix::PmixSettings {
-    dvmd::pmix::PmixSettings { dir: session.join("pmix"), recycle_kib: args.pmix_recycle_kib }
-}
-
-/// Whether a daemon with `slots` starts its PMIx server at boot (and, not the HNP, forks its
-/// worker as it starts): `--pmix-start eager`, and a slot a job could use.
-fn eager_pmix(args: &Args, slots: u32) -> bool {
-    args.pmix_start == "eager" && slots > 0
-}
-
-fn redirect_stderr(path: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        // SAFETY: dup2 onto fd 2 of this process; both descriptors are valid.
-        unsafe {
-            libc::dup2(f.as_raw_fd(), 2);
-        }
-    }
-}
-
-/// A daemon's (`--daemon`) rank, slots and, under Slurm, its node's name: from its srun step
-/// or from the arguments the HNP passed.
-fn daemon_identity(args: &Args) -> Result<(Rank, u32, Option<String>)> {
-    match (&args.slurm_step_slots, args.rank) {
-        (Some(list), _) => {
-            let (rank, slots) = slurm::step_rank_and_slots(list).map_err(|e| anyhow!("dvmd --daemon: {e}"))?;
-            Ok((rank, slots, Some(slurm::own_node_name())))
-        }
-        (None, Some(rank)) => Ok((rank, args.slots, None)),
-        (None, None) => bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)"),
-    }
-}
-
-/// Ends the PMIx worker forked ahead, if no daemon took it, when dropped.
-struct PreforkedWorkerFirst;
-
-impl Drop for PreforkedWorkerFirst {
-    fn drop(&mut self) {
-        dvmd::pmix::discard_preforked();
-    }
-}
-
-async fn run_daemon(args: Args) -> Result<ExitCode> {
-    let (rank, slots, slurm_name) = daemon_identity(&args)?;
-    let (Some(size), Some(hnp)) = (args.size, args.hnp) else {
-        bail!("--daemon needs --rank, --size and --hnp (it is started by the HNP, not by hand)");
-    };
-    // The HNP writes the secret right after starting this process, but an srun step passes its
-    // stdin on only once every task has started: the read waits in a thread while this daemon
-    // prepares what needs no secret (its session directory, its PMIx server).
-    let env_secret = std::env::var("DVM_SECRET").ok();
-    let secret_line = env_secret.is_none().then(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = tx.send(std::io::stdin().read_line(&mut line).map(|_| line));
-        });
-        rx
-    });
-    let host =
-        args.host_label.clone().or(slurm_name).unwrap_or_else(|| {
-            nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
-        });
-    let mut session = Session::create(&format!("dvmd-r{rank}"))?;
-    // Declared after the session, so dropped before it on every early return: a worker
-    // started ahead (writing into the session) ends before its directory is removed.
-    let _worker_first = PreforkedWorkerFirst;
-    if eager_pmix(&args, slots) {
-        dvmd::pmix::start_preforked(&pmix_settings(session.dir(), &args), &host);
-    }
-    let secret = match secret_line {
-        None => DvmSecret::from_hex(env_secret.as_deref().unwrap_or_default()).context("DVM_SECRET"),
-        // If the secret is not there in time the HNP died before writing it, and this daemon
-        // must not linger (its stdin may never see end-of-file).
-        Some(rx) => match rx.recv_timeout(SECRET_WAIT) {
-            Ok(Ok(l)) if l.is_empty() => {
-                Err(anyhow!("stdin closed before the DVM secret came: the HNP that started this daemon is gone"))
-            }
-            Ok(r) => r
-                .context("cannot read the DVM secret from stdin")
-                .and_then(|l| DvmSecret::from_hex(l.trim()).context("the DVM secret on stdin")),
-            Err(_) => {
-                Err(anyhow!("no DVM secret on stdin within {SECRET_WAIT:?}: the HNP that started this daemon is gone"))
-            }
-        },
-    };
-    let secret = secret.with_context(|| format!("daemon {rank} on host {host}"))?;
-    let topo = Topology::new(rank, args.radix, size).map_err(|e| anyhow!("--radix {}: {e}", args.radix))?;
-    let bind = args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let advertised = if bind.is_unspecified() {
-        launch::source_addr_toward(hnp).ok_or_else(|| anyhow!("no route to the HNP at {hnp}"))?
-    } else {
-        bind
-    };
-    let epoch = dvmd::daemon::new_epoch();
-    let (transport, events) = Transport::bind(transport_config(&args, rank, epoch, SocketAddr::new(bind, 0), secret))
-        .await
-        .with_context(|| format!("daemon {rank} on host {host}: cannot listen on {bind}"))?;
-    let addr = SocketAddr::new(advertised, transport.local_addr().port());
-    transport.set_contact(0, hnp);
-    let mut daemon = Daemon::with_grpcomm(rank, host.clone(), topo, transport, epoch, None, grpcomm_config(&args));
-    // Check in at once; the PMIx server starts with the first job that reaches this daemon.
-    daemon.check_in(Contact {
-        rank,
-        host: host.clone(),
-        addr: addr.to_string(),
-        pid: std::process::id(),
-        slots,
-        epoch,
-    });
-    start_pmix(&mut daemon, session.dir(), &args, slots);
-    let (_ctl_tx, ctl_rx) = mpsc::channel(1);
-    let (_in_tx, in_rx) = mpsc::unbounded_channel();
-    let exit = daemon.run(events, ctl_rx, in_rx).await;
-    daemon.into_transport().shutdown().await;
-    session.remove();
-    Ok(match exit {
-        Exit::Terminated => ExitCode::SUCCESS,
-        Exit::LostHnp(msg) | Exit::BootFailed(msg) | Exit::Evicted(msg) => {
-            dvmd::say!("dvmd: daemon {rank} on host {host}: {msg}");
-            ExitCode::from(1)
-        }
-    })
 }
