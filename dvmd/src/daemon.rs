@@ -301,6 +301,7 @@ impl Daemon {
                         }
                     }
                     Transmit::Contacts(table) => self.t.set_contacts(table),
+                    Transmit::Disconnect(peer) => self.t.disconnect(peer),
                 }
             }
             while let Some(e) = self.node_mut().poll() {

@@ -24,6 +24,9 @@ pub enum Timer {
     TerminateDeadline,
     /// HNP: a waiting data-server lookup (its token) gives up.
     Lookup(u64),
+    /// HNP: a daemon declared dead has had its chance to hear `Evicted`; its connections are
+    /// closed, so one that is alive but out of the DVM loses the HNP and ends.
+    Disconnect(u32),
 }
 
 /// The daemon's timers.

@@ -55,6 +55,9 @@ pub struct Net {
     /// Daemons cut off without a trace (a pulled cable, no heartbeat here): every frame to or
     /// from them vanishes and nobody is told.
     silent: BTreeSet<Rank>,
+    /// Frames from `.0` to `.1` vanish (a new connection that cannot be made); an existing
+    /// connection's close still reaches the other end.
+    dropped: BTreeSet<(Rank, Rank)>,
     next_token: u64,
 }
 
@@ -70,6 +73,7 @@ impl Net {
             now: 0,
             links: BTreeSet::new(),
             silent: BTreeSet::new(),
+            dropped: BTreeSet::new(),
             next_token: 1,
         };
         for r in 0..n {
@@ -142,9 +146,17 @@ impl Net {
         let (transmits, effects) = super::drain(node);
         let timeout = node.poll_timeout();
         for t in transmits {
-            if let Transmit::Frame { next_hop, header, payload } = t {
-                self.links.insert((r.min(next_hop), r.max(next_hop)));
-                self.push(now + LATENCY_NS, Ev::Arrive { from: r, to: next_hop, header, payload });
+            match t {
+                Transmit::Frame { next_hop, header, payload } => {
+                    self.links.insert((r.min(next_hop), r.max(next_hop)));
+                    self.push(now + LATENCY_NS, Ev::Arrive { from: r, to: next_hop, header, payload });
+                }
+                Transmit::Disconnect(p) => {
+                    if self.links.remove(&(r.min(p), r.max(p))) {
+                        self.push(now + LATENCY_NS, Ev::Lost { daemon: p, peer: r });
+                    }
+                }
+                Transmit::Contacts(_) => {}
             }
         }
         let mut exited = false;
@@ -185,6 +197,16 @@ impl Net {
         }
     }
 
+    /// Frames from `from` to `to` vanish from now on (nobody is told).
+    pub fn drop_frames(&mut self, from: Rank, to: Rank) {
+        self.dropped.insert((from, to));
+    }
+
+    /// Tell daemon `daemon` its link to `peer` is lost (a heartbeat that fired, rightly or not).
+    pub fn report_lost(&mut self, daemon: Rank, peer: Rank) {
+        self.push(self.now, Ev::Lost { daemon, peer });
+    }
+
     /// Cut daemon `r` off silently: its frames vanish both ways and no loss is reported.
     pub fn silence(&mut self, r: Rank) {
         self.silent.insert(r);
@@ -195,7 +217,8 @@ impl Net {
         let Some(Reverse((at, _, idx))) = self.q.pop() else { return false };
         self.now = self.now.max(at);
         match self.evs[idx].take().expect("each event once") {
-            Ev::Arrive { from, to, .. } if self.silent.contains(&from) || self.silent.contains(&to) => {}
+            Ev::Arrive { from, to, .. }
+                if self.silent.contains(&from) || self.silent.contains(&to) || self.dropped.contains(&(from, to)) => {}
             Ev::Arrive { from, to, header, payload } => {
                 if !self.alive(to) {
                     if self.alive(from) && self.links.remove(&(from.min(to), from.max(to))) {

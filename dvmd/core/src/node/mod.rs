@@ -38,6 +38,10 @@ use crate::jobs::{ClientId, Forward, ProcCmd, ProcEvent, TERMINATE_GRACE_NS};
 use crate::timer::{Timer, Timers};
 use crate::{dtags, Core, CoreConfig, Effect as R, Exit, Input};
 
+/// How long a daemon declared dead has to receive its `Evicted` before the HNP closes its
+/// connections (closing at once could drop the notice still queued).
+pub const EVICT_GRACE_NS: u64 = 1_000_000_000;
+
 /// Something to put on the wire, in order.
 #[derive(Debug)]
 pub enum Transmit {
@@ -45,6 +49,9 @@ pub enum Transmit {
     Frame { next_hop: Rank, header: FrameHeader, payload: Bytes },
     /// The contact table (WIREUP): address of every other daemon, before any frame to one.
     Contacts(Vec<(Rank, SocketAddr)>),
+    /// Close every connection to this daemon (declared dead, told so): if it is alive, it
+    /// loses the HNP and ends instead of running on outside the DVM.
+    Disconnect(Rank),
 }
 
 /// An effect for the shell, in order.
@@ -416,6 +423,9 @@ impl<H: Host> Node<H> {
                         let text = format!("dvmd: daemon {r} on host {} was lost: {why}", self.router.host_of(r));
                         self.effects.push_back(Effect::Say(text));
                     }
+                    for &r in &newly {
+                        self.timers.set(Timer::Disconnect(r), self.now.saturating_add(EVICT_GRACE_NS));
+                    }
                     let failed: BTreeSet<Rank> = newly.iter().copied().collect();
                     self.with_jobs(|j, r| j.lost_daemons(r, &failed));
                     self.maybe_finish_tree_query();
@@ -487,6 +497,7 @@ impl<H: Host> Node<H> {
             Timer::TerminateGrace => self.terminate_now(),
             Timer::TerminateDeadline => self.terminate_deadline(),
             Timer::Lookup(token) => self.with_jobs(|j, _| j.on_lookup_timeout(token)),
+            Timer::Disconnect(r) => self.transmits.push_back(Transmit::Disconnect(r)),
         }
     }
 

@@ -285,3 +285,19 @@ fn pterm_ends_the_hnp_after_its_deadline_when_termination_cannot_reach_a_daemon(
         assert_eq!(net.shells[r].exit, Some(Exit::Terminated), "daemon {r} got TERMINATE");
     }
 }
+
+#[test]
+fn a_daemon_declared_dead_that_never_hears_it_loses_the_hnp_and_ends() {
+    let mut net = Net::boot(5, 2, 1);
+    // Its parent wrongly reports it lost, and the HNP's notice never reaches it (a new
+    // connection that cannot be made); its old connection to the HNP is still up.
+    net.drop_frames(0, 3);
+    net.report_lost(1, 3);
+    net.run();
+    assert!(!net.node(0).router().topology().is_alive(3), "the HNP declared daemon 3 dead");
+    assert!(!net.alive(3), "daemon 3 ended instead of running on outside the DVM");
+    assert!(matches!(net.shells[3].exit, Some(Exit::LostHnp(_))), "{:?}", net.shells[3].exit);
+    let c = net.launch(job(4, exit(0, 1)));
+    net.run();
+    assert_eq!(net.ended(c), Some((0, String::new())));
+}
