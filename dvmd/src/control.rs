@@ -61,6 +61,10 @@ pub enum ControlCmd {
     LaunchPlan(JobSpec, oneshot::Sender<Result<LaunchPlanReply, String>>),
     Stdin(StdinMsg),
     Signal(SignalRequest, oneshot::Sender<SignalReply>),
+    /// The job tools: list (with the nodes when true), cancel, attach.
+    Jobs(bool, oneshot::Sender<JobsReply>),
+    Cancel(CancelRequest, oneshot::Sender<CancelReply>),
+    Attach(u32, mpsc::Sender<Result<JobEvent, Status>>),
 }
 
 /// The gRPC service; forwards each authenticated call to the actor.
@@ -176,6 +180,31 @@ impl Control for ControlService {
         Ok(Response::new(self.ask(|tx| ControlCmd::Signal(body, tx)).await?))
     }
 
+    async fn jobs(&self, req: Request<JobsRequest>) -> Result<Response<JobsReply>, Status> {
+        self.check(&req, "jobs")?;
+        let nodes = req.into_inner().nodes;
+        Ok(Response::new(self.ask(|tx| ControlCmd::Jobs(nodes, tx)).await?))
+    }
+
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        self.check(&req, "cancel")?;
+        let body = req.into_inner();
+        Ok(Response::new(self.ask(|tx| ControlCmd::Cancel(body, tx)).await?))
+    }
+
+    type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<JobEvent, Status>>;
+
+    async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<Self::AttachStream>, Status> {
+        self.check(&req, "attach")?;
+        let jobid = req.into_inner().jobid;
+        let (tx, rx) = mpsc::channel(64);
+        self.actor
+            .send(ControlCmd::Attach(jobid, tx))
+            .await
+            .map_err(|_| Status::unavailable("the DVM is shutting down"))?;
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     async fn bench(&self, req: Request<BenchRequest>) -> Result<Response<BenchReply>, Status> {
         self.check(&req, "bench")?;
         let body = req.into_inner();
@@ -283,6 +312,18 @@ impl Client {
     pub async fn signal(&mut self, jobid: u32, signal: i32) -> Result<bool> {
         let req = self.authed("signal", SignalRequest { jobid, signal }).await?;
         Ok(self.inner.signal(req).await?.into_inner().ok)
+    }
+    pub async fn jobs(&mut self, nodes: bool) -> Result<JobsReply> {
+        let req = self.authed("jobs", JobsRequest { nodes }).await?;
+        Ok(self.inner.jobs(req).await?.into_inner())
+    }
+    pub async fn cancel(&mut self, body: CancelRequest) -> Result<CancelReply> {
+        let req = self.authed("cancel", body).await?;
+        Ok(self.inner.cancel(req).await?.into_inner())
+    }
+    pub async fn attach(&mut self, jobid: u32) -> Result<tonic::Streaming<JobEvent>> {
+        let req = self.authed("attach", AttachRequest { jobid }).await?;
+        Ok(self.inner.attach(req).await?.into_inner())
     }
     pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {
         let req = self.authed("bench", body).await?;

@@ -84,6 +84,8 @@ enum ReplyTx {
     Bench(oneshot::Sender<Result<dvm_proto::control::BenchReply, String>>),
     LaunchPlan(oneshot::Sender<Result<dvm_proto::control::LaunchPlanReply, String>>),
     Signal(oneshot::Sender<dvm_proto::control::SignalReply>),
+    Jobs(oneshot::Sender<dvm_proto::control::JobsReply>),
+    Cancel(oneshot::Sender<dvm_proto::control::CancelReply>),
 }
 
 /// What the node is built from at [`Daemon::run`] (settings arrive after construction).
@@ -332,6 +334,7 @@ impl Daemon {
                 ProcCmd::KillAll => self.odls.kill_all(),
             },
             Effect::ToClient { client, item } => match item {
+                Forward::Close => drop(self.clients.remove(&client.0)),
                 Forward::Refused(why) => {
                     if let Some(tx) = self.clients.remove(&client.0) {
                         let _ = tx.send(Forward::Refused(why));
@@ -363,6 +366,8 @@ impl Daemon {
             (ReplyTx::Bench(tx), Reply::Bench(r)) => drop(tx.send(r)),
             (ReplyTx::LaunchPlan(tx), Reply::LaunchPlan(r)) => drop(tx.send(r)),
             (ReplyTx::Signal(tx), Reply::Signal(r)) => drop(tx.send(r)),
+            (ReplyTx::Jobs(tx), Reply::Jobs(r)) => drop(tx.send(r)),
+            (ReplyTx::Cancel(tx), Reply::Cancel(r)) => drop(tx.send(r)),
             (_, r) => debug!(token, "a reply of another kind for this token: {r:?}"),
         }
     }
@@ -414,6 +419,20 @@ impl Daemon {
                 self.clients.insert(token, ftx);
                 tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
                 Control::Launch(spec, ClientId(token))
+            }
+            ControlCmd::Attach(jobid, tx) => {
+                let (ftx, frx) = mpsc::unbounded_channel();
+                self.clients.insert(token, ftx);
+                tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
+                Control::Attach(jobid, ClientId(token))
+            }
+            ControlCmd::Jobs(nodes, tx) => {
+                self.replies.insert(token, ReplyTx::Jobs(tx));
+                Control::Jobs { nodes }
+            }
+            ControlCmd::Cancel(req, tx) => {
+                self.replies.insert(token, ReplyTx::Cancel(tx));
+                Control::Cancel(req)
             }
         };
         let now = self.now();
@@ -483,6 +502,7 @@ async fn forwarder(
                         rank: chunk.rank,
                         stream: chunk.stream,
                         data: chunk.data,
+                        jobid,
                     }));
                     if tx.send(Ok(ev)).await.is_err() {
                         client_alive = false;
@@ -492,7 +512,8 @@ async fn forwarder(
                 let _ = actor.send(PrunEvent::Delivered { jobid, daemon, bytes });
             }
             Forward::Event(ev) => {
-                let last = matches!(ev.event, Some(job_event::Event::Ended(_)));
+                // An array element's end is not the stream's.
+                let last = matches!(&ev.event, Some(job_event::Event::Ended(e)) if !e.element);
                 if client_alive && tx.send(Ok(ev)).await.is_err() {
                     client_alive = false;
                     let _ = actor.send(PrunEvent::Gone(client));
@@ -508,6 +529,7 @@ async fn forwarder(
                 let _ = tx.try_send(Err(Status::unavailable(why)));
                 return;
             }
+            Forward::Close => return,
         }
     }
 }

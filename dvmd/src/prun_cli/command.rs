@@ -13,6 +13,7 @@ use crate::hostfile::HostfileError;
 /// Help text printed by `prun --help`; lists every option [`parse`](super::parse) accepts.
 pub const USAGE: &str = "\
 Usage: prun [job options] [app options] EXE [ARGS...] [: [app options] EXE [ARGS...]]...
+       prun --attach ID [--dvm-uri URI]
 
 Runs a job on a running DVM (--dvm-uri, else the only persistent DVM of this user), or on a
 one-shot DVM booted for it and private to it (--local, or --host/--hostfile when no persistent
@@ -50,6 +51,12 @@ Job options (before the first EXE):
   --local N                  boot a one-shot DVM of N daemons on this machine for this job
   --slots S                  with --local: S slots per daemon
   --launch-sizes             print the sizes of the launch messages instead of launching
+  --no-queue                 fail at once when the job does not fit the free slots now
+                             (default: wait in the DVM's queue, in order of submission)
+  --detach                   print the job id and return; the job runs on, its output kept
+  --attach ID                follow a detached job: its kept output, then live, to its end
+  --array A-B | N            one job per index A..B (or 0..N-1), DVM_ARRAY_INDEX set in each;
+                             a summary at the end
   -h, --help                 print this help
   -V, --version              print the version
 
@@ -72,6 +79,8 @@ pub struct PrunCommand {
     pub host_list: Option<String>,
     /// `--launch-sizes`: print the launch message sizes, don't launch.
     pub launch_sizes: bool,
+    /// `--attach ID`: follow a detached job instead of submitting one.
+    pub attach: Option<u32>,
     pub help: bool,
     pub version: bool,
 }

@@ -31,6 +31,10 @@ pub(super) enum Kind {
     Slots,
     LaunchSizes,
     EnableRecovery,
+    NoQueue,
+    Detach,
+    Attach,
+    Array,
     Help,
     Version,
 }
@@ -44,6 +48,8 @@ impl Kind {
                 | Kind::MergeStderr
                 | Kind::LaunchSizes
                 | Kind::EnableRecovery
+                | Kind::NoQueue
+                | Kind::Detach
                 | Kind::Help
                 | Kind::Version
         )
@@ -73,6 +79,10 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::Slots, &["--slots"]),
     (Kind::LaunchSizes, &["--launch-sizes"]),
     (Kind::EnableRecovery, &["--enable-recovery"]),
+    (Kind::NoQueue, &["--no-queue"]),
+    (Kind::Detach, &["--detach"]),
+    (Kind::Attach, &["--attach"]),
+    (Kind::Array, &["--array"]),
     (Kind::Help, &["-h", "--help"]),
     (Kind::Version, &["-V", "--version"]),
 ];

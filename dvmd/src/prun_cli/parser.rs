@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dvm_proto::job::{AppContext, JobSpec, MapBy, StdinTarget};
+use dvm_proto::job::{AppContext, ArraySpec, JobSpec, MapBy, StdinTarget};
 
 use crate::hostfile;
 
@@ -43,6 +43,10 @@ struct Parser<'a> {
     slots: Option<(String, u32)>,
     launch_sizes: bool,
     enable_recovery: bool,
+    no_queue: bool,
+    detach: Option<String>,
+    attach: Option<(String, u32)>,
+    array: Option<(String, u32, u32)>,
 }
 
 /// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
@@ -69,6 +73,10 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         slots: None,
         launch_sizes: false,
         enable_recovery: false,
+        no_queue: false,
+        detach: None,
+        attach: None,
+        array: None,
     };
     let mut i = 0;
     loop {
@@ -104,6 +112,10 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         let start = i;
         while i < args.len() && args[i] != ":" {
             i += 1;
+        }
+        if start == i && app == 1 && i == args.len() && p.attach.is_some() {
+            // `--attach ID` follows a job that runs already: no executable.
+            return p.finish(cwd_str);
         }
         if start == i {
             return Err(match (app, i < args.len()) {
@@ -250,12 +262,36 @@ impl Parser<'_> {
             }
             Kind::LaunchSizes => self.launch_sizes = true,
             Kind::EnableRecovery => self.enable_recovery = true,
+            Kind::NoQueue => self.no_queue = true,
+            Kind::Detach => self.detach = Some(opt.to_string()),
+            Kind::Attach => {
+                let id = positive(&value).ok_or_else(|| bad("not a job id (a positive integer)"))?;
+                set_once(&mut self.attach, (opt.to_string(), id), twice)?;
+            }
+            Kind::Array => {
+                let range = parse_array(&value).map_err(|p| bad(&p))?;
+                set_once(&mut self.array, (opt.to_string(), range.0, range.1), twice)?;
+            }
             Kind::Help | Kind::Version => unreachable!("--help and --version short-circuit in parse"),
         }
         Ok(())
     }
 
     fn finish(self, cwd: String) -> Result<PrunCommand, CliError> {
+        if let Some((attach, _)) = &self.attach {
+            if self.apps.iter().any(|a| !a.argv.is_empty()) {
+                return Err(CliError::Conflict { first: attach.clone(), second: "an executable".into() });
+            }
+        }
+        let one_shot = self.local.as_ref().map(|l| &l.0);
+        for (opt, other) in [(self.detach.as_ref(), one_shot), (self.attach.as_ref().map(|a| &a.0), one_shot)] {
+            if let (Some(opt), Some(other)) = (opt, other) {
+                return Err(CliError::Conflict { first: other.clone(), second: opt.clone() });
+            }
+        }
+        if let (Some(detach), Some((array, ..))) = (&self.detach, &self.array) {
+            return Err(CliError::Conflict { first: array.clone(), second: detach.clone() });
+        }
         if let Some((local, _)) = &self.local {
             let other = (self.dvm_uri.as_ref().map(|d| &d.0))
                 .or(self.host.as_ref().map(|h| &h.0))
@@ -282,7 +318,8 @@ impl Parser<'_> {
                     .collect();
                 AppContext {
                     argv: a.argv,
-                    np: a.np.unwrap_or(0),
+                    // An array's element is one process unless -n says otherwise.
+                    np: a.np.unwrap_or(if self.array.is_some() && self.per_node.is_none() { 1 } else { 0 }),
                     env,
                     wdir: a.wdir.or_else(|| global.wdir.clone()).unwrap_or_default(),
                 }
@@ -306,6 +343,7 @@ impl Parser<'_> {
             (None, None) => (None, Vec::new()),
         };
         let spec = JobSpec {
+            command: command_line(&apps),
             apps,
             map_by: map_by as i32,
             ppr,
@@ -318,6 +356,10 @@ impl Parser<'_> {
             timeout_s: self.timeout.unwrap_or(0.0),
             cwd,
             enable_recovery: self.enable_recovery,
+            no_queue: self.no_queue,
+            detach: self.detach.is_some(),
+            uid: 0,
+            array: self.array.map(|(_, first, last)| ArraySpec { first, last }),
         };
         Ok(PrunCommand {
             spec,
@@ -326,9 +368,33 @@ impl Parser<'_> {
             hostfile: self.hostfile.map(|(_, path, _)| path),
             host_list,
             launch_sizes: self.launch_sizes,
+            attach: self.attach.map(|(_, id)| id),
             help: false,
             version: false,
         })
+    }
+}
+
+/// The command line of a job as listings show it: each app's argv, apps separated by " : ".
+fn command_line(apps: &[AppContext]) -> String {
+    apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ")
+}
+
+/// `--array A-B` (indices A to B) or `--array N` (0 to N-1), as Slurm and Flux write them.
+fn parse_array(v: &str) -> Result<(u32, u32), String> {
+    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| format!("'{t}' is not an index (0 to {})", u32::MAX));
+    match v.split_once('-') {
+        Some((a, b)) => {
+            let (a, b) = (num(a)?, num(b)?);
+            if a > b {
+                return Err(format!("the first index {a} is above the last {b}"));
+            }
+            Ok((a, b))
+        }
+        None => match num(v)? {
+            0 => Err("an array of 0 jobs".into()),
+            n => Ok((0, n - 1)),
+        },
     }
 }
 
@@ -341,6 +407,7 @@ fn short_circuit(cwd: String, kind: Kind) -> PrunCommand {
         hostfile: None,
         host_list: None,
         launch_sizes: false,
+        attach: None,
         help: kind == Kind::Help,
         version: kind == Kind::Version,
     }

@@ -174,6 +174,11 @@ pub struct SimShell {
     pub exit: Option<Exit>,
     /// Violations of the shell's rules seen (a proc started for a job already ended here).
     pub errors: Vec<String>,
+    /// The most procs that were alive here at once (the slot books' check).
+    pub peak: usize,
+    /// With `keep_specs`, the spec of every proc started here, in order.
+    pub keep_specs: bool,
+    pub specs: Vec<ProcSpec>,
     next_pid: u32,
 }
 
@@ -206,7 +211,11 @@ impl SimShell {
                     due.push(Due { at, ev: ProcEvent::Exited { jobid, rank, pid, status } });
                 }
                 self.started.push((jobid, rank));
+                if self.keep_specs {
+                    self.specs.push(spec.clone());
+                }
                 self.procs.insert((jobid, rank), SimProc { spec, pid, ending: end.is_some() });
+                self.peak = self.peak.max(self.procs.len());
             }
             Effect::Proc(ProcCmd::KillJob { jobid, grace_ms: _ }) => {
                 self.ended_jobs.insert(jobid);
@@ -254,16 +263,28 @@ impl SimShell {
         }
     }
 
-    /// The prun of `client` heard its job end: (exit status, message).
+    /// The prun of `client` heard its job (or array) end: (exit status, message).
     pub fn ended(&self, client: ClientId) -> Option<(i32, String)> {
         self.clients.get(&client)?.iter().find_map(|f| match f {
             Forward::Event(ev) => match &ev.event {
-                Some(job_event::Event::Ended(e)) => Some((e.exit_code, e.message.clone())),
+                Some(job_event::Event::Ended(e)) if !e.element => Some((e.exit_code, e.message.clone())),
                 _ => None,
             },
             Forward::Refused(why) => Some((1, why.clone())),
             _ => None,
         })
+    }
+
+    /// The job events a prun received, in order.
+    pub fn events(&self, client: ClientId) -> Vec<job_event::Event> {
+        let items = self.clients.get(&client).map(Vec::as_slice).unwrap_or_default();
+        items
+            .iter()
+            .filter_map(|f| match f {
+                Forward::Event(ev) => ev.event.clone(),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The notices a prun was shown, in order.

@@ -18,13 +18,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_grpcomm::tags;
-use dvm_proto::control::{job_event, JobEnded, JobNotice, JobStarted, LaunchPlanReply};
+use std::collections::VecDeque;
+
+use dvm_proto::control::{job_event, JobEnded, JobInfo, JobNotice, LaunchPlanReply};
 use dvm_proto::daemon::daemon_cmd;
 use dvm_proto::job::{IofAck, IofChunk, JobControl, JobSpec, ProcStatus, StdinChunk, StdinTarget};
 use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
+use super::queue::{ArrayState, Waiting};
+use super::tools::{EndedJob, Kept};
 use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::dataserver::DataServer;
 use crate::jobmap::{self, NodeSlots, Placement};
@@ -96,6 +100,18 @@ pub(crate) struct HnpJob {
     /// Its residual for each hosting daemon, as scattered: sent again after a loss, since a
     /// scatter through a daemon that died loses the slices of its subtree.
     residuals: Vec<(Rank, Bytes)>,
+    /// When it started, and how long it waited in the queue before (ns).
+    pub started_ns: u64,
+    pub wait_ns: u64,
+    /// An array element: (the array's id, its index).
+    pub array: Option<(u32, u32)>,
+    /// Who submitted it, and what (for listings and cancel).
+    pub uid: u32,
+    pub command: String,
+    /// A detached job: its output and notices, kept for `prun --attach`.
+    pub kept: Option<Kept>,
+    /// A detached job: a prun follows it now (as `client`).
+    pub attached: bool,
 }
 
 impl HnpJob {
@@ -115,6 +131,14 @@ pub struct JobTable {
     /// Jobs joined by a PMIx_Connect (accept/connect, spawn), both ways.
     pub(crate) peers: BTreeMap<u32, BTreeSet<u32>>,
     pub(crate) out: Vec<JobOut>,
+    /// The node's clock at the input being handled (ns).
+    pub(crate) now: u64,
+    /// Jobs waiting for slots, in order.
+    pub(crate) queue: VecDeque<Waiting>,
+    /// Arrays with elements queued or running.
+    pub(crate) arrays: BTreeMap<u32, ArrayState>,
+    /// Recently ended jobs, oldest first.
+    pub(crate) ended: VecDeque<EndedJob>,
 }
 
 impl JobTable {
@@ -168,7 +192,7 @@ impl JobTable {
         })
     }
 
-    fn tell(&mut self, client: ClientId, item: Forward) {
+    pub(crate) fn tell(&mut self, client: ClientId, item: Forward) {
         self.out.push(JobOut::Client { client, item });
     }
 
@@ -176,21 +200,22 @@ impl JobTable {
         self.out.push(JobOut::Cmd { dst, body });
     }
 
-    /// A prun's job: mapped and started, or refused with one sentence (the stream's last).
-    /// Returns the job id.
-    pub(crate) fn launch(&mut self, r: &Core, spec: JobSpec, client: ClientId) -> Option<u32> {
-        let placement = match jobmap::map_job(&spec, &Self::candidate_nodes(r)) {
-            Ok(p) => p,
-            Err(e) => {
-                let ended = JobEnded { exit_code: 1, message: e.to_string() };
-                self.tell(client, event(job_event::Event::Ended(ended)));
-                return None;
-            }
-        };
-        let started =
-            JobStarted { jobid: self.next_jobid + 1, nprocs: placement.nprocs(), nodes: placement.num_nodes() };
-        self.tell(client, event(job_event::Event::Started(started)));
-        Some(self.start_job(&spec, placement, client, None))
+    pub(crate) fn new_jobid(&mut self) -> u32 {
+        self.next_jobid += 1;
+        self.next_jobid
+    }
+
+    /// What goes to a job's prun: a detached job keeps it, and passes it on only while a prun
+    /// is attached.
+    pub(crate) fn tell_job(&mut self, jobid: u32, item: Forward) {
+        let Some(job) = self.jobs.get_mut(&jobid) else { return };
+        if let (Some(kept), Forward::Event(e)) = (job.kept.as_mut(), &item) {
+            kept.push(e.clone());
+        }
+        if job.kept.is_none() || job.attached {
+            let client = job.client;
+            self.tell(client, item);
+        }
     }
 
     /// Map nothing, decide nothing: enter a mapped job in the table and send its maps and
@@ -202,8 +227,20 @@ impl JobTable {
         client: ClientId,
         parent: Option<u32>,
     ) -> u32 {
-        self.next_jobid += 1;
-        let jobid = self.next_jobid;
+        let jobid = self.new_jobid();
+        self.start_job_as(jobid, spec, placement, client, parent);
+        jobid
+    }
+
+    /// [`Self::start_job`] under an id given already.
+    pub(crate) fn start_job_as(
+        &mut self,
+        jobid: u32,
+        spec: &JobSpec,
+        placement: Placement,
+        client: ClientId,
+        parent: Option<u32>,
+    ) {
         let (mut map, residuals) = jobmap::encode(jobid, spec, &placement);
         map.hnp_iof_window = IOF_WINDOW;
         map.report_launch = parent.is_some();
@@ -237,18 +274,22 @@ impl JobTable {
                 recovery: spec.enable_recovery,
                 survived: None,
                 residuals: slices.clone(),
+                started_ns: self.now,
+                wait_ns: 0,
+                array: None,
+                uid: spec.uid,
+                command: spec.command.clone(),
+                kept: spec.detach.then(Kept::default),
+                attached: false,
             },
         );
         self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
         self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
-        jobid
     }
 
     /// Show a sentence on a job's prun.
     pub(crate) fn notice(&mut self, jobid: u32, text: String) {
-        if let Some(client) = self.jobs.get(&jobid).map(|j| j.client) {
-            self.tell(client, event(job_event::Event::Notice(JobNotice { text })));
-        }
+        self.tell_job(jobid, event(job_event::Event::Notice(JobNotice { text })));
     }
 
     /// First failure of a job: remember why, tell prun, kill the rest. The failure of a
@@ -259,8 +300,10 @@ impl JobTable {
         let first = job.first_failure.is_none();
         if first {
             job.first_failure = Some((code, why.clone()));
-            let client = job.client;
-            self.tell(client, event(job_event::Event::Notice(JobNotice { text: why.clone() })));
+            // An array element's failure is told with its end.
+            if job.array.is_none() {
+                self.notice(jobid, why.clone());
+            }
         }
         self.fail_family(jobid, code, &why);
         if first {
@@ -316,13 +359,22 @@ impl JobTable {
         // A spawned job's prun is its parent's, which ends it.
         for (jobid, job) in std::mem::take(&mut self.jobs).into_iter().filter(|(_, j)| j.parent.is_none()) {
             let (exit_code, message) = job.first_failure.unwrap_or_else(|| (TERMINATED_EXIT, terminated_reason(jobid)));
-            self.tell(job.client, event(job_event::Event::Ended(JobEnded { exit_code, message })));
+            match job.array {
+                Some((array, index)) => self.array_element_ended(array, index, jobid, exit_code, &message),
+                None if job.kept.is_some() && !job.attached => {}
+                None => {
+                    let ended = JobEnded { exit_code, message, jobid, ..Default::default() };
+                    self.tell(job.client, event(job_event::Event::Ended(ended)));
+                }
+            }
         }
+        self.end_queued(TERMINATED_EXIT, "the DVM was terminated (pterm) while the job was queued");
     }
 
     /// The DVM is being terminated: end every running job with [`TERMINATED_EXIT`] and a
     /// sentence saying so. False when no job runs.
     pub(crate) fn end_jobs_for_termination(&mut self, r: &Core) -> bool {
+        self.end_queued(TERMINATED_EXIT, "the DVM was terminated (pterm) while the job was queued");
         let running: Vec<u32> = self.jobs.keys().copied().collect();
         for &jobid in &running {
             self.fail_job(r, jobid, TERMINATED_EXIT, terminated_reason(jobid));
@@ -376,16 +428,39 @@ impl JobTable {
         if (job.reported.len() as u32) < job.placement.nprocs() || !job.children.is_empty() {
             return;
         }
-        let job = self.jobs.remove(&jobid).expect("checked above");
+        let mut job = self.jobs.remove(&jobid).expect("checked above");
         let (exit_code, message) =
             job.first_failure.clone().or_else(|| job.survived.clone()).unwrap_or((0, String::new()));
         info!(jobid, exit_code, parent = ?job.parent, "job ended");
-        if job.parent.is_none() {
-            self.tell(job.client, event(job_event::Event::Ended(JobEnded { exit_code, message })));
+        match job.array {
+            Some((array, index)) => self.array_element_ended(array, index, jobid, exit_code, &message),
+            None if job.parent.is_some() || (job.kept.is_some() && !job.attached) => {}
+            None => {
+                let ended = JobEnded { exit_code, message: message.clone(), jobid, ..Default::default() };
+                self.tell(job.client, event(job_event::Event::Ended(ended)));
+            }
         }
         self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
         self.job_left(r, jobid, &job);
-        if self.jobs.is_empty() {
+        if job.parent.is_none() && job.array.is_none() {
+            let info = JobInfo {
+                jobid,
+                state: "ended".into(),
+                exit_code,
+                message,
+                nprocs: job.placement.nprocs(),
+                nodes: job.placement.daemons().map(|d| r.host_of(d).to_string()).collect(),
+                elapsed_ms: self.now.saturating_sub(job.started_ns) / 1_000_000,
+                command: std::mem::take(&mut job.command),
+                uid: job.uid,
+                detached: job.kept.is_some(),
+                wait_ms: job.wait_ns / 1_000_000,
+                ..Default::default()
+            };
+            self.remember(info, job.kept.take());
+        }
+        self.drain_queue(r);
+        if self.jobs.is_empty() && self.queue.is_empty() {
             self.out.push(JobOut::AllEnded);
         }
     }
@@ -398,23 +473,49 @@ impl JobTable {
 
     /// The prun of `client` went away: its job must not outlive it.
     pub(crate) fn on_client_gone(&mut self, r: &Core, client: ClientId) {
-        let gone: Vec<u32> =
-            self.jobs.iter().filter(|(_, j)| j.client == client && j.parent.is_none()).map(|(id, _)| *id).collect();
+        self.drop_queued_of(client);
+        for job in self.jobs.values_mut().filter(|j| j.client == client && j.kept.is_some()) {
+            // A detached job goes on; whoever attached has left.
+            job.attached = false;
+        }
+        let gone: Vec<u32> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.client == client && j.parent.is_none() && j.kept.is_none())
+            .map(|(id, _)| *id)
+            .collect();
         for jobid in gone {
             warn!(jobid, "prun went away: killing its job");
             self.fail_job(r, jobid, 1, format!("job {jobid}: prun went away"));
+        }
+        let follows = self.jobs.values().any(|j| j.client == client && (j.kept.is_none() || j.attached))
+            || self.arrays.values().any(|a| a.client == client);
+        if !follows {
+            self.tell(client, Forward::Close);
         }
     }
 
     /// prun signalled its job: TERM and INT kill it (naming the signal), others are passed on.
     /// False: no such job.
     pub(crate) fn signal(&mut self, r: &Core, jobid: u32, signal: i32) -> bool {
-        if !self.jobs.contains_key(&jobid) {
-            return false;
-        }
         const SIGINT: i32 = 2;
         const SIGTERM: i32 = 15;
-        if signal == SIGINT || signal == SIGTERM {
+        let ends = signal == SIGINT || signal == SIGTERM;
+        if !self.jobs.contains_key(&jobid) {
+            // Queued, or an array: TERM and INT end it (its waiting part and running elements).
+            let known = self.arrays.contains_key(&jobid) || self.queue.iter().any(|w| w.jobid == jobid);
+            if known && ends {
+                let why = format!("prun received signal {signal}: job {jobid} ended");
+                if let Some(w) = self.take_queued(jobid) {
+                    self.end_waiting(w, 128 + signal, why.clone());
+                }
+                for id in self.array_elements(jobid) {
+                    self.fail_job(r, id, 128 + signal, why.clone());
+                }
+            }
+            return known;
+        }
+        if ends {
             self.fail_job(r, jobid, 128 + signal, format!("prun received signal {signal}: job killed"));
         } else {
             self.job_control(JobControl { jobid, signal, ..Default::default() });
@@ -455,6 +556,8 @@ impl JobTable {
             self.maybe_end(r, jobid);
         }
         self.rescatter(r);
+        // A queued job may no longer fit the DVM that is left.
+        self.drain_queue(r);
     }
 
     /// After a loss: every running job's residuals again, to its live daemons with ranks not
@@ -496,8 +599,19 @@ impl JobTable {
 
     /// Output a daemon sent: to prun (acked once prun took it).
     pub(crate) fn on_iof(&mut self, daemon: Rank, chunk: IofChunk) {
-        match self.jobs.get(&chunk.jobid).map(|j| j.client) {
-            Some(client) => self.tell(client, Forward::Output { daemon, chunk }),
+        let follow = self.jobs.get(&chunk.jobid).map(|j| (j.client, j.kept.is_some(), j.attached));
+        match follow {
+            Some((client, false, _)) => self.tell(client, Forward::Output { daemon, chunk }),
+            Some((client, true, attached)) => {
+                // Detached: kept, and passed on to an attached prun (which acks it).
+                self.keep_output(chunk.jobid, &chunk);
+                if attached {
+                    self.tell(client, Forward::Output { daemon, chunk });
+                } else {
+                    let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };
+                    self.cmd(daemon, daemon_cmd::Body::IofAck(ack));
+                }
+            }
             None => {
                 // Job already ended (or unknown): ack so the daemon never stalls.
                 let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };

@@ -5,8 +5,9 @@
 //! either order). A proc's environment is, in this order (later wins): the daemon's own
 //! (minus its `DVM_*`), the app's `-x`/`--env`, the DVM's `DVM_*` facts of the rank, then the
 //! PMIx environment (unless the app set the same key). A job with more procs on this machine
-//! than it has cores is oversubscribed: its ranks are told to yield when idle (unless the
-//! environment says otherwise) and get a coarser timer slack.
+//! than it has cores, counting the other jobs running there, is oversubscribed: its ranks are
+//! told to yield when idle (unless the environment says otherwise) and get a coarser timer
+//! slack.
 //!
 //! Never: a process. Specs leave as [`ProcCmd::Spawn`], in rank order; the PMIx server is
 //! asked through [`Host`] in the order the job needs (learn, register, each rank's env).
@@ -200,7 +201,14 @@ impl LocalJobs {
         // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
         // A setting in the daemon's environment (inherited by the ranks) or `-x` wins.
-        let on_machine = if self.cfg.loopback { map.nprocs } else { procs.len() as u32 };
+        // Other jobs running here compete too (a shared or explicitly oversubscribed DVM).
+        let others: u32 = self
+            .jobs
+            .iter()
+            .filter(|(&id, j)| id != jobid && !j.killed)
+            .map(|(_, j)| if self.cfg.loopback { j.map.as_ref().map_or(0, |m| m.nprocs) } else { j.live })
+            .sum();
+        let on_machine = others + if self.cfg.loopback { map.nprocs } else { procs.len() as u32 };
         let over = oversubscribed(on_machine, self.cfg.cores);
         let yield_idle = over && !env.iter().any(|(k, _)| k == YIELD_VAR);
         let timer_slack_us = if over { OVERSUBSCRIBED_TIMER_SLACK_US } else { 0 };

@@ -8,8 +8,10 @@
 pub mod hnp;
 pub mod local;
 pub mod proc;
+pub mod queue;
 mod recovery;
 mod spawn;
+pub mod tools;
 
 use dvm_proto::control::{job_event, JobEvent};
 use dvm_proto::job::{IofChunk, ProcStatus};
@@ -47,6 +49,9 @@ pub enum Forward {
     /// The launch was refused before any job existed (the DVM is terminating): the stream's
     /// only and last item.
     Refused(String),
+    /// Nothing more goes to this prun, which went away (its jobs are detached): the shell
+    /// forgets its stream.
+    Close,
 }
 
 pub(crate) fn event(e: job_event::Event) -> Forward {

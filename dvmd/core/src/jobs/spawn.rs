@@ -33,11 +33,7 @@ use crate::Core;
 /// with none left is not a candidate, unless `oversubscribe` (then every node is, with its
 /// slots as they are, and the mapper overfills them).
 pub fn free_slots(nodes: &[NodeSlots], used: &BTreeMap<u32, u32>, oversubscribe: bool) -> Vec<NodeSlots> {
-    let free: Vec<NodeSlots> = nodes
-        .iter()
-        .map(|n| NodeSlots { slots: n.slots.saturating_sub(used.get(&n.daemon).copied().unwrap_or(0)), ..n.clone() })
-        .filter(|n| n.slots > 0)
-        .collect();
+    let free = super::queue::free_nodes(nodes, used);
     if free.is_empty() && oversubscribe {
         return nodes.to_vec();
     }
@@ -45,18 +41,6 @@ pub fn free_slots(nodes: &[NodeSlots], used: &BTreeMap<u32, u32>, oversubscribe:
 }
 
 impl JobTable {
-    /// Procs of running jobs per daemon.
-    pub(crate) fn used_slots(&self) -> BTreeMap<u32, u32> {
-        let mut used = BTreeMap::new();
-        for job in self.jobs.values() {
-            let p = &job.placement;
-            for d in p.daemons() {
-                *used.entry(d).or_insert(0) += p.procs_on(d).len();
-            }
-        }
-        used
-    }
-
     fn spawn_answer(&mut self, daemon: Rank, resp: SpawnResp) {
         self.out.push(JobOut::Cmd { dst: daemon, body: daemon_cmd::Body::SpawnResp(resp) });
     }
@@ -83,7 +67,8 @@ impl JobTable {
         let placement = match jobmap::map_job(&spec, &nodes) {
             Ok(p) => p,
             Err(e) => {
-                let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {e}", req.rank, req.jobid);
+                let held = self.holders(r);
+                let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {e} ({held})", req.rank, req.jobid);
                 self.notice(req.jobid, why.clone());
                 self.spawn_answer(origin, refuse(pmixdef::ERR_JOB_FAILED_TO_MAP, why));
                 return;

@@ -7,8 +7,8 @@
 
 use bytes::Bytes;
 use dvm_proto::control::{
-    BenchReply, BenchRequest, DaemonStatus, LaunchPlanReply, SignalReply, SignalRequest, StatusReply, StdinMsg,
-    TerminateReply, TreeViewsReply,
+    BenchReply, BenchRequest, CancelReply, CancelRequest, DaemonStatus, JobsReply, LaunchPlanReply, SignalReply,
+    SignalRequest, StatusReply, StdinMsg, TerminateReply, TreeViewsReply,
 };
 use dvm_proto::daemon::{daemon_cmd, TreeView};
 use dvm_proto::job::JobSpec;
@@ -34,6 +34,13 @@ pub enum Control {
     Launch(JobSpec, ClientId),
     /// prun's stdin for its job (no reply).
     Stdin(StdinMsg),
+    /// The jobs (and, when asked, the nodes) for the job tools.
+    Jobs {
+        nodes: bool,
+    },
+    Cancel(CancelRequest),
+    /// Follow a detached job; everything about it goes to `client` (no reply by token).
+    Attach(u32, ClientId),
 }
 
 /// The answer to a control request.
@@ -45,6 +52,8 @@ pub enum Reply {
     Bench(Result<BenchReply, String>),
     LaunchPlan(Result<LaunchPlanReply, String>),
     Signal(SignalReply),
+    Jobs(JobsReply),
+    Cancel(CancelReply),
 }
 
 /// HNP-only state of the control side.
@@ -91,8 +100,26 @@ impl<H: Host> Node<H> {
                     return self.effects.push_back(Effect::ToClient { client, item });
                 }
                 self.with_jobs(|j, r| {
-                    j.launch(r, spec, client);
+                    j.submit(r, spec, client);
                 });
+            }
+            Control::Attach(jobid, client) => {
+                let mut refused = None;
+                self.with_jobs(|j, _| refused = j.attach(jobid, client).err());
+                if let Some(why) = refused {
+                    self.effects.push_back(Effect::ToClient { client, item: Forward::Refused(why) });
+                }
+            }
+            Control::Jobs { nodes } => {
+                let list = self.jobs.as_ref().map(|j| j.list(&self.router, nodes)).unwrap_or_default();
+                self.reply(token, Reply::Jobs(list));
+            }
+            Control::Cancel(req) => {
+                let mut reply = CancelReply::default();
+                if !ctl.terminate_pending {
+                    self.with_jobs(|j, r| reply = j.cancel(r, &req.jobids, req.all, req.uid));
+                }
+                self.reply(token, Reply::Cancel(reply));
             }
             Control::Stdin(msg) => {
                 if !ctl.terminate_pending {

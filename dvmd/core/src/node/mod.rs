@@ -243,7 +243,7 @@ impl<H: Host> Node<H> {
 
     /// A control call (HNP); its answer comes back as [`Effect::Reply`] with `token`.
     pub fn handle_control(&mut self, now: u64, token: u64, req: Control) {
-        self.now = self.now.max(now);
+        self.tick(now);
         if !self.exited {
             self.on_control(token, req);
         }
@@ -251,7 +251,7 @@ impl<H: Host> Node<H> {
     }
 
     pub fn handle_proc(&mut self, now: u64, ev: ProcEvent) {
-        self.now = self.now.max(now);
+        self.tick(now);
         if !self.exited {
             let me = self.router.me();
             self.local.on_proc(me, &mut self.host, ev);
@@ -267,7 +267,7 @@ impl<H: Host> Node<H> {
     }
 
     pub fn handle_prun(&mut self, now: u64, ev: PrunEvent) {
-        self.now = self.now.max(now);
+        self.tick(now);
         if !self.exited {
             match ev {
                 PrunEvent::Gone(client) => self.with_jobs(|j, r| j.on_client_gone(r, client)),
@@ -283,7 +283,7 @@ impl<H: Host> Node<H> {
     }
 
     pub fn handle_boot(&mut self, now: u64, ev: LauncherExit) {
-        self.now = self.now.max(now);
+        self.tick(now);
         if !self.exited {
             self.on_launcher_exit(ev);
         }
@@ -292,7 +292,7 @@ impl<H: Host> Node<H> {
 
     /// Time passed: call at or after [`Node::poll_timeout`].
     pub fn handle_timeout(&mut self, now: u64) {
-        self.now = self.now.max(now);
+        self.tick(now);
         if self.router.next_deadline().is_some_and(|d| d <= now) {
             self.inbox.push_back(Input::Tick);
         }
@@ -332,7 +332,7 @@ impl<H: Host> Node<H> {
     /// Step every router input asked for and carry what each part asks of another, until
     /// nothing is left. The one loop.
     fn run(&mut self, now: u64) {
-        self.now = self.now.max(now);
+        self.tick(now);
         loop {
             self.carry();
             let Some(input) = self.inbox.pop_front() else { return };
@@ -383,6 +383,14 @@ impl<H: Host> Node<H> {
             if !moved {
                 return;
             }
+        }
+    }
+
+    /// The clock moves on (never back), for every part that reads it.
+    fn tick(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        if let Some(jobs) = self.jobs.as_mut() {
+            jobs.now = self.now;
         }
     }
 
@@ -522,5 +530,7 @@ impl<H: Host> Node<H> {
     }
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;

@@ -58,6 +58,11 @@ impl fmt::Display for LostDvm {
 impl std::error::Error for LostDvm {}
 
 impl Head {
+    /// The head process still runs (as far as prun can tell).
+    pub(super) fn alive(&self) -> bool {
+        self.pid.is_none_or(|p| !session::process_gone(p))
+    }
+
     /// Why the job's event stream broke: the head process ended (waited for up to 2 s), or not.
     pub(super) async fn lost(&self, detail: &str) -> LostDvm {
         let hnp_ended = match self.pid {

@@ -29,7 +29,7 @@ pub(super) struct Output {
     pub(super) jobid: u32,
     pub(super) tag: bool,
     pub(super) merge: bool,
-    pub(super) partial: HashMap<(u32, u32), Vec<u8>>,
+    pub(super) partial: HashMap<(u32, u32, u32), Vec<u8>>,
     pub(super) stdout_closed: bool,
 }
 
@@ -40,7 +40,8 @@ impl Output {
         if !self.tag {
             return self.put(to, &o.data);
         }
-        let buf = self.partial.entry((o.rank, o.stream)).or_default();
+        let job = if o.jobid != 0 { o.jobid } else { self.jobid };
+        let buf = self.partial.entry((job, o.rank, o.stream)).or_default();
         buf.extend_from_slice(&o.data);
         let mut lines = Vec::new();
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
@@ -48,14 +49,14 @@ impl Output {
         }
         let mut closed = false;
         for l in lines {
-            closed |= self.emit(o.rank, o.stream, to, &l);
+            closed |= self.emit(job, o.rank, o.stream, to, &l);
         }
         closed
     }
 
-    pub(super) fn emit(&mut self, rank: u32, from: u32, to: u32, line: &[u8]) -> bool {
+    pub(super) fn emit(&mut self, job: u32, rank: u32, from: u32, to: u32, line: &[u8]) -> bool {
         let name = if from == 2 { "stderr" } else { "stdout" };
-        let mut text = format!("[{},{}]<{name}>: ", self.jobid, rank).into_bytes();
+        let mut text = format!("[{job},{rank}]<{name}>: ").into_bytes();
         text.extend_from_slice(line);
         if !text.ends_with(b"\n") {
             text.push(b'\n');
@@ -84,10 +85,10 @@ impl Output {
     }
 
     pub(super) fn finish(&mut self) {
-        let rest: Vec<((u32, u32), Vec<u8>)> = self.partial.drain().filter(|(_, b)| !b.is_empty()).collect();
-        for ((rank, from), line) in rest {
+        let rest: Vec<((u32, u32, u32), Vec<u8>)> = self.partial.drain().filter(|(_, b)| !b.is_empty()).collect();
+        for ((job, rank, from), line) in rest {
             let to = if self.merge { 1 } else { from };
-            self.emit(rank, from, to, &line);
+            self.emit(job, rank, from, to, &line);
         }
     }
 }
@@ -118,7 +119,24 @@ pub(super) async fn run_job(
         println!("  most received by one daemon: {} bytes", p.max_daemon_bytes);
         return Ok(JobResult { code: 0, abandon: false });
     }
-    let mut events = client.launch(spec.clone()).await?;
+    let mut spec = spec;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    spec.uid = unsafe { libc::getuid() };
+    if spec.array.is_some() {
+        // Which element would read it? None does.
+        spec.stdin_target = StdinTarget::None as i32;
+    }
+    let mut events = match cmd.attach {
+        Some(id) => client.attach(id).await?,
+        None => client.launch(spec.clone()).await?,
+    };
+    let array = spec.array.is_some();
+    let t0 = std::time::Instant::now();
+    let mut queued_at: Option<std::time::Instant> = None;
+    let mut elements = (0u64, 0u64);
+    // Its end's sentence is prun's to print when the job never started (refused, or queued
+    // and then cancelled); otherwise the DVM's notices said it already.
+    let mut started = cmd.attach.is_some();
     let mut out = Output {
         jobid: 0,
         tag: spec.tag_output,
@@ -126,7 +144,7 @@ pub(super) async fn run_job(
         partial: HashMap::new(),
         stdout_closed: false,
     };
-    let mut jobid = None;
+    let mut jobid = cmd.attach;
     // The first SIGINT/SIGTERM: the job is killed, and prun never reports success after it.
     let mut interrupted: Option<i32> = None;
     loop {
@@ -151,10 +169,46 @@ pub(super) async fn run_job(
         let ev = match next {
             Ok(Some(ev)) => ev,
             Ok(None) => return Err(head.lost("its job event stream ended without a result").await.into()),
+            // The DVM's refusal to attach is a sentence, not a lost DVM.
+            Err(status) if cmd.attach.is_some() && status.code() == tonic::Code::Unavailable && head.alive() => {
+                anyhow::bail!("--attach: {}", status.message())
+            }
             Err(status) => return Err(head.lost(status.message()).await.into()),
         };
         match ev.event {
+            Some(job_event::Event::Queued(q)) => {
+                if spec.detach {
+                    println!("{}", q.jobid);
+                    eprintln!("prun: job {} queued (position {}): {}", q.jobid, q.position, q.reason);
+                    return Ok(JobResult { code: 0, abandon: false });
+                }
+                jobid = Some(q.jobid);
+                out.jobid = q.jobid;
+                queued_at.get_or_insert_with(std::time::Instant::now);
+                eprintln!("prun: job {} queued (position {}): {}", q.jobid, q.position, q.reason);
+            }
+            Some(job_event::Event::Started(s)) if array => {
+                jobid.get_or_insert(s.array);
+                if let Some(at) = queued_at.take() {
+                    eprintln!("prun: array {} started after {:.1} s in the queue", s.array, at.elapsed().as_secs_f64());
+                }
+            }
+            Some(job_event::Event::Started(s)) if spec.detach => {
+                println!("{}", s.jobid);
+                return Ok(JobResult { code: 0, abandon: false });
+            }
+            Some(job_event::Event::Ended(e)) if e.element => {
+                elements.0 += 1;
+                if e.exit_code != 0 {
+                    elements.1 += 1;
+                    eprintln!("prun: job {} (array index {}): {}", e.jobid, e.index, e.message);
+                }
+            }
             Some(job_event::Event::Started(s)) => {
+                started = true;
+                if let Some(at) = queued_at.take() {
+                    eprintln!("prun: job {} started after {:.1} s in the queue", s.jobid, at.elapsed().as_secs_f64());
+                }
                 jobid = Some(s.jobid);
                 out.jobid = s.jobid;
                 for sig in pending.drain(..) {
@@ -176,7 +230,16 @@ pub(super) async fn run_job(
             Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
             Some(job_event::Event::Ended(e)) => {
                 out.finish();
-                if jobid.is_none() && !e.message.is_empty() {
+                if array && elements.0 > 0 {
+                    // The summary; its first failure's sentence was printed with that element.
+                    let secs = t0.elapsed().as_secs_f64();
+                    let rate = elements.0 as f64 / secs.max(1e-9);
+                    let (n, failed) = elements;
+                    eprintln!(
+                        "prun: array {}: {n} jobs ended, {failed} failed, in {secs:.2} s ({rate:.0} jobs/s)",
+                        e.jobid
+                    );
+                } else if !started && !e.message.is_empty() {
                     // Refused before launch (mapping): the message is the reason.
                     eprintln!("prun: {}", e.message);
                 }

@@ -1,0 +1,140 @@
+//! `pps`: list the jobs of a running DVM (queued, running, ending; `--all` also the recently
+//! ended ones) or, with `--nodes`, its daemons and their slots. `--json` prints one JSON
+//! document for scripts.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use dvm_proto::control::{JobInfo, JobsReply, NodeInfo};
+use dvmd::control::Client;
+use dvmd::session::DvmUri;
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(name = "pps", about = "List the jobs (or nodes) of a running DVM")]
+struct Args {
+    /// Also the recently ended jobs (the DVM keeps the last 1024).
+    #[arg(short, long)]
+    all: bool,
+    /// The nodes instead: daemon, host, slots total and in use, state, jobs, RSS.
+    #[arg(long)]
+    nodes: bool,
+    /// One JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The DVM: a dvm:// URI or file:PATH (default: the only persistent DVM of this user here).
+    #[arg(long, value_name = "URI|file:F")]
+    dvm_uri: Option<String>,
+}
+
+fn main() -> ExitCode {
+    dvmd::tool_main("pps", run)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
+    let mut client = Client::connect(uri).await?;
+    let reply = client.jobs(args.nodes).await?;
+    if args.nodes {
+        // Each daemon's RSS, as it reports it up the tree.
+        let views = client.tree_views().await.map(|v| v.views).unwrap_or_default();
+        let rss = |rank: u32| views.iter().find(|v| v.rank == rank).map(|v| v.rss_kib);
+        print_nodes(&reply.nodes, &rss, args.json);
+    } else {
+        print_jobs(&reply, args.all, args.json);
+    }
+    Ok(())
+}
+
+fn state(j: &JobInfo) -> String {
+    match j.state.as_str() {
+        "ended" if j.exit_code == 0 => "done".into(),
+        "ended" => format!("failed({})", j.exit_code),
+        "queued" => format!("queued({})", j.queue_position),
+        s => s.into(),
+    }
+}
+
+fn elapsed(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{}.{:01}s", s, (ms % 1000) / 100),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
+    let jobs: Vec<&JobInfo> = reply.jobs.iter().filter(|j| all || j.state != "ended").collect();
+    if as_json {
+        let list: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                json!({
+                    "jobid": j.jobid, "state": j.state, "exit_code": j.exit_code, "message": j.message,
+                    "nprocs": j.nprocs, "nodes": j.nodes, "elapsed_ms": j.elapsed_ms, "wait_ms": j.wait_ms,
+                    "command": j.command, "uid": j.uid, "queue_position": j.queue_position,
+                    "detached": j.detached, "array_left": j.array_left,
+                })
+            })
+            .collect();
+        let doc = json!({ "jobs": list, "queued_jobs": reply.queued_jobs, "max_queued": reply.max_queued });
+        println!("{doc}");
+        return;
+    }
+    println!("{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>6}  COMMAND", "JOBID", "STATE", "PROCS", "NODES", "TIME", "USER");
+    for j in jobs {
+        let mut nodes = j.nodes.join(",");
+        if nodes.len() > 16 {
+            nodes = format!("{} nodes", j.nodes.len());
+        }
+        let mut cmd = j.command.clone();
+        if j.array_left > 0 {
+            cmd = format!("[array, {} left] {cmd}", j.array_left);
+        }
+        if j.detached {
+            cmd = format!("[detached] {cmd}");
+        }
+        println!(
+            "{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>6}  {cmd}",
+            j.jobid,
+            state(j),
+            j.nprocs,
+            if nodes.is_empty() { "-".into() } else { nodes },
+            elapsed(j.elapsed_ms),
+            j.uid
+        );
+    }
+}
+
+fn print_nodes(nodes: &[NodeInfo], rss: &dyn Fn(u32) -> Option<u64>, as_json: bool) {
+    if as_json {
+        let list: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                json!({
+                    "rank": n.rank, "host": n.host, "slots": n.slots, "used": n.used,
+                    "state": if n.alive { "up" } else { "lost" }, "jobs": n.jobs, "rss_kib": rss(n.rank),
+                })
+            })
+            .collect();
+        println!("{}", json!({ "nodes": list }));
+        return;
+    }
+    println!("{:>6}  {:<20} {:>5} {:>5}  {:<5} {:>9}  JOBS", "DAEMON", "HOST", "SLOTS", "USED", "STATE", "RSS");
+    for n in nodes {
+        let jobs: Vec<String> = n.jobs.iter().map(u32::to_string).collect();
+        let rss = rss(n.rank).map_or("-".into(), |k| format!("{:.1}M", k as f64 / 1024.0));
+        println!(
+            "{:>6}  {:<20} {:>5} {:>5}  {:<5} {:>9}  {}",
+            n.rank,
+            n.host,
+            n.slots,
+            n.used,
+            if n.alive { "up" } else { "lost" },
+            rss,
+            if jobs.is_empty() { "-".into() } else { jobs.join(",") }
+        );
+    }
+}
