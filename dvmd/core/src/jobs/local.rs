@@ -93,12 +93,16 @@ pub struct LocalJobs {
     /// The most recent jobs cleaned up here: their maps or residuals arriving late (a
     /// residual sent again after a loss) start nothing.
     ended: BTreeSet<u32>,
+    /// The slot each live proc here holds, (job, rank) -> index: the lowest free one when it
+    /// started (`DVM_SLOT`), so no two live procs share one; past the node's slots only when
+    /// oversubscribed.
+    slot_of: BTreeMap<(u32, u32), u32>,
     pub(crate) out: Vec<LocalOut>,
 }
 
 impl LocalJobs {
     pub fn new(cfg: LocalConfig) -> LocalJobs {
-        LocalJobs { cfg, jobs: BTreeMap::new(), ended: BTreeSet::new(), out: Vec::new() }
+        LocalJobs { cfg, jobs: BTreeMap::new(), ended: BTreeSet::new(), slot_of: BTreeMap::new(), out: Vec::new() }
     }
 
     /// Jobs with state on this daemon.
@@ -197,7 +201,7 @@ impl LocalJobs {
             lj.unstarted = Some(procs.len() as u32);
         }
         let pmix = Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32);
-        let env = &self.cfg.base_env;
+        let env = self.cfg.base_env.clone();
         // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
         // A setting in the daemon's environment (inherited by the ranks) or `-x` wins.
@@ -236,6 +240,7 @@ impl LocalJobs {
                 ("DVM_APPNUM", p.app.to_string()),
                 ("DVM_NODE", node.clone()),
                 ("DVM_DAEMON", me.to_string()),
+                ("DVM_SLOT", self.take_slot(jobid, p.rank).to_string()),
             ] {
                 penv.push((k.to_string(), v));
             }
@@ -372,8 +377,17 @@ impl LocalJobs {
         self.out.push(LocalOut::ToHnp(daemon_cmd::Body::LaunchReport(report)));
     }
 
+    /// The lowest slot index no live proc here holds, now held by (job, rank).
+    fn take_slot(&mut self, jobid: u32, rank: u32) -> u32 {
+        let held: BTreeSet<u32> = self.slot_of.values().copied().collect();
+        let free = (0..).find(|i| !held.contains(i)).expect("fewer live procs than u32 values");
+        self.slot_of.insert((jobid, rank), free);
+        free
+    }
+
     fn proc_done(&mut self, host: &mut impl Host, st: ProcStatus) {
         let jobid = st.jobid;
+        self.slot_of.remove(&(jobid, st.rank));
         let mut done = false;
         if let Some(lj) = self.jobs.get_mut(&jobid) {
             lj.live = lj.live.saturating_sub(1);
