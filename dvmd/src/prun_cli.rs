@@ -33,7 +33,7 @@ pub use parser::parse;
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use dvm_proto::job::{AppContext, JobSpec, MapBy, StdinTarget};
+    use dvm_proto::job::{AppContext, ArraySpec, JobSpec, MapBy, StdinTarget};
 
     use super::options::{lookup, OPTIONS};
     use super::*;
@@ -52,8 +52,13 @@ mod tests {
         s.split_whitespace().map(String::from).collect()
     }
 
+    /// Parsed, with the command line kept for listings cleared (`command_line_for_listings`
+    /// checks it).
     fn run(s: &str) -> Result<PrunCommand, CliError> {
-        parse(&words(s), Path::new(CWD), &env)
+        parse(&words(s), Path::new(CWD), &env).map(|mut c| {
+            c.spec.command.clear();
+            c
+        })
     }
 
     fn err(s: &str) -> String {
@@ -87,6 +92,7 @@ mod tests {
             hostfile: None,
             host_list: None,
             launch_sizes: false,
+            attach: None,
             help: false,
             version: false,
         };
@@ -177,6 +183,16 @@ mod tests {
             }),
             (&["--launch-sizes", "-launch-sizes"], |c| c.launch_sizes = true),
             (&["--enable-recovery", "-enable-recovery"], |c| c.spec.enable_recovery = true),
+            (&["--no-queue", "-no-queue"], |c| c.spec.no_queue = true),
+            (&["--detach", "-detach"], |c| c.spec.detach = true),
+            (&["--array 3-7", "--array=3-7", "-array 3-7"], |c| {
+                c.spec.array = Some(ArraySpec { first: 3, last: 7 });
+                c.spec.apps[0].np = 1;
+            }),
+            (&["--array 10", "--array=0-9"], |c| {
+                c.spec.array = Some(ArraySpec { first: 0, last: 9 });
+                c.spec.apps[0].np = 1;
+            }),
             (&["--"], |_| {}),
             (&["-n 2 --", "-n2 --"], |c| c.spec.apps[0].np = 2),
         ];
@@ -202,6 +218,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn attach_takes_a_job_id_and_nothing_to_run() {
+        let c = run("--attach 7").unwrap();
+        assert_eq!((c.attach, c.spec.apps.len()), (Some(7), 1));
+        assert_eq!(err("--attach 7 a"), "--attach and an executable cannot both be given");
+        assert_eq!(err("--attach x"), "--attach 'x': not a job id (a positive integer)");
+        assert_eq!(err("--local 2 --attach 7"), "--local and --attach cannot both be given");
+        assert_eq!(err("--local 2 --detach a"), "--local and --detach cannot both be given");
+        assert_eq!(err("--array 4 --detach a"), "--array and --detach cannot both be given");
+        assert_eq!(err("--array 0 a"), "--array '0': an array of 0 jobs");
+        assert_eq!(err("--array 5-2 a"), "--array '5-2': the first index 5 is above the last 2");
+        assert_eq!(err("--array 1-x a"), "--array '1-x': 'x' is not an index (0 to 4294967295)");
+        // An array's element is one process unless -n says otherwise.
+        assert_eq!(run("--array 4 -n 3 a").unwrap().spec.apps[0].np, 3);
+    }
+
+    #[test]
+    fn command_line_for_listings() {
+        let c = parse(&words("-n 2 a x : -n 1 b"), Path::new(CWD), &env).unwrap();
+        assert_eq!(c.spec.command, "a x : b");
     }
 
     #[test]
@@ -532,6 +570,7 @@ mod tests {
                     AppContext { argv, np, env: merged, wdir: wdir.or(global_wdir.clone()).unwrap_or_default() }
                 })
                 .collect();
+            want.spec.command = want.spec.apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ");
             assert_eq!(parse(&args, Path::new(CWD), &env).unwrap(), want, "prun {}", args.join(" "));
         }
     }

@@ -97,7 +97,10 @@ fn run_suite(radix: u32, array: u32) {
     let listing = text(&tool(&dvm, PPS, &[])).0;
     assert!(listing.contains("queued(1)") && listing.contains("queued(2)"), "{listing}");
     let o = tool(&dvm, PCANCEL, &["1000"]);
-    assert_eq!(text(&o).1.trim(), "pcancel: no job 1000 in this DVM\npcancel: 1 of the jobs named could not be cancelled");
+    assert_eq!(
+        text(&o).1.trim(),
+        "pcancel: no job 1000 in this DVM\npcancel: 1 of the jobs named could not be cancelled"
+    );
     assert!(!o.status.success());
     let holder_id = listing.lines().find(|l| l.contains("sleep 100")).unwrap().split_whitespace().next().unwrap();
     let o = tool(&dvm, PCANCEL, &[holder_id]);
