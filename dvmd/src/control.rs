@@ -65,6 +65,7 @@ pub enum ControlCmd {
     Jobs(bool, oneshot::Sender<JobsReply>),
     Cancel(CancelRequest, oneshot::Sender<CancelReply>),
     Attach(u32, mpsc::Sender<Result<JobEvent, Status>>),
+    StackTraces(u32, oneshot::Sender<Result<StackTracesReply, String>>),
 }
 
 /// The gRPC service; forwards each authenticated call to the actor.
@@ -190,6 +191,12 @@ impl Control for ControlService {
         self.check(&req, "cancel")?;
         let body = req.into_inner();
         Ok(Response::new(self.ask(|tx| ControlCmd::Cancel(body, tx)).await?))
+    }
+
+    async fn stack_traces(&self, req: Request<StackTracesRequest>) -> Result<Response<StackTracesReply>, Status> {
+        self.check(&req, "stack_traces")?;
+        let jobid = req.into_inner().jobid;
+        self.ask(|tx| ControlCmd::StackTraces(jobid, tx)).await?.map(Response::new).map_err(Status::not_found)
     }
 
     type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<JobEvent, Status>>;
@@ -320,6 +327,15 @@ impl Client {
     pub async fn cancel(&mut self, body: CancelRequest) -> Result<CancelReply> {
         let req = self.authed("cancel", body).await?;
         Ok(self.inner.cancel(req).await?.into_inner())
+    }
+    /// Every rank's stacks of a running job; Err(sentence) when there is no such job.
+    pub async fn stack_traces(&mut self, jobid: u32) -> Result<StackTracesReply> {
+        let req = self.authed("stack_traces", StackTracesRequest { jobid }).await?;
+        match self.inner.stack_traces(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) if s.code() == tonic::Code::NotFound => Err(anyhow::anyhow!("{}", s.message())),
+            Err(s) => Err(s.into()),
+        }
     }
     pub async fn attach(&mut self, jobid: u32) -> Result<tonic::Streaming<JobEvent>> {
         let req = self.authed("attach", AttachRequest { jobid }).await?;

@@ -86,6 +86,7 @@ enum ReplyTx {
     Signal(oneshot::Sender<dvm_proto::control::SignalReply>),
     Jobs(oneshot::Sender<dvm_proto::control::JobsReply>),
     Cancel(oneshot::Sender<dvm_proto::control::CancelReply>),
+    StackTraces(oneshot::Sender<Result<dvm_proto::control::StackTracesReply, String>>),
 }
 
 /// What the node is built from at [`Daemon::run`] (settings arrive after construction).
@@ -331,6 +332,7 @@ impl Daemon {
                 ProcCmd::CloseStdin { jobid, rank } => self.odls.close_stdin(jobid, rank),
                 ProcCmd::AckOutput { jobid, bytes } => self.odls.ack_output(jobid, bytes as usize),
                 ProcCmd::ForgetJob(jobid) => self.odls.forget_job(jobid),
+                ProcCmd::DumpStacks { id, jobid } => self.odls.dump_stacks(id, jobid),
                 ProcCmd::KillAll => self.odls.kill_all(),
             },
             Effect::ToClient { client, item } => match item {
@@ -368,6 +370,7 @@ impl Daemon {
             (ReplyTx::Signal(tx), Reply::Signal(r)) => drop(tx.send(r)),
             (ReplyTx::Jobs(tx), Reply::Jobs(r)) => drop(tx.send(r)),
             (ReplyTx::Cancel(tx), Reply::Cancel(r)) => drop(tx.send(r)),
+            (ReplyTx::StackTraces(tx), Reply::StackTraces(r)) => drop(tx.send(r)),
             (_, r) => debug!(token, "a reply of another kind for this token: {r:?}"),
         }
     }
@@ -429,6 +432,10 @@ impl Daemon {
             ControlCmd::Jobs(nodes, tx) => {
                 self.replies.insert(token, ReplyTx::Jobs(tx));
                 Control::Jobs { nodes }
+            }
+            ControlCmd::StackTraces(jobid, tx) => {
+                self.replies.insert(token, ReplyTx::StackTraces(tx));
+                Control::StackTraces(jobid)
             }
             ControlCmd::Cancel(req, tx) => {
                 self.replies.insert(token, ReplyTx::Cancel(tx));

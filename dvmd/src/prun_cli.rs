@@ -184,6 +184,7 @@ mod tests {
             (&["--launch-sizes", "-launch-sizes"], |c| c.launch_sizes = true),
             (&["--enable-recovery", "-enable-recovery"], |c| c.spec.enable_recovery = true),
             (&["--no-queue", "-no-queue"], |c| c.spec.no_queue = true),
+            (&["--get-stack-traces", "--report-state-on-timeout"], |c| c.spec.get_stack_traces = true),
             (&["--detach", "-detach"], |c| c.spec.detach = true),
             (&["--array 3-7", "--array=3-7", "-array 3-7"], |c| {
                 c.spec.array = Some(ArraySpec { first: 3, last: 7 });

@@ -211,3 +211,42 @@ fn a_spawn_and_a_prun_job_share_the_slot_books() {
     let _ = wait_output(&mut holder, GUARD, "holder");
     dvm.stop();
 }
+
+/// Every rank's stack on demand and at `--timeout --get-stack-traces`; a node without the
+/// debugger says so.
+#[test]
+fn stack_traces_of_a_stuck_job_on_demand_and_at_its_timeout() {
+    let dvm = Dvm::start("stacks", Nodes::Local { daemons: 2, slots: 1 }, 2, &[]);
+    let mut stuck = dvm.spawn_prun(&["-n", "2", "sleep", "100"]);
+    until(GUARD, "the job runs", || tool(&dvm, PPS, &[]).stdout.windows(7).any(|w| w == b"running"));
+    let o = tool(&dvm, PPS, &["--stacks", "1"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let out = text(&o).0;
+    assert!(out.contains("rank 0 on node vm-0 (pid ") && out.contains("rank 1 on node vm-1 (pid "), "{out}");
+    assert!(out.contains("#0 ") && out.contains("nanosleep"), "{out}");
+    let o = tool(&dvm, PPS, &["--stacks", "9"]);
+    assert_eq!((o.status.code(), text(&o).1.trim()), (Some(1), "pps: no job 9 runs in this DVM"));
+    assert!(tool(&dvm, PCANCEL, &["1"]).status.success());
+    let _ = wait_output(&mut stuck, GUARD, "stuck job");
+
+    let o = dvm.prun(&["--timeout", "1", "--get-stack-traces", "-n", "2", "sleep", "100"]);
+    assert_eq!(o.status.code(), Some(124));
+    let err = text(&o).1;
+    assert!(err.contains("its ranks' stack traces follow"), "{err}");
+    assert!(err.contains("prun: stack of rank 0 on node vm-0") && err.contains("prun: stack of rank 1 on node vm-1"));
+    assert!(err.contains("nanosleep") && err.trim_end().ends_with("was killed"), "{err}");
+    dvm.stop();
+
+    // Without a debugger on the daemons' PATH: one sentence naming each node.
+    let dvm = Dvm::start("nogdb", Nodes::Local { daemons: 2, slots: 1 }, 2, &[("PATH", "/nonexistent")]);
+    let mut stuck = dvm.spawn_prun(&["-n", "2", "/bin/sleep", "100"]);
+    until(GUARD, "the job runs", || tool(&dvm, PPS, &[]).stdout.windows(7).any(|w| w == b"running"));
+    let o = tool(&dvm, PPS, &["--stacks", "1"]);
+    assert!(!o.status.success());
+    let err = text(&o).1;
+    assert!(err.contains("pps: node vm-0: no stack traces: gdb is not installed there"), "{err}");
+    assert!(err.contains("pps: node vm-1: no stack traces: gdb is not installed there"), "{err}");
+    assert!(tool(&dvm, PCANCEL, &["--all"]).status.success());
+    let _ = wait_output(&mut stuck, GUARD, "stuck job");
+    dvm.stop();
+}

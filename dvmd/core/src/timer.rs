@@ -27,6 +27,8 @@ pub enum Timer {
     /// HNP: a daemon declared dead has had its chance to hear `Evicted`; its connections are
     /// closed, so one that is alive but out of the DVM loses the HNP and ends.
     Disconnect(u32),
+    /// HNP: a stack-trace query (its id) stops waiting for daemons that did not answer.
+    Stacks(u64),
 }
 
 /// The daemon's timers.

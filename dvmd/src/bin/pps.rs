@@ -1,6 +1,6 @@
 //! `pps`: list the jobs of a running DVM (queued, running, ending; `--all` also the recently
-//! ended ones) or, with `--nodes`, its daemons and their slots. `--json` prints one JSON
-//! document for scripts.
+//! ended ones), or with `--nodes` its daemons and their slots, or with `--stacks ID` every
+//! rank's stack trace of a running job. `--json` prints one JSON document for scripts.
 
 use std::process::ExitCode;
 
@@ -20,6 +20,9 @@ struct Args {
     /// The nodes instead: daemon, host, slots total and in use, state, jobs, RSS.
     #[arg(long)]
     nodes: bool,
+    /// Every rank's stack trace of running job JOBID instead (a debugger attached on each node).
+    #[arg(long, value_name = "JOBID")]
+    stacks: Option<u32>,
     /// One JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -35,6 +38,26 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut client = Client::connect(uri).await?;
+    if let Some(jobid) = args.stacks {
+        let reply = client.stack_traces(jobid).await?;
+        if args.json {
+            let list: Vec<_> = reply
+                .stacks
+                .iter()
+                .map(|s| json!({ "rank": s.rank, "node": s.node, "pid": s.pid, "text": s.text }))
+                .collect();
+            println!("{}", json!({ "jobid": jobid, "stacks": list, "errors": reply.errors }));
+        } else {
+            for s in &reply.stacks {
+                println!("rank {} on node {} (pid {}):\n{}\n", s.rank, s.node, s.pid, s.text.trim_end());
+            }
+            for e in &reply.errors {
+                eprintln!("pps: {e}");
+            }
+        }
+        anyhow::ensure!(reply.errors.is_empty() || !reply.stacks.is_empty(), "no stack traces of job {jobid}");
+        return Ok(());
+    }
     let reply = client.jobs(args.nodes).await?;
     if args.nodes {
         // Each daemon's RSS, as it reports it up the tree.

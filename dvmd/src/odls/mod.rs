@@ -29,6 +29,7 @@
 mod exec;
 mod iof;
 mod reap;
+mod stacks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -241,6 +242,19 @@ impl Odls {
                 p.life.signal_group(libc::SIGKILL);
             }
         }
+    }
+
+    /// The stack traces of the job's live procs, answered by one `Stacks` event.
+    pub fn dump_stacks(&self, id: u64, jobid: u32) {
+        let procs: Vec<(u32, u32)> = self
+            .jobs
+            .get(&jobid)
+            .into_iter()
+            .flat_map(|j| j.procs.iter())
+            .filter(|(_, p)| p.life.is_live())
+            .map(|(&rank, p)| (rank, p.life.pid as u32))
+            .collect();
+        stacks::dump(self.node.clone(), id, jobid, procs, self.events.clone());
     }
 
     fn live_procs(&self, jobid: u32) -> impl Iterator<Item = &Arc<Life>> {

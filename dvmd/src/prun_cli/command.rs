@@ -45,6 +45,8 @@ Job options (before the first EXE):
   --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
   --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
   --timeout SECONDS          kill the job after SECONDS
+  --get-stack-traces, --report-state-on-timeout
+                             at --timeout, print every rank's stack trace (gdb) before the kill
   --enable-recovery          a process that dies does not end the job: the others are told
                              (PMIx event PMIX_ERR_PROC_ABORTED; a lost node: LOST_CONNECTION)
   --dvm-uri URI|file:F       the DVM to use: its URI, or a file holding it

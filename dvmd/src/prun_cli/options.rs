@@ -32,6 +32,7 @@ pub(super) enum Kind {
     LaunchSizes,
     EnableRecovery,
     NoQueue,
+    GetStackTraces,
     Detach,
     Attach,
     Array,
@@ -49,6 +50,7 @@ impl Kind {
                 | Kind::LaunchSizes
                 | Kind::EnableRecovery
                 | Kind::NoQueue
+                | Kind::GetStackTraces
                 | Kind::Detach
                 | Kind::Help
                 | Kind::Version
@@ -80,6 +82,7 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::LaunchSizes, &["--launch-sizes"]),
     (Kind::EnableRecovery, &["--enable-recovery"]),
     (Kind::NoQueue, &["--no-queue"]),
+    (Kind::GetStackTraces, &["--get-stack-traces", "--report-state-on-timeout"]),
     (Kind::Detach, &["--detach"]),
     (Kind::Attach, &["--attach"]),
     (Kind::Array, &["--array"]),

@@ -44,6 +44,7 @@ struct Parser<'a> {
     launch_sizes: bool,
     enable_recovery: bool,
     no_queue: bool,
+    get_stack_traces: bool,
     detach: Option<String>,
     attach: Option<(String, u32)>,
     array: Option<(String, u32, u32)>,
@@ -74,6 +75,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         launch_sizes: false,
         enable_recovery: false,
         no_queue: false,
+        get_stack_traces: false,
         detach: None,
         attach: None,
         array: None,
@@ -263,6 +265,7 @@ impl Parser<'_> {
             Kind::LaunchSizes => self.launch_sizes = true,
             Kind::EnableRecovery => self.enable_recovery = true,
             Kind::NoQueue => self.no_queue = true,
+            Kind::GetStackTraces => self.get_stack_traces = true,
             Kind::Detach => self.detach = Some(opt.to_string()),
             Kind::Attach => {
                 let id = positive(&value).ok_or_else(|| bad("not a job id (a positive integer)"))?;
@@ -357,6 +360,7 @@ impl Parser<'_> {
             cwd,
             enable_recovery: self.enable_recovery,
             no_queue: self.no_queue,
+            get_stack_traces: self.get_stack_traces,
             detach: self.detach.is_some(),
             uid: 0,
             array: self.array.map(|(_, first, last)| ArraySpec { first, last }),

@@ -235,6 +235,15 @@ impl SimShell {
                 | ProcCmd::CloseStdin { .. }
                 | ProcCmd::AckOutput { .. },
             ) => {}
+            Effect::Proc(ProcCmd::DumpStacks { id, jobid }) => {
+                let traces = self
+                    .procs
+                    .iter()
+                    .filter(|((j, _), p)| *j == jobid && !p.ending)
+                    .map(|((_, rank), p)| (*rank, p.pid, format!("#0 sim_wait () in rank {rank}")))
+                    .collect();
+                due.push(Due { at: now, ev: ProcEvent::Stacks { id, jobid, traces, error: None } });
+            }
             Effect::Proc(ProcCmd::ForgetJob(jobid)) => {
                 self.ended_jobs.insert(jobid);
             }

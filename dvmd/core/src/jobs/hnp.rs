@@ -20,7 +20,7 @@ use bytes::Bytes;
 use dvm_grpcomm::tags;
 use std::collections::VecDeque;
 
-use dvm_proto::control::{job_event, JobEnded, JobInfo, JobNotice, LaunchPlanReply};
+use dvm_proto::control::{job_event, JobEnded, JobInfo, JobNotice, LaunchPlanReply, StackTracesReply};
 use dvm_proto::daemon::daemon_cmd;
 use dvm_proto::job::{IofAck, IofChunk, JobControl, JobSpec, ProcStatus, StdinChunk, StdinTarget};
 use dvm_proto::Message;
@@ -28,6 +28,7 @@ use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
 use super::queue::{ArrayState, Waiting};
+use super::stacks::StackQuery;
 use super::tools::{EndedJob, Kept};
 use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::dataserver::DataServer;
@@ -43,15 +44,33 @@ pub(crate) fn terminated_reason(jobid: u32) -> String {
 #[derive(Debug)]
 pub(crate) enum JobOut {
     /// To a job's prun.
-    Client { client: ClientId, item: Forward },
+    Client {
+        client: ClientId,
+        item: Forward,
+    },
     /// A daemon command along the tree.
-    Cmd { dst: Rank, body: daemon_cmd::Body },
+    Cmd {
+        dst: Rank,
+        body: daemon_cmd::Body,
+    },
     /// A broadcast to every daemon.
-    Xcast { tag: u32, payload: Bytes },
+    Xcast {
+        tag: u32,
+        payload: Bytes,
+    },
     /// The launch residuals.
-    Scatter { tag: u32, slices: Vec<(Rank, Bytes)> },
+    Scatter {
+        tag: u32,
+        slices: Vec<(Rank, Bytes)>,
+    },
     /// Arm a timer `after` ns from now.
     Arm(Timer, u64),
+    Cancel(Timer),
+    /// The answer to a stack-trace control call.
+    Stacks {
+        token: u64,
+        reply: Result<StackTracesReply, String>,
+    },
     /// The table became empty.
     AllEnded,
 }
@@ -112,6 +131,8 @@ pub(crate) struct HnpJob {
     pub kept: Option<Kept>,
     /// A detached job: a prun follows it now (as `client`).
     pub attached: bool,
+    /// `--get-stack-traces`: at its timeout, its ranks' stacks are shown before the kill.
+    pub stacks_on_timeout: bool,
 }
 
 impl HnpJob {
@@ -139,6 +160,9 @@ pub struct JobTable {
     pub(crate) arrays: BTreeMap<u32, ArrayState>,
     /// Recently ended jobs, oldest first.
     pub(crate) ended: VecDeque<EndedJob>,
+    /// Stack-trace queries waiting for daemons, by id.
+    pub(crate) stacks: BTreeMap<u64, StackQuery>,
+    pub(crate) next_stack_query: u64,
 }
 
 impl JobTable {
@@ -281,6 +305,7 @@ impl JobTable {
                 command: spec.command.clone(),
                 kept: spec.detach.then(Kept::default),
                 attached: false,
+                stacks_on_timeout: spec.get_stack_traces,
             },
         );
         self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
@@ -468,7 +493,14 @@ impl JobTable {
     pub(crate) fn on_timeout(&mut self, r: &Core, jobid: u32) {
         let Some(job) = self.jobs.get(&jobid) else { return };
         let t = job.spec_timeout;
-        self.fail_job(r, jobid, TIMEOUT_EXIT, format!("job {jobid} exceeded its --timeout of {t} s and was killed"));
+        let why = format!("job {jobid} exceeded its --timeout of {t} s and was killed");
+        if job.stacks_on_timeout && !job.failing() {
+            // The ranks' stacks first (where it hung), then the kill.
+            self.notice(jobid, format!("job {jobid} exceeded its --timeout of {t} s: its ranks' stack traces follow"));
+            self.request_stacks(r, jobid, super::stacks::StackFor::Timeout(why));
+            return;
+        }
+        self.fail_job(r, jobid, TIMEOUT_EXIT, why);
     }
 
     /// The prun of `client` went away: its job must not outlive it.
@@ -556,6 +588,7 @@ impl JobTable {
             self.maybe_end(r, jobid);
         }
         self.rescatter(r);
+        self.stacks_lost(r, failed);
         // A queued job may no longer fit the DVM that is left.
         self.drain_queue(r);
     }
@@ -643,6 +676,7 @@ impl JobTable {
             daemon_cmd::Body::DataReq(req) => self.on_data_req(origin, req),
             daemon_cmd::Body::JobsConnected(c) => self.on_jobs_connected(c.jobids),
             daemon_cmd::Body::JobLog(l) => self.on_log(r, l.daemon, l.jobid, l.rank, &l.text),
+            daemon_cmd::Body::StackResp(s) => self.on_stack_resp(r, s),
             other => return Some(other),
         }
         None

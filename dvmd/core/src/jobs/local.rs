@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_proto::daemon::{daemon_cmd, LaunchReport};
+use dvm_proto::daemon::{daemon_cmd, LaunchReport, StackResp, StackTrace};
 use dvm_proto::job::{IofChunk, JobControl, JobMap, ProcStatus, Residual, StdinChunk, StdinTarget};
 use dvm_proto::Message;
 use dvm_rml::Rank;
@@ -354,6 +354,11 @@ impl LocalJobs {
                     }
                 }
                 self.proc_done(host, st);
+            }
+            ProcEvent::Stacks { id, jobid, traces, error } => {
+                let traces = traces.into_iter().map(|(rank, pid, text)| StackTrace { rank, pid, text }).collect();
+                let resp = StackResp { id, jobid, daemon: me, traces, error: error.unwrap_or_default() };
+                self.out.push(LocalOut::ToHnp(daemon_cmd::Body::StackResp(resp)));
             }
             ProcEvent::LaunchFailed { jobid, rank, error } => {
                 self.launch_progress(me, jobid, Some(error.clone()));

@@ -11,6 +11,7 @@ pub mod proc;
 pub mod queue;
 mod recovery;
 mod spawn;
+pub mod stacks;
 pub mod tools;
 
 use dvm_proto::control::{job_event, JobEvent};

@@ -83,6 +83,14 @@ pub enum ProcEvent {
         rank: u32,
         error: String,
     },
+    /// The answer to [`ProcCmd::DumpStacks`]: (rank, pid, trace) of each live proc, or why
+    /// there are none (the debugger is missing), naming the node.
+    Stacks {
+        id: u64,
+        jobid: u32,
+        traces: Vec<(u32, u32, String)>,
+        error: Option<String>,
+    },
 }
 
 /// What a daemon asks of its process layer (odls), in order.
@@ -115,6 +123,12 @@ pub enum ProcCmd {
     },
     /// A job ended everywhere: its process records go.
     ForgetJob(u32),
+    /// The stack traces of a job's live procs here (query `id`): answered by
+    /// [`ProcEvent::Stacks`].
+    DumpStacks {
+        id: u64,
+        jobid: u32,
+    },
     /// The DVM ends: every local proc goes now.
     KillAll,
 }

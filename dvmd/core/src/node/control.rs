@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use dvm_proto::control::{
     BenchReply, BenchRequest, CancelReply, CancelRequest, DaemonStatus, JobsReply, LaunchPlanReply, SignalReply,
-    SignalRequest, StatusReply, StdinMsg, TerminateReply, TreeViewsReply,
+    SignalRequest, StackTracesReply, StatusReply, StdinMsg, TerminateReply, TreeViewsReply,
 };
 use dvm_proto::daemon::{daemon_cmd, TreeView};
 use dvm_proto::job::JobSpec;
@@ -39,6 +39,8 @@ pub enum Control {
         nodes: bool,
     },
     Cancel(CancelRequest),
+    /// Every rank's stack trace of a running job (answered once the daemons did).
+    StackTraces(u32),
     /// Follow a detached job; everything about it goes to `client` (no reply by token).
     Attach(u32, ClientId),
 }
@@ -54,6 +56,7 @@ pub enum Reply {
     Signal(SignalReply),
     Jobs(JobsReply),
     Cancel(CancelReply),
+    StackTraces(Result<StackTracesReply, String>),
 }
 
 /// HNP-only state of the control side.
@@ -113,6 +116,13 @@ impl<H: Host> Node<H> {
             Control::Jobs { nodes } => {
                 let list = self.jobs.as_ref().map(|j| j.list(&self.router, nodes)).unwrap_or_default();
                 self.reply(token, Reply::Jobs(list));
+            }
+            Control::StackTraces(jobid) => {
+                let mut refused = Some(format!("no job {jobid} runs in this DVM"));
+                self.with_jobs(|j, r| refused = j.stack_traces(r, jobid, token).err());
+                if let Some(why) = refused {
+                    self.reply(token, Reply::StackTraces(Err(why)));
+                }
             }
             Control::Cancel(req) => {
                 let mut reply = CancelReply::default();

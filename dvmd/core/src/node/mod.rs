@@ -362,6 +362,10 @@ impl<H: Host> Node<H> {
                         JobOut::Xcast { tag, payload } => self.inbox.push_back(Input::Xcast { tag, payload }),
                         JobOut::Scatter { tag, slices } => self.inbox.push_back(Input::Scatter { tag, slices }),
                         JobOut::Arm(t, after) => self.timers.set(t, self.now.saturating_add(after)),
+                        JobOut::Cancel(t) => self.timers.cancel(t),
+                        JobOut::Stacks { token, reply } => {
+                            self.effects.push_back(Effect::Reply { token, reply: Reply::StackTraces(reply) })
+                        }
                         JobOut::AllEnded => {
                             if self.ctl.as_ref().is_some_and(|c| c.terminate_pending) {
                                 self.terminate_now();
@@ -481,6 +485,9 @@ impl<H: Host> Node<H> {
                 return self.effects.push_back(Effect::Proc(cmd));
             }
             daemon_cmd::Body::Stdin(chunk) => return self.local.on_stdin(chunk),
+            daemon_cmd::Body::StackReq(q) => {
+                return self.effects.push_back(Effect::Proc(ProcCmd::DumpStacks { id: q.id, jobid: q.jobid }));
+            }
             b @ (daemon_cmd::Body::DmodexReq(_)
             | daemon_cmd::Body::DmodexResp(_)
             | daemon_cmd::Body::SpawnResp(_)
@@ -506,6 +513,7 @@ impl<H: Host> Node<H> {
             Timer::TerminateDeadline => self.terminate_deadline(),
             Timer::Lookup(token) => self.with_jobs(|j, _| j.on_lookup_timeout(token)),
             Timer::Disconnect(r) => self.transmits.push_back(Transmit::Disconnect(r)),
+            Timer::Stacks(id) => self.with_jobs(|j, r| j.on_stacks_timeout(r, id)),
         }
     }
 

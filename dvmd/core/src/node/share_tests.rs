@@ -1,7 +1,7 @@
 //! The shared DVM's rules on the in-memory harness: one set of slot books, the FIFO queue,
 //! cancel, detach/attach and arrays.
 
-use dvm_proto::control::{job_event, CancelRequest};
+use dvm_proto::control::{job_event, CancelRequest, StackTracesReply};
 use dvm_proto::daemon::{daemon_cmd, SpawnReq};
 use dvm_proto::job::{AppContext, ArraySpec, JobSpec};
 
@@ -250,4 +250,49 @@ fn spawned_and_prun_jobs_share_the_books_and_a_refused_spawn_names_the_holders()
     net.run_for(100 * MS);
     assert_eq!(net.ended(b), Some((0, String::new())), "it ran once the spawned job ended");
     assert_eq!(peak(&net), 1);
+}
+
+fn stacks_reply(net: &Net, token: u64) -> Option<Result<StackTracesReply, String>> {
+    net.shells[0].replies.iter().find_map(|(t, r)| match r {
+        Reply::StackTraces(s) if *t == token => Some(s.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn stack_traces_come_from_every_rank_in_order_and_a_lost_daemon_is_named() {
+    let mut net = Net::boot(4, 2, 1);
+    let _c = net.launch(job(4, hang()));
+    net.run_for(10 * MS);
+    let t = net.control(Control::StackTraces(1));
+    net.run_for(10 * MS);
+    let reply = stacks_reply(&net, t).expect("answered").expect("a running job");
+    let ranks: Vec<(u32, String)> = reply.stacks.iter().map(|s| (s.rank, s.node.clone())).collect();
+    assert_eq!(ranks, vec![(0, "n0".into()), (1, "n1".into()), (2, "n2".into()), (3, "n3".into())]);
+    assert!(reply.stacks.iter().all(|s| s.text.starts_with("#0 ")));
+    // A daemon that cannot answer: the query ends naming it, with the others' stacks.
+    net.silence(3);
+    let t = net.control(Control::StackTraces(1));
+    net.run_for(100 * MS);
+    assert_eq!(stacks_reply(&net, t), None, "still waiting for daemon 3");
+    net.run();
+    let reply = stacks_reply(&net, t).expect("answered").expect("ok");
+    assert_eq!(reply.stacks.len(), 3);
+    assert_eq!(reply.errors.len(), 1);
+    assert!(reply.errors[0].starts_with("daemon 3 on node n3 "), "{:?}", reply.errors);
+    let t = net.control(Control::StackTraces(77));
+    assert_eq!(stacks_reply(&net, t), Some(Err("no job 77 runs in this DVM".into())));
+}
+
+#[test]
+fn a_timeout_with_get_stack_traces_shows_every_rank_then_kills() {
+    let mut net = Net::boot(2, 2, 1);
+    let c = net.launch(JobSpec { timeout_s: 0.5, get_stack_traces: true, ..job(2, hang()) });
+    net.run();
+    assert_eq!(net.ended(c), Some((124, "job 1 exceeded its --timeout of 0.5 s and was killed".into())));
+    let notices = net.shells[0].notices(c);
+    assert_eq!(notices[0], "job 1 exceeded its --timeout of 0.5 s: its ranks' stack traces follow");
+    assert!(notices[1].starts_with("stack of rank 0 on node n0 (pid "), "{notices:?}");
+    assert!(notices[2].starts_with("stack of rank 1 on node n1 (pid "), "{notices:?}");
+    assert_eq!(net.live_procs(), 0);
 }
