@@ -67,7 +67,7 @@ async fn trace(pid: u32) -> Result<String, Missing> {
     if frames.is_empty() {
         // Attaching failed (the process ended, ptrace refused): what gdb said.
         let err = String::from_utf8_lossy(&out.stderr);
-        let why = err.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("no frames").to_string();
+        let why = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no frames").to_string();
         return Ok(format!("(no stack: {why})"));
     }
     Ok(frames)
