@@ -89,6 +89,8 @@ impl Harness {
             | OdlsEvent::OutputClosed { jobid, rank, .. }
             | OdlsEvent::Exited { jobid, rank, .. }
             | OdlsEvent::LaunchFailed { jobid, rank, .. } => (*jobid, *rank),
+            // Not a proc's event: these tests never ask for stacks.
+            OdlsEvent::Stacks { .. } => panic!("stacks nobody asked for: {ev:?}"),
         };
         let p = self.procs.entry((jobid, rank)).or_default();
         let started = p.pid.is_some();
@@ -120,6 +122,7 @@ impl Harness {
                 assert!(!started, "LaunchFailed after Started: {ev:?}");
                 p.failed = Some(error.clone());
             }
+            OdlsEvent::Stacks { .. } => unreachable!("refused above"),
         }
     }
 
