@@ -361,6 +361,12 @@ fn check_launches(sc: &CoreScenario, t: &CoreTrace, v: &mut Vec<String>) {
             v.push(format!("launch {i}: its rank 0's spawn got {} answers, not one", t.spawn_answers[i].len()));
         }
     }
+    // One set of slot books: no slot is given to two jobs at once (one slot per daemon here).
+    for (d, &peak) in t.peak_procs.iter().enumerate() {
+        if peak > 1 {
+            v.push(format!("daemon {d}: {peak} procs ran at once on its one slot"));
+        }
+    }
     for &(d, job, rank) in &t.leftover_procs {
         v.push(format!("daemon {d}: rank {rank} of job {job} still runs at the end"));
     }

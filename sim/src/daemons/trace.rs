@@ -81,6 +81,9 @@ pub struct CoreTrace {
     pub hnp_jobs_left: usize,
     /// A daemon started a proc of a job it had already ended.
     pub shell_errors: Vec<String>,
+    /// Per daemon (each has one slot, and no job oversubscribes): the most procs of any
+    /// jobs it ran at once.
+    pub peak_procs: Vec<usize>,
     /// When pterm was asked (the HNP running).
     pub terminate_asked: Option<u64>,
     /// A daemon's new incarnation: when it started, and how it ended.

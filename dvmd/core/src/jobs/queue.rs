@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use dvm_proto::control::{job_event, JobEnded, JobQueued, JobStarted};
 use dvm_proto::job::JobSpec;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::hnp::JobTable;
 use super::{event, ClientId};
@@ -174,6 +174,7 @@ impl JobTable {
             return refuse(self, "--detach cannot be used with --array (an array's summary needs its prun)".into());
         }
         let w = Waiting { jobid: self.new_jobid(), spec, client, since: self.now, next };
+        debug!(jobid = w.jobid, "job submitted");
         if let Fit::Never(e) = self.fit(r, &w.spec) {
             return refuse(self, e);
         }

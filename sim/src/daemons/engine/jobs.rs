@@ -61,6 +61,7 @@ impl CoreEngine<'_> {
     pub(super) fn finish_jobs(&mut self) {
         for (r, n) in self.nodes.iter().enumerate() {
             self.trace.shell_errors.extend(n.shell.errors.iter().cloned());
+            self.trace.peak_procs.push(n.shell.peak);
             if n.state != State::Running {
                 continue;
             }
