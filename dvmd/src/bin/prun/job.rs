@@ -122,8 +122,9 @@ pub(super) async fn run_job(
     let mut spec = spec;
     // SAFETY: getuid has no preconditions and cannot fail.
     spec.uid = unsafe { libc::getuid() };
-    if spec.array.is_some() {
-        // Which element would read it? None does.
+    if spec.array.is_some() || stdin_is_dev_null() {
+        // An array: which element would read it? None does. /dev/null: the procs get their
+        // own, and prun opens no second connection to forward nothing.
         spec.stdin_target = StdinTarget::None as i32;
     }
     let mut events = match cmd.attach {
@@ -185,6 +186,10 @@ pub(super) async fn run_job(
                 jobid = Some(q.jobid);
                 out.jobid = q.jobid;
                 queued_at.get_or_insert_with(std::time::Instant::now);
+                // A signal that came before the job had an id ends it in the queue.
+                for sig in pending.drain(..) {
+                    forward_signal(uri, q.jobid, sig).await;
+                }
                 eprintln!("prun: job {} queued (position {}): {}", q.jobid, q.position, q.reason);
             }
             Some(job_event::Event::Started(s)) if array => {
@@ -253,6 +258,17 @@ pub(super) async fn run_job(
             _ => {}
         }
     }
+}
+
+/// prun's stdin is /dev/null (a script's `< /dev/null`, a service, a background job).
+fn stdin_is_dev_null() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(null), Ok(stdin)) =
+        (std::fs::metadata("/dev/null"), std::fs::File::open("/proc/self/fd/0").and_then(|f| f.metadata()))
+    else {
+        return false;
+    };
+    null.rdev() == stdin.rdev() && null.dev() == stdin.dev() && null.ino() == stdin.ino()
 }
 
 pub(super) async fn forward_signal(uri: &DvmUri, jobid: u32, sig: i32) {
