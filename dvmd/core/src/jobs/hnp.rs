@@ -1,6 +1,8 @@
-//! The HNP's job table: job ids, the map, launch, exits, output to prun, kill, `--timeout`,
-//! a prun gone, a lost daemon, stdin, the end of every job at termination. Spawn and the data
-//! server are in `spawn`, the events and `--enable-recovery` in `recovery`.
+//! The HNP's job table: job ids, the map, launch, exits, kill, `--timeout`, a lost daemon,
+//! the end of every job at termination. Around it: the slot books and the queue (`queue`),
+//! a job's prun (output, stdin, signals, prun gone: `streams`), the job tools (`tools`,
+//! `stacks`), spawn and the data server (`spawn`), the events and `--enable-recovery`
+//! (`recovery`).
 //!
 //! Launch: a job is mapped onto the live daemons' slots (`jobmap`), its maps broadcast
 //! (`LAUNCH`) and its residuals scattered (`LAUNCH_RESIDUALS`). Procs report their exit to the
@@ -14,15 +16,14 @@
 //! failed to start, or lost with its daemon) and every job it spawned has left; its prun hears
 //! `Ended` exactly once (a spawned job's prun is its parent's, which hears its parent's end).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use dvm_grpcomm::tags;
-use std::collections::VecDeque;
 
-use dvm_proto::control::{job_event, JobEnded, JobInfo, JobNotice, LaunchPlanReply, StackTracesReply};
+use dvm_proto::control::{job_event, JobEnded, JobInfo, LaunchPlanReply, StackTracesReply};
 use dvm_proto::daemon::daemon_cmd;
-use dvm_proto::job::{IofAck, IofChunk, JobControl, JobSpec, ProcStatus, StdinChunk, StdinTarget};
+use dvm_proto::job::{JobControl, JobSpec, ProcStatus, StdinTarget};
 use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::{debug, info, warn};
@@ -93,7 +94,7 @@ pub(crate) struct PendingSpawn {
 pub(crate) struct HnpJob {
     pub placement: Placement,
     /// Where prun's stdin goes: None nowhere, Some(None) every proc, Some(Some(r)) rank r.
-    stdin: Option<Option<u32>>,
+    pub(crate) stdin: Option<Option<u32>>,
     spec_timeout: f64,
     pub reported: BTreeSet<u32>,
     /// Ranks that called MPI_Abort: (code, node). The job fails when the rank has exited, or
@@ -216,30 +217,13 @@ impl JobTable {
         })
     }
 
-    pub(crate) fn tell(&mut self, client: ClientId, item: Forward) {
-        self.out.push(JobOut::Client { client, item });
-    }
-
-    fn cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
+    pub(crate) fn cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
         self.out.push(JobOut::Cmd { dst, body });
     }
 
     pub(crate) fn new_jobid(&mut self) -> u32 {
         self.next_jobid += 1;
         self.next_jobid
-    }
-
-    /// What goes to a job's prun: a detached job keeps it, and passes it on only while a prun
-    /// is attached.
-    pub(crate) fn tell_job(&mut self, jobid: u32, item: Forward) {
-        let Some(job) = self.jobs.get_mut(&jobid) else { return };
-        if let (Some(kept), Forward::Event(e)) = (job.kept.as_mut(), &item) {
-            kept.push(e.clone());
-        }
-        if job.kept.is_none() || job.attached {
-            let client = job.client;
-            self.tell(client, item);
-        }
     }
 
     /// Map nothing, decide nothing: enter a mapped job in the table and send its maps and
@@ -310,11 +294,6 @@ impl JobTable {
         );
         self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
         self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
-    }
-
-    /// Show a sentence on a job's prun.
-    pub(crate) fn notice(&mut self, jobid: u32, text: String) {
-        self.tell_job(jobid, event(job_event::Event::Notice(JobNotice { text })));
     }
 
     /// First failure of a job: remember why, tell prun, kill the rest. The failure of a
@@ -503,58 +482,6 @@ impl JobTable {
         self.fail_job(r, jobid, TIMEOUT_EXIT, why);
     }
 
-    /// The prun of `client` went away: its job must not outlive it.
-    pub(crate) fn on_client_gone(&mut self, r: &Core, client: ClientId) {
-        self.drop_queued_of(client);
-        for job in self.jobs.values_mut().filter(|j| j.client == client && j.kept.is_some()) {
-            // A detached job goes on; whoever attached has left.
-            job.attached = false;
-        }
-        let gone: Vec<u32> = self
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.client == client && j.parent.is_none() && j.kept.is_none())
-            .map(|(id, _)| *id)
-            .collect();
-        for jobid in gone {
-            warn!(jobid, "prun went away: killing its job");
-            self.fail_job(r, jobid, 1, format!("job {jobid}: prun went away"));
-        }
-        let follows = self.jobs.values().any(|j| j.client == client && (j.kept.is_none() || j.attached))
-            || self.arrays.values().any(|a| a.client == client);
-        if !follows {
-            self.tell(client, Forward::Close);
-        }
-    }
-
-    /// prun signalled its job: TERM and INT kill it (naming the signal), others are passed on.
-    /// False: no such job.
-    pub(crate) fn signal(&mut self, r: &Core, jobid: u32, signal: i32) -> bool {
-        const SIGINT: i32 = 2;
-        const SIGTERM: i32 = 15;
-        let ends = signal == SIGINT || signal == SIGTERM;
-        if !self.jobs.contains_key(&jobid) {
-            // Queued, or an array: TERM and INT end it (its waiting part and running elements).
-            let known = self.arrays.contains_key(&jobid) || self.queue.iter().any(|w| w.jobid == jobid);
-            if known && ends {
-                let why = format!("prun received signal {signal}: job {jobid} ended");
-                if let Some(w) = self.take_queued(jobid) {
-                    self.end_waiting(w, 128 + signal, why.clone());
-                }
-                for id in self.array_elements(jobid) {
-                    self.fail_job(r, id, 128 + signal, why.clone());
-                }
-            }
-            return known;
-        }
-        if ends {
-            self.fail_job(r, jobid, 128 + signal, format!("prun received signal {signal}: job killed"));
-        } else {
-            self.job_control(JobControl { jobid, signal, ..Default::default() });
-        }
-        true
-    }
-
     /// Daemons died; their procs are lost and their jobs fail.
     pub(crate) fn lost_daemons(&mut self, r: &Core, failed: &BTreeSet<Rank>) {
         let mut hits = Vec::new();
@@ -614,54 +541,6 @@ impl JobTable {
         for slices in again {
             self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
         }
-    }
-
-    /// prun's stdin for a job: to the daemon of its stdin rank, or of every rank.
-    pub(crate) fn route_stdin(&mut self, jobid: u32, data: Bytes, eof: bool) {
-        let Some(job) = self.jobs.get(&jobid) else { return };
-        let chunk = StdinChunk { jobid, data, eof };
-        let targets: Vec<Rank> = match job.stdin {
-            Some(Some(rank)) => job.placement.node_of(rank).into_iter().collect(),
-            Some(None) => job.placement.daemons().collect(),
-            None => Vec::new(),
-        };
-        for d in targets {
-            self.cmd(d, daemon_cmd::Body::Stdin(chunk.clone()));
-        }
-    }
-
-    /// Output a daemon sent: to prun (acked once prun took it).
-    pub(crate) fn on_iof(&mut self, daemon: Rank, chunk: IofChunk) {
-        let follow = self.jobs.get(&chunk.jobid).map(|j| (j.client, j.kept.is_some(), j.attached));
-        match follow {
-            Some((client, false, _)) => self.tell(client, Forward::Output { daemon, chunk }),
-            Some((client, true, attached)) => {
-                // Detached: kept, and passed on to an attached prun (which acks it).
-                self.keep_output(chunk.jobid, &chunk);
-                if attached {
-                    self.tell(client, Forward::Output { daemon, chunk });
-                } else {
-                    let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };
-                    self.cmd(daemon, daemon_cmd::Body::IofAck(ack));
-                }
-            }
-            None => {
-                // Job already ended (or unknown): ack so the daemon never stalls.
-                let ack = IofAck { jobid: chunk.jobid, bytes: chunk.data.len() as u64 };
-                self.cmd(daemon, daemon_cmd::Body::IofAck(ack));
-            }
-        }
-    }
-
-    /// prun took `bytes` of `daemon`'s output of `jobid`: the daemon gets its credit back.
-    pub(crate) fn on_delivered(&mut self, jobid: u32, daemon: Rank, bytes: u64) {
-        self.cmd(daemon, daemon_cmd::Body::IofAck(IofAck { jobid, bytes }));
-    }
-
-    /// A rank's log line (PMIx_Log) for its prun.
-    pub(crate) fn on_log(&mut self, r: &Core, daemon: Rank, jobid: u32, rank: u32, text: &str) {
-        let text = format!("rank {rank} on node {}: {}", r.host_of(daemon), text.trim_end());
-        self.notice(jobid, text);
     }
 
     /// A command from a daemon that the job table handles; the others come back.

@@ -12,6 +12,7 @@ pub mod queue;
 mod recovery;
 mod spawn;
 pub mod stacks;
+mod streams;
 pub mod tools;
 
 use dvm_proto::control::{job_event, JobEvent};

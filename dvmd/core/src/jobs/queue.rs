@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use dvm_proto::control::{job_event, JobEnded, JobQueued, JobStarted};
+use dvm_proto::control::{job_event, JobEnded, JobInfo, JobQueued, JobStarted};
 use dvm_proto::job::JobSpec;
 use tracing::{debug, info};
 
@@ -330,6 +330,16 @@ impl JobTable {
             }
         };
         info!(array, total = a.total, failed = a.failed, "array ended");
+        let info = JobInfo {
+            jobid: array,
+            state: "ended".into(),
+            exit_code,
+            message: message.clone(),
+            command: format!("[array of {}] {}", a.total, a.spec.command),
+            uid: a.spec.uid,
+            ..Default::default()
+        };
+        self.remember(info, None);
         let ended = JobEnded { exit_code, message, jobid: array, ..Default::default() };
         self.tell(a.client, event(job_event::Event::Ended(ended)));
     }
