@@ -90,6 +90,13 @@ fn regression_seeds() {
         (20040, 16, 2, CoreProfile::Faults, "residuals lost with a frozen relay"),
         (20042, 16, 2, CoreProfile::Faults, "residuals lost with a frozen relay; procs after the kill"),
         (30070, 16, 3, CoreProfile::Faults, "jobs under faults"),
+        // A residual scatter reached a relay from the new parent a repair gave it while that
+        // relay's DAEMON_DIED still waited behind a gap (its old parent frozen past the bound):
+        // the relay sent a slice up to the dead parent and the job, killed by the loss, waited
+        // for a rank that never started; pterm then waited for the job (grpcomm now sends a
+        // slice routed by a newer tree straight to its destination).
+        (308715, 16, 2, CoreProfile::Faults, "residual slice sent up to a frozen parent"),
+        (309750, 16, 2, CoreProfile::Faults, "residual slice sent up to a frozen parent; pterm waits"),
         // The job-timeout timer is idle to the event queue: a run stopped with a job still in
         // the HNP's table before its --timeout fired (the engine now runs until the table empties).
         (80001, 7, 2, CoreProfile::Clean, "a hanging job's --timeout"),

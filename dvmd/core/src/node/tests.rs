@@ -301,3 +301,30 @@ fn a_daemon_declared_dead_that_never_hears_it_loses_the_hnp_and_ends() {
     net.run();
     assert_eq!(net.ended(c), Some((0, String::new())));
 }
+
+#[test]
+fn a_job_launched_while_a_relay_lags_a_repair_runs_on_every_survivor() {
+    // 16 daemons at radix 2: 4 (children 8, 12) is a child of 2 (children 4, 6). Once 2 and 4
+    // are lost, 6 takes 2's place and 8 takes 4's, with 12 below it. Daemon 8 missed the op
+    // before the loss (its parent 4 never passed it on), so its DAEMON_DIED waits behind a gap
+    // while the new job's residuals reach it from 6.
+    let mut net = Net::boot(16, 2, 1);
+    net.drop_frames(4, 8);
+    let payload = bytes::Bytes::from_static(b"never reaches daemon 8 through 4");
+    net.with(0, |n, now| {
+        n.handle_pmix(now, |h| h.requests.push(Input::Xcast { tag: dvm_grpcomm::tags::USER, payload }))
+    });
+    net.run_for(S / 1000);
+    net.kill(2);
+    net.kill(4);
+    while [2, 4].iter().any(|&r| net.node(0).router().topology().is_alive(r)) {
+        assert!(net.step(), "the HNP declares daemons 2 and 4 dead");
+    }
+    assert_eq!(net.node(8).router().topology().parent(), Some(4), "daemon 8 has not applied the loss");
+    let c = net.launch(job(14, exit(0, 5)));
+    net.run();
+    assert_eq!(net.ended(c), Some((0, String::new())), "the job ended");
+    let started: usize = net.shells.iter().map(|s| s.started.len()).sum();
+    assert_eq!(started, 14, "one proc on each survivor");
+    assert_clean(&net);
+}
