@@ -232,12 +232,15 @@ def plot(results, path):
     ns = sorted({r[1] for r in results if r[0] == "bulk"})
     meds = [statistics.median([r[4] for r in results if r[0] == "bulk" and r[1] == n]) for n in ns]
     ax.plot(ns, meds, "o-", label="dvm bulk (prun --array)")
-    for arm, style in [("sequential", "--"), ("concurrent", "-."), ("fork", ":")]:
+    labels = {"sequential": "prun -n 1, one after another", "concurrent": "prun -n 1, 64 at a time",
+              "fork": "baseline: a shell forking /bin/true"}
+    for i, (arm, style) in enumerate([("sequential", "--"), ("concurrent", "-."), ("fork", ":")]):
         v = [r[4] for r in results if r[0] == arm]
         if v:
-            ax.axhline(statistics.median(v), linestyle=style, label=f"{arm} (median)")
+            ax.axhline(statistics.median(v), linestyle=style, color=f"C{i + 1}", label=f"{labels[arm]} (median)")
     ax.axhline(1000, color="grey", linewidth=0.5)
     ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("jobs submitted")
     ax.set_ylabel("jobs/s (end to end)")
     ax.set_title("/bin/true jobs on a 4-daemon DVM (2 slots each), this machine")
