@@ -89,7 +89,7 @@ def timed(f):
 
 def bulk(dvm, n):
     r = dvm.prun("--array", f"0-{n - 1}", "/bin/true")
-    m = re.search(rf"{n} jobs ended, 0 failed", r.stderr)
+    m = re.search(rf"{n} of {n} jobs ran, 0 failed", r.stderr)
     if not m:
         sys.exit(f"array of {n}: {r.stderr}")
 

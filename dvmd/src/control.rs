@@ -64,8 +64,8 @@ pub enum ControlCmd {
     /// The job tools: list (with the nodes when true), cancel, attach.
     Jobs(bool, oneshot::Sender<JobsReply>),
     Cancel(CancelRequest, oneshot::Sender<CancelReply>),
-    Attach(u32, mpsc::Sender<Result<JobEvent, Status>>),
-    StackTraces(u32, oneshot::Sender<Result<StackTracesReply, String>>),
+    Attach(AttachRequest, mpsc::Sender<Result<JobEvent, Status>>),
+    StackTraces(StackTracesRequest, oneshot::Sender<Result<StackTracesReply, String>>),
 }
 
 /// The gRPC service; forwards each authenticated call to the actor.
@@ -195,18 +195,18 @@ impl Control for ControlService {
 
     async fn stack_traces(&self, req: Request<StackTracesRequest>) -> Result<Response<StackTracesReply>, Status> {
         self.check(&req, "stack_traces")?;
-        let jobid = req.into_inner().jobid;
-        self.ask(|tx| ControlCmd::StackTraces(jobid, tx)).await?.map(Response::new).map_err(Status::not_found)
+        let body = req.into_inner();
+        self.ask(|tx| ControlCmd::StackTraces(body, tx)).await?.map(Response::new).map_err(Status::not_found)
     }
 
     type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<JobEvent, Status>>;
 
     async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<Self::AttachStream>, Status> {
         self.check(&req, "attach")?;
-        let jobid = req.into_inner().jobid;
+        let body = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
         self.actor
-            .send(ControlCmd::Attach(jobid, tx))
+            .send(ControlCmd::Attach(body, tx))
             .await
             .map_err(|_| Status::unavailable("the DVM is shutting down"))?;
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
@@ -240,6 +240,12 @@ fn tokio_stream_from(
         s.set_nodelay(true)?;
         Ok(s)
     })
+}
+
+/// This process's user, as the calls that act on a job say it.
+pub fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
 }
 
 /// An authenticated control client.
@@ -316,9 +322,13 @@ impl Client {
         self.inner.stdin(req).await?;
         Ok(())
     }
-    pub async fn signal(&mut self, jobid: u32, signal: i32) -> Result<bool> {
-        let req = self.authed("signal", SignalRequest { jobid, signal }).await?;
-        Ok(self.inner.signal(req).await?.into_inner().ok)
+    pub async fn signal(&mut self, jobid: u32, signal: i32) -> Result<()> {
+        let req = self.authed("signal", SignalRequest { jobid, signal, uid: uid() }).await?;
+        let reply = self.inner.signal(req).await?.into_inner();
+        if !reply.ok {
+            bail!("{}", reply.error);
+        }
+        Ok(())
     }
     pub async fn jobs(&mut self, nodes: bool) -> Result<JobsReply> {
         let req = self.authed("jobs", JobsRequest { nodes }).await?;
@@ -330,7 +340,7 @@ impl Client {
     }
     /// Every rank's stacks of a running job; Err(sentence) when there is no such job.
     pub async fn stack_traces(&mut self, jobid: u32) -> Result<StackTracesReply> {
-        let req = self.authed("stack_traces", StackTracesRequest { jobid }).await?;
+        let req = self.authed("stack_traces", StackTracesRequest { jobid, uid: uid() }).await?;
         match self.inner.stack_traces(req).await {
             Ok(r) => Ok(r.into_inner()),
             Err(s) if s.code() == tonic::Code::NotFound => Err(anyhow::anyhow!("{}", s.message())),
@@ -338,7 +348,7 @@ impl Client {
         }
     }
     pub async fn attach(&mut self, jobid: u32) -> Result<tonic::Streaming<JobEvent>> {
-        let req = self.authed("attach", AttachRequest { jobid }).await?;
+        let req = self.authed("attach", AttachRequest { jobid, uid: uid() }).await?;
         Ok(self.inner.attach(req).await?.into_inner())
     }
     pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {

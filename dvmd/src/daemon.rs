@@ -18,7 +18,7 @@ use dvm_core::node::{
 };
 use dvm_core::{CoreConfig, Node};
 use dvm_grpcomm::{Config, Topology};
-use dvm_proto::control::{job_event, JobEvent, JobOutput};
+use dvm_proto::control::{job_event, AttachRequest, JobEvent, JobOutput, StackTracesRequest};
 use dvm_proto::rml::Contact;
 use dvm_rml::{Frame, Rank, Transport, TransportEvent};
 use tokio::sync::{mpsc, oneshot};
@@ -423,19 +423,19 @@ impl Daemon {
                 tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
                 Control::Launch(spec, ClientId(token))
             }
-            ControlCmd::Attach(jobid, tx) => {
+            ControlCmd::Attach(AttachRequest { jobid, uid }, tx) => {
                 let (ftx, frx) = mpsc::unbounded_channel();
                 self.clients.insert(token, ftx);
                 tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
-                Control::Attach(jobid, ClientId(token))
+                Control::Attach(jobid, uid, ClientId(token))
             }
             ControlCmd::Jobs(nodes, tx) => {
                 self.replies.insert(token, ReplyTx::Jobs(tx));
                 Control::Jobs { nodes }
             }
-            ControlCmd::StackTraces(jobid, tx) => {
+            ControlCmd::StackTraces(StackTracesRequest { jobid, uid }, tx) => {
                 self.replies.insert(token, ReplyTx::StackTraces(tx));
-                Control::StackTraces(jobid)
+                Control::StackTraces(jobid, uid)
             }
             ControlCmd::Cancel(req, tx) => {
                 self.replies.insert(token, ReplyTx::Cancel(tx));

@@ -230,6 +230,8 @@ mod tests {
         assert_eq!(err("--local 2 --attach 7"), "--local and --attach cannot both be given");
         assert_eq!(err("--local 2 --detach a"), "--local and --detach cannot both be given");
         assert_eq!(err("--array 4 --detach a"), "--array and --detach cannot both be given");
+        assert_eq!(err("--array 4 --no-queue a"), "--array and --no-queue cannot both be given");
+        assert_eq!(err("--array 4 --oversubscribe a"), "--array and --oversubscribe cannot both be given");
         assert_eq!(err("--array 0 a"), "--array '0': an array of 0 jobs");
         assert_eq!(err("--array 5-2 a"), "--array '5-2': the first index 5 is above the last 2");
         assert_eq!(err("--array 1-x a"), "--array '1-x': 'x' is not an index (0 to 4294967295)");

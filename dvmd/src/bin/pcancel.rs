@@ -34,8 +34,7 @@ async fn run(args: Args) -> Result<()> {
     }
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut client = Client::connect(uri).await?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = dvmd::control::uid();
     let reply = client.cancel(CancelRequest { jobids: args.jobids, all: args.all, uid }).await?;
     for e in &reply.errors {
         eprintln!("pcancel: {e}");

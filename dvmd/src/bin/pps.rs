@@ -55,7 +55,12 @@ async fn run(args: Args) -> Result<()> {
                 eprintln!("pps: {e}");
             }
         }
-        anyhow::ensure!(reply.errors.is_empty() || !reply.stacks.is_empty(), "no stack traces of job {jobid}");
+        if reply.stacks.is_empty() {
+            if reply.errors.is_empty() {
+                anyhow::bail!("no stack traces of job {jobid}: no process of it runs any more");
+            }
+            anyhow::bail!("no stack traces of job {jobid}");
+        }
         return Ok(());
     }
     let reply = client.jobs(args.nodes).await?;
@@ -72,11 +77,20 @@ async fn run(args: Args) -> Result<()> {
 
 fn state(j: &JobInfo) -> String {
     match j.state.as_str() {
+        "ended" if j.cancelled => "cancelled".into(),
         "ended" if j.exit_code == 0 => "done".into(),
         "ended" => format!("failed({})", j.exit_code),
         "queued" => format!("queued({})", j.queue_position),
         s => s.into(),
     }
+}
+
+/// A user's name (its uid when the system has none for it).
+fn user(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 fn elapsed(ms: u64) -> String {
@@ -97,8 +111,9 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
                 json!({
                     "jobid": j.jobid, "state": j.state, "exit_code": j.exit_code, "message": j.message,
                     "nprocs": j.nprocs, "nodes": j.nodes, "elapsed_ms": j.elapsed_ms, "wait_ms": j.wait_ms,
-                    "command": j.command, "uid": j.uid, "queue_position": j.queue_position,
-                    "detached": j.detached, "array_left": j.array_left,
+                    "command": j.command, "uid": j.uid, "user": user(j.uid), "queue_position": j.queue_position,
+                    "detached": j.detached, "array_left": j.array_left, "array": j.array, "index": j.index,
+                    "cancelled": j.cancelled,
                 })
             })
             .collect();
@@ -106,7 +121,7 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
         println!("{doc}");
         return;
     }
-    println!("{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>6}  COMMAND", "JOBID", "STATE", "PROCS", "NODES", "TIME", "USER");
+    println!("{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>8}  COMMAND", "JOBID", "STATE", "PROCS", "NODES", "TIME", "USER");
     for j in jobs {
         let mut nodes = j.nodes.join(",");
         if nodes.len() > 16 {
@@ -116,17 +131,20 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
         if j.array_left > 0 {
             cmd = format!("[array, {} left] {cmd}", j.array_left);
         }
+        if j.array != 0 {
+            cmd = format!("[array {} index {}] {cmd}", j.array, j.index);
+        }
         if j.detached {
             cmd = format!("[detached] {cmd}");
         }
         println!(
-            "{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>6}  {cmd}",
+            "{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>8}  {cmd}",
             j.jobid,
             state(j),
             j.nprocs,
             if nodes.is_empty() { "-".into() } else { nodes },
             elapsed(j.elapsed_ms),
-            j.uid
+            user(j.uid)
         );
     }
 }

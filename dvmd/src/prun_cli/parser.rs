@@ -295,6 +295,14 @@ impl Parser<'_> {
         if let (Some(detach), Some((array, ..))) = (&self.detach, &self.array) {
             return Err(CliError::Conflict { first: array.clone(), second: detach.clone() });
         }
+        if let Some((array, ..)) = &self.array {
+            // An array's elements wait for free slots, in order.
+            for (given, other) in [(self.no_queue, "--no-queue"), (self.oversubscribe, "--oversubscribe")] {
+                if given {
+                    return Err(CliError::Conflict { first: array.clone(), second: other.into() });
+                }
+            }
+        }
         if let Some((local, _)) = &self.local {
             let other = (self.dvm_uri.as_ref().map(|d| &d.0))
                 .or(self.host.as_ref().map(|h| &h.0))

@@ -134,6 +134,8 @@ pub(crate) struct HnpJob {
     pub attached: bool,
     /// `--get-stack-traces`: at its timeout, its ranks' stacks are shown before the kill.
     pub stacks_on_timeout: bool,
+    /// Ended by a cancel (listed as cancelled).
+    pub cancelled: bool,
 }
 
 impl HnpJob {
@@ -222,7 +224,8 @@ impl JobTable {
     }
 
     pub(crate) fn new_jobid(&mut self) -> u32 {
-        self.next_jobid += 1;
+        // After 2^32 - 1 ids (50 days at 1,000 jobs/s) they start again at 1.
+        self.next_jobid = self.next_jobid.checked_add(1).unwrap_or(1);
         self.next_jobid
     }
 
@@ -290,6 +293,7 @@ impl JobTable {
                 kept: spec.detach.then(Kept::default),
                 attached: false,
                 stacks_on_timeout: spec.get_stack_traces,
+                cancelled: false,
             },
         );
         self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
@@ -459,6 +463,7 @@ impl JobTable {
                 uid: job.uid,
                 detached: job.kept.is_some(),
                 wait_ms: job.wait_ns / 1_000_000,
+                cancelled: job.cancelled,
                 ..Default::default()
             };
             self.remember(info, job.kept.take());

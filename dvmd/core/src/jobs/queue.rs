@@ -40,6 +40,8 @@ pub(crate) struct Waiting {
     pub since: u64,
     /// An array: the next index to start and the last.
     pub next: Option<(u32, u32)>,
+    /// A detached job with a prun attached (as `client`) while it waits.
+    pub attached: bool,
 }
 
 impl Waiting {
@@ -173,7 +175,11 @@ impl JobTable {
         if next.is_some() && spec.detach {
             return refuse(self, "--detach cannot be used with --array (an array's summary needs its prun)".into());
         }
-        let w = Waiting { jobid: self.new_jobid(), spec, client, since: self.now, next };
+        if next.is_some() && (spec.oversubscribe || spec.no_queue) {
+            let opt = if spec.oversubscribe { "--oversubscribe" } else { "--no-queue" };
+            return refuse(self, format!("{opt} cannot be used with --array (its elements wait for free slots)"));
+        }
+        let w = Waiting { jobid: self.new_jobid(), spec, client, since: self.now, next, attached: false };
         debug!(jobid = w.jobid, "job submitted");
         if let Fit::Never(e) = self.fit(r, &w.spec) {
             return refuse(self, e);
@@ -183,6 +189,14 @@ impl JobTable {
             let total = u64::from(last - first) + 1;
             let st = ArrayState { client, total, ended: 0, failed: 0, first_failure: None, spec: w.spec.clone() };
             self.arrays.insert(jobid, st);
+        }
+        if w.spec.oversubscribe {
+            // Oversubscribed by request: never waits, shares busy slots when it must.
+            if let Fit::Now(p) = self.fit(r, &w.spec) {
+                self.queue.push_front(w);
+                self.start_head(p);
+            }
+            return Some(jobid);
         }
         if self.queue.is_empty() {
             self.queue.push_back(w);
@@ -200,7 +214,11 @@ impl JobTable {
     fn wait_or_refuse(&mut self, r: &Core, w: Waiting) -> Option<u32> {
         let why = match self.fit(r, &w.spec) {
             Fit::Later(why) => why,
-            Fit::Now(_) => format!("{} earlier jobs wait for slots", self.queue.len()),
+            Fit::Now(_) => {
+                let n = self.queued();
+                let jobs = if n == 1 { "job waits" } else { "jobs wait" };
+                format!("it would fit, but {n} earlier {jobs} for slots and the queue is in order")
+            }
             Fit::Never(e) => e,
         };
         let (jobid, client) = (w.jobid, w.client);
@@ -213,8 +231,11 @@ impl JobTable {
         }
         if self.queued() + w.count() > MAX_QUEUED {
             self.arrays.remove(&jobid);
-            let message =
-                format!("job {jobid} refused: the queue holds {} jobs, its bound is {MAX_QUEUED}", self.queued());
+            let what = if w.next.is_some() { format!("its {} jobs", w.count()) } else { "this job".to_string() };
+            let message = format!(
+                "job {jobid} refused: the queue holds {} jobs and {what} would take it past its bound of {MAX_QUEUED}",
+                self.queued()
+            );
             self.tell(client, event(job_event::Event::Ended(JobEnded { exit_code: 1, message, ..Default::default() })));
             return None;
         }
@@ -247,7 +268,7 @@ impl JobTable {
     /// `placement`.
     fn start_head(&mut self, placement: Placement) {
         let head = self.queue.front_mut().expect("head");
-        let (client, since, mut spec) = (head.client, head.since, head.spec.clone());
+        let (client, since, attached, mut spec) = (head.client, head.since, head.attached, head.spec.clone());
         let element = head.next.map(|(i, last)| {
             head.next = (i < last).then_some((i + 1, last));
             (head.jobid, i)
@@ -276,6 +297,7 @@ impl JobTable {
         if let Some(job) = self.jobs.get_mut(&jobid) {
             job.wait_ns = self.now.saturating_sub(since);
             job.array = element;
+            job.attached = attached;
         }
     }
 
@@ -346,8 +368,12 @@ impl JobTable {
 
     /// The queued submissions of `client` leave the queue (its prun went away).
     pub(crate) fn drop_queued_of(&mut self, client: ClientId) {
-        let (gone, kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
+        let (gone, mut kept): (VecDeque<Waiting>, VecDeque<Waiting>) =
             std::mem::take(&mut self.queue).into_iter().partition(|w| w.client == client && !w.spec.detach);
+        for w in kept.iter_mut().filter(|w| w.client == client) {
+            // A detached job waits on; whoever attached has left.
+            w.attached = false;
+        }
         self.queue = kept;
         for w in gone {
             let id = w.jobid;

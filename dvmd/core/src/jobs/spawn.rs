@@ -52,10 +52,14 @@ impl JobTable {
             self.spawn_answer(origin, refuse(pmixdef::ERR_NOT_FOUND, e));
             return;
         };
-        // A spawned job recovers as its parent does.
+        // A spawned job recovers as its parent does, and belongs to its parent's user.
         let enable_recovery = self.recovers(req.jobid);
+        let uid = self.jobs.get(&req.jobid).map_or(0, |j| j.uid);
+        let command = req.apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ");
         let spec = JobSpec {
             enable_recovery,
+            uid,
+            command: format!("[spawned by job {}] {command}", req.jobid),
             apps: req.apps.clone(),
             map_by: req.map_by,
             ppr: req.ppr,
@@ -68,6 +72,12 @@ impl JobTable {
             Ok(p) => p,
             Err(e) => {
                 let held = self.holders(r);
+                let e = if nodes.is_empty() {
+                    // No node has a free slot: who holds them says more than the mapper can.
+                    "no free slot in the DVM; spawn with oversubscription allowed, or fewer processes".to_string()
+                } else {
+                    e.to_string()
+                };
                 let why = format!("MPI_Comm_spawn by rank {} of job {} failed: {e} ({held})", req.rank, req.jobid);
                 self.notice(req.jobid, why.clone());
                 self.spawn_answer(origin, refuse(pmixdef::ERR_JOB_FAILED_TO_MAP, why));

@@ -42,7 +42,9 @@ impl JobTable {
     /// A control call for a running job's stacks; Err: no such job.
     pub(crate) fn stack_traces(&mut self, r: &Core, jobid: u32, token: u64) -> Result<(), String> {
         if !self.jobs.contains_key(&jobid) {
-            return Err(if self.queue.iter().any(|w| w.jobid == jobid) {
+            return Err(if self.arrays.contains_key(&jobid) {
+                format!("job {jobid} is an array: its elements are jobs of their own (pps lists them)")
+            } else if self.queue.iter().any(|w| w.jobid == jobid) {
                 format!("job {jobid} is queued: it has no processes yet")
             } else {
                 format!("no job {jobid} runs in this DVM")

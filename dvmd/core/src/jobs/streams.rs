@@ -57,18 +57,22 @@ impl JobTable {
             self.fail_job(r, jobid, 1, format!("job {jobid}: prun went away"));
         }
         let follows = self.jobs.values().any(|j| j.client == client && (j.kept.is_none() || j.attached))
-            || self.arrays.values().any(|a| a.client == client);
+            || self.arrays.values().any(|a| a.client == client)
+            || self.queue.iter().any(|w| w.client == client && w.attached);
         if !follows {
             self.tell(client, Forward::Close);
         }
+        // The head of the queue may have left: what waited behind it may fit now.
+        self.drain_queue(r);
     }
 
     /// prun signalled its job: TERM and INT kill it (naming the signal), others are passed on.
-    /// False: no such job.
-    pub(crate) fn signal(&mut self, r: &Core, jobid: u32, signal: i32) -> bool {
+    /// Err: no such job, or another user's.
+    pub(crate) fn signal(&mut self, r: &Core, jobid: u32, signal: i32, uid: u32) -> Result<(), String> {
         const SIGINT: i32 = 2;
         const SIGTERM: i32 = 15;
         let ends = signal == SIGINT || signal == SIGTERM;
+        self.check_owner(jobid, uid, false)?;
         if !self.jobs.contains_key(&jobid) {
             // Queued, or an array: TERM and INT end it (its waiting part and running elements).
             let known = self.arrays.contains_key(&jobid) || self.queue.iter().any(|w| w.jobid == jobid);
@@ -80,15 +84,16 @@ impl JobTable {
                 for id in self.array_elements(jobid) {
                     self.fail_job(r, id, 128 + signal, why.clone());
                 }
+                self.drain_queue(r);
             }
-            return known;
+            return Ok(());
         }
         if ends {
             self.fail_job(r, jobid, 128 + signal, format!("prun received signal {signal}: job killed"));
         } else {
             self.job_control(JobControl { jobid, signal, ..Default::default() });
         }
-        true
+        Ok(())
     }
 
     /// prun's stdin for a job: to the daemon of its stdin rank, or of every rank.

@@ -40,23 +40,48 @@ pub struct Kept {
     dropped: u64,
 }
 
+/// What the bound counts for each kept event besides its bytes (its record).
+const EVENT_COST: usize = 64;
+/// Consecutive output of one rank and stream is kept as one chunk up to this size.
+const MERGE_UP_TO: usize = 64 << 10;
+
 impl Kept {
     fn size(e: &JobEvent) -> usize {
-        match &e.event {
-            Some(job_event::Event::Output(o)) => o.data.len(),
-            Some(job_event::Event::Notice(n)) => n.text.len(),
-            _ => 0,
-        }
+        EVENT_COST
+            + match &e.event {
+                Some(job_event::Event::Output(o)) => o.data.len(),
+                Some(job_event::Event::Notice(n)) => n.text.len(),
+                _ => 0,
+            }
     }
 
-    pub fn push(&mut self, e: JobEvent) {
+    /// Keep `e`: output is copied (never a view into a larger read buffer) and joined to the
+    /// previous chunk of the same rank and stream while that stays small.
+    pub fn push(&mut self, mut e: JobEvent) {
+        if let Some(job_event::Event::Output(o)) = e.event.as_mut() {
+            if let Some(job_event::Event::Output(last)) = self.events.back_mut().and_then(|l| l.event.as_mut()) {
+                if last.rank == o.rank && last.stream == o.stream && last.data.len() + o.data.len() <= MERGE_UP_TO {
+                    let mut joined = Vec::with_capacity(last.data.len() + o.data.len());
+                    joined.extend_from_slice(&last.data);
+                    joined.extend_from_slice(&o.data);
+                    last.data = joined.into();
+                    self.bytes += o.data.len();
+                    return self.trim();
+                }
+            }
+            o.data = bytes::Bytes::copy_from_slice(&o.data);
+        }
         self.bytes += Self::size(&e);
         self.events.push_back(e);
+        self.trim();
+    }
+
+    fn trim(&mut self) {
         while self.bytes > KEPT_OUTPUT_BYTES && self.events.len() > 1 {
             let old = self.events.pop_front().expect("non-empty");
             let n = Self::size(&old);
             self.bytes -= n;
-            self.dropped += n as u64;
+            self.dropped += (n - EVENT_COST) as u64;
         }
     }
 
@@ -140,6 +165,8 @@ impl JobTable {
                 uid: job.uid,
                 detached: job.kept.is_some(),
                 wait_ms: job.wait_ns / 1_000_000,
+                array: job.array.map_or(0, |a| a.0),
+                index: job.array.map_or(0, |a| a.1),
                 ..Default::default()
             });
         }
@@ -181,6 +208,30 @@ impl JobTable {
         JobsReply { jobs, nodes: node_infos, queued_jobs: self.queued() as u32, max_queued: MAX_QUEUED as u32 }
     }
 
+    /// Who owns `jobid` (queued, running, or an array): None if the DVM has no such job.
+    pub(crate) fn owner_of(&self, jobid: u32) -> Option<u32> {
+        self.queue
+            .iter()
+            .find(|w| w.jobid == jobid)
+            .map(|w| w.spec.uid)
+            .or_else(|| self.jobs.get(&jobid).map(|j| j.uid))
+            .or_else(|| self.arrays.get(&jobid).map(|a| a.spec.uid))
+    }
+
+    /// `uid` may act on `jobid` (its owner, or root); else the sentence why not. An ended job
+    /// counts only when `ended_too` (attaching to what it left).
+    pub(crate) fn check_owner(&self, jobid: u32, uid: u32, ended_too: bool) -> Result<(), String> {
+        let ended = self.ended.iter().find(|e| e.info.jobid == jobid).map(|e| e.info.uid);
+        match self.owner_of(jobid).or(ended.filter(|_| ended_too)) {
+            None if ended.is_some() => Err(format!("job {jobid} has already ended")),
+            None => Err(format!("no job {jobid} in this DVM")),
+            Some(owner) if owner != uid && uid != 0 => {
+                Err(format!("job {jobid} belongs to user {owner}, not to user {uid}"))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Cancel `jobids` (or, with `all`, every job of `uid`) on behalf of `uid`.
     pub(crate) fn cancel(&mut self, r: &Core, jobids: &[u32], all: bool, uid: u32) -> CancelReply {
         let mut reply = CancelReply::default();
@@ -192,24 +243,8 @@ impl JobTable {
             );
         }
         for jobid in targets {
-            let owner = self
-                .queue
-                .iter()
-                .find(|w| w.jobid == jobid)
-                .map(|w| w.spec.uid)
-                .or_else(|| self.jobs.get(&jobid).map(|j| j.uid))
-                .or_else(|| self.arrays.get(&jobid).map(|a| a.spec.uid));
-            let Some(owner) = owner else {
-                let ended = self.ended.iter().any(|e| e.info.jobid == jobid);
-                reply.errors.push(if ended {
-                    format!("job {jobid} has already ended")
-                } else {
-                    format!("no job {jobid} in this DVM")
-                });
-                continue;
-            };
-            if owner != uid && uid != 0 {
-                reply.errors.push(format!("job {jobid} belongs to user {owner}, not to user {uid}"));
+            if let Err(e) = self.check_owner(jobid, uid, false) {
+                reply.errors.push(e);
                 continue;
             }
             let why = format!("job {jobid} was cancelled (by user {uid})");
@@ -218,10 +253,15 @@ impl JobTable {
             }
             // An array's running elements go with it.
             for id in self.array_elements(jobid).into_iter().chain(self.jobs.contains_key(&jobid).then_some(jobid)) {
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.cancelled = true;
+                }
                 self.fail_job(r, id, CANCELLED_EXIT, format!("job {id} was cancelled (by user {uid})"));
             }
             reply.cancelled.push(jobid);
         }
+        // What waited behind a cancelled head may fit now.
+        self.drain_queue(r);
         reply
     }
 
@@ -244,8 +284,20 @@ impl JobTable {
             }
             return Ok(());
         }
-        if self.queue.iter().any(|w| w.jobid == jobid) {
-            return Err(format!("job {jobid} is still queued; attach once it runs"));
+        if self.arrays.contains_key(&jobid) {
+            return Err(format!("job {jobid} is an array: its elements are jobs of their own (pps lists them)"));
+        }
+        if let Some(w) = self.queue.iter_mut().find(|w| w.jobid == jobid) {
+            // Queued: followed from its start.
+            if !w.spec.detach {
+                return Err(format!("job {jobid} is followed by its own prun; only a detached job can be attached"));
+            }
+            if w.attached {
+                return Err(format!("job {jobid} already has a prun attached"));
+            }
+            w.client = client;
+            w.attached = true;
+            return Ok(());
         }
         match self.ended.iter().find(|e| e.info.jobid == jobid) {
             Some(EndedJob { info, kept: Some(kept) }) => {
@@ -260,5 +312,32 @@ impl JobTable {
             Some(_) => Err(format!("job {jobid} has ended and its output is no longer kept")),
             None => Err(format!("no job {jobid} in this DVM")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(rank: u32, n: usize) -> JobEvent {
+        let data = bytes::Bytes::from(vec![b'x'; n]);
+        JobEvent { event: Some(job_event::Event::Output(JobOutput { rank, stream: 1, data, jobid: 1 })) }
+    }
+
+    #[test]
+    fn kept_output_is_bounded_by_bytes_and_records_and_small_chunks_are_joined() {
+        let mut k = Kept::default();
+        for _ in 0..(4 * KEPT_OUTPUT_BYTES) {
+            k.push(out(0, 1));
+        }
+        assert!(k.bytes <= KEPT_OUTPUT_BYTES);
+        assert!(k.events.len() <= KEPT_OUTPUT_BYTES / MERGE_UP_TO + 2, "{} events kept", k.events.len());
+        assert_eq!(k.dropped as usize + k.bytes - k.events.len() * EVENT_COST, 4 * KEPT_OUTPUT_BYTES);
+        // Two ranks interleaved are not joined, and their order is kept.
+        let mut k = Kept::default();
+        for i in 0..4 {
+            k.push(out(i % 2, 10));
+        }
+        assert_eq!(k.events.len(), 4);
     }
 }

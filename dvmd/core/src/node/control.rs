@@ -39,10 +39,11 @@ pub enum Control {
         nodes: bool,
     },
     Cancel(CancelRequest),
-    /// Every rank's stack trace of a running job (answered once the daemons did).
-    StackTraces(u32),
-    /// Follow a detached job; everything about it goes to `client` (no reply by token).
-    Attach(u32, ClientId),
+    /// Every rank's stack trace of a running job (answered once the daemons did), for a user.
+    StackTraces(u32, u32),
+    /// Follow a detached job (for a user); everything about it goes to `client` (no reply by
+    /// token).
+    Attach(u32, u32, ClientId),
 }
 
 /// The answer to a control request.
@@ -106,9 +107,11 @@ impl<H: Host> Node<H> {
                     j.submit(r, spec, client);
                 });
             }
-            Control::Attach(jobid, client) => {
+            Control::Attach(jobid, uid, client) => {
                 let mut refused = None;
-                self.with_jobs(|j, _| refused = j.attach(jobid, client).err());
+                self.with_jobs(|j, _| {
+                    refused = j.check_owner(jobid, uid, true).and_then(|()| j.attach(jobid, client)).err()
+                });
                 if let Some(why) = refused {
                     self.effects.push_back(Effect::ToClient { client, item: Forward::Refused(why) });
                 }
@@ -117,16 +120,20 @@ impl<H: Host> Node<H> {
                 let list = self.jobs.as_ref().map(|j| j.list(&self.router, nodes)).unwrap_or_default();
                 self.reply(token, Reply::Jobs(list));
             }
-            Control::StackTraces(jobid) => {
+            Control::StackTraces(jobid, uid) => {
                 let mut refused = Some(format!("no job {jobid} runs in this DVM"));
-                self.with_jobs(|j, r| refused = j.stack_traces(r, jobid, token).err());
+                self.with_jobs(|j, r| {
+                    refused = j.check_owner(jobid, uid, false).and_then(|()| j.stack_traces(r, jobid, token)).err()
+                });
                 if let Some(why) = refused {
                     self.reply(token, Reply::StackTraces(Err(why)));
                 }
             }
             Control::Cancel(req) => {
                 let mut reply = CancelReply::default();
-                if !ctl.terminate_pending {
+                if ctl.terminate_pending {
+                    reply.errors.push("the DVM is terminating: every job ends with it".into());
+                } else {
                     self.with_jobs(|j, r| reply = j.cancel(r, &req.jobids, req.all, req.uid));
                 }
                 self.reply(token, Reply::Cancel(reply));
@@ -137,11 +144,15 @@ impl<H: Host> Node<H> {
                 }
             }
             Control::Signal(req) => {
-                let mut known = false;
+                let mut res = Err("the DVM is terminating".to_string());
                 if !ctl.terminate_pending {
-                    self.with_jobs(|j, r| known = j.signal(r, req.jobid, req.signal));
+                    self.with_jobs(|j, r| res = j.signal(r, req.jobid, req.signal, req.uid));
                 }
-                self.reply(token, Reply::Signal(SignalReply { ok: known }));
+                let reply = match res {
+                    Ok(()) => SignalReply { ok: true, error: String::new() },
+                    Err(error) => SignalReply { ok: false, error },
+                };
+                self.reply(token, Reply::Signal(reply));
             }
             Control::LaunchPlan(spec) => {
                 let plan = JobTable::plan(&self.router, &spec);

@@ -161,7 +161,7 @@ fn a_detached_job_outlives_its_prun_keeps_its_output_and_can_be_attached() {
     net.run_for(10 * MS);
     assert_eq!(net.live_procs(), 2, "the job runs on without its prun");
     let at = ClientId(900);
-    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(1, at)));
+    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(1, 0, at)));
     net.run();
     let outs: Vec<_> = net.shells[0]
         .events(at)
@@ -175,11 +175,11 @@ fn a_detached_job_outlives_its_prun_keeps_its_output_and_can_be_attached() {
     assert_eq!(net.ended(at), Some((0, String::new())));
     // Ended: attaching again replays it and the end.
     let again = ClientId(901);
-    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(1, again)));
+    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(1, 0, again)));
     net.run();
     assert_eq!(net.ended(again), Some((0, String::new())));
     let nope = ClientId(902);
-    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(7, nope)));
+    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(7, 0, nope)));
     assert_eq!(net.ended(nope), Some((1, "no job 7 in this DVM".into())));
 }
 
@@ -264,7 +264,7 @@ fn stack_traces_come_from_every_rank_in_order_and_a_lost_daemon_is_named() {
     let mut net = Net::boot(4, 2, 1);
     let _c = net.launch(job(4, hang()));
     net.run_for(10 * MS);
-    let t = net.control(Control::StackTraces(1));
+    let t = net.control(Control::StackTraces(1, 0));
     net.run_for(10 * MS);
     let reply = stacks_reply(&net, t).expect("answered").expect("a running job");
     let ranks: Vec<(u32, String)> = reply.stacks.iter().map(|s| (s.rank, s.node.clone())).collect();
@@ -272,7 +272,7 @@ fn stack_traces_come_from_every_rank_in_order_and_a_lost_daemon_is_named() {
     assert!(reply.stacks.iter().all(|s| s.text.starts_with("#0 ")));
     // A daemon that cannot answer: the query ends naming it, with the others' stacks.
     net.silence(3);
-    let t = net.control(Control::StackTraces(1));
+    let t = net.control(Control::StackTraces(1, 0));
     net.run_for(100 * MS);
     assert_eq!(stacks_reply(&net, t), None, "still waiting for daemon 3");
     net.run();
@@ -280,8 +280,8 @@ fn stack_traces_come_from_every_rank_in_order_and_a_lost_daemon_is_named() {
     assert_eq!(reply.stacks.len(), 3);
     assert_eq!(reply.errors.len(), 1);
     assert!(reply.errors[0].starts_with("daemon 3 on node n3 "), "{:?}", reply.errors);
-    let t = net.control(Control::StackTraces(77));
-    assert_eq!(stacks_reply(&net, t), Some(Err("no job 77 runs in this DVM".into())));
+    let t = net.control(Control::StackTraces(77, 0));
+    assert_eq!(stacks_reply(&net, t), Some(Err("no job 77 in this DVM".into())));
 }
 
 #[test]
@@ -295,4 +295,118 @@ fn a_timeout_with_get_stack_traces_shows_every_rank_then_kills() {
     assert!(notices[1].starts_with("stack of rank 0 on node n0 (pid "), "{notices:?}");
     assert!(notices[2].starts_with("stack of rank 1 on node n1 (pid "), "{notices:?}");
     assert_eq!(net.live_procs(), 0);
+}
+
+#[test]
+fn a_job_behind_a_head_that_leaves_the_queue_starts_at_once() {
+    // Cancelled head, then a head whose prun went away: what waited behind starts without
+    // waiting for a running job to end.
+    for gone in [false, true] {
+        let mut net = Net::boot(2, 2, 1);
+        let _a = net.launch(job(1, hang()));
+        let b = net.launch(job(2, exit(0, 5)));
+        let _c = net.launch(job(1, exit(0, 5)));
+        net.run_for(10 * MS);
+        assert_eq!(started(&net, 3), 0);
+        if gone {
+            net.with(0, |n, now| n.handle_prun(now, super::PrunEvent::Gone(b)));
+        } else {
+            assert_eq!(cancel(&mut net, vec![2], false, 0), (vec![2], vec![]));
+        }
+        net.run_for(10 * MS);
+        assert_eq!(started(&net, 3), 1, "gone={gone}");
+        assert_eq!(peak(&net), 1);
+    }
+}
+
+#[test]
+fn an_array_cancelled_midway_ends_once_and_starts_nothing_more() {
+    let mut net = Net::boot(2, 2, 1);
+    let a = net.launch(JobSpec { array: Some(ArraySpec { first: 0, last: 99 }), ..job(1, exit(0, 20)) });
+    net.run_for(50 * MS);
+    let before: usize = net.shells.iter().map(|s| s.started.len()).sum();
+    assert!((2..100).contains(&before), "{before} started before the cancel");
+    assert_eq!(cancel(&mut net, vec![1], false, 0), (vec![1], vec![]));
+    net.run();
+    let after: usize = net.shells.iter().map(|s| s.started.len()).sum();
+    assert_eq!(before, after, "nothing of the array started after its cancel");
+    let (code, why) = net.ended(a).expect("the array ended");
+    assert_eq!(code, CANCELLED_EXIT);
+    assert!(why.starts_with("array 1: ") && why.contains("was cancelled"), "{why}");
+    let ends = net.shells[0].events(a).iter().filter(|e| matches!(e, job_event::Event::Ended(x) if !x.element)).count();
+    assert_eq!(ends, 1, "the array's end is heard once");
+    assert_eq!(net.live_procs(), 0);
+}
+
+#[test]
+fn terminate_ends_queued_jobs_unrun_and_a_lost_daemon_refuses_a_head_that_no_longer_fits() {
+    let mut net = Net::boot(3, 2, 1);
+    let _a = net.launch(job(1, hang()));
+    let big = net.launch(job(3, exit(0, 1)));
+    let small = net.launch(job(1, exit(0, 1)));
+    net.run_for(10 * MS);
+    net.kill(2);
+    net.run();
+    let (code, why) = net.ended(big).expect("refused");
+    assert_eq!(code, 1);
+    assert!(why.contains("only 2 slots on 2 nodes"), "{why}");
+    assert_eq!(net.ended(small), Some((0, String::new())), "the next one ran");
+
+    let mut net = Net::boot(2, 2, 1);
+    let _a = net.launch(job(2, hang()));
+    let q = net.launch(job(2, exit(0, 1)));
+    net.run_for(10 * MS);
+    net.control(Control::Terminate);
+    net.run();
+    let (code, why) = net.ended(q).expect("ended");
+    assert_eq!((code, why.as_str()), (125, "the DVM was terminated (pterm) while the job was queued"));
+    assert_eq!(started(&net, 2), 0);
+}
+
+#[test]
+fn an_oversubscribed_job_does_not_wait_behind_the_queue() {
+    let mut net = Net::boot(2, 2, 1);
+    let _a = net.launch(job(2, hang()));
+    let _b = net.launch(job(2, exit(0, 1)));
+    let c = net.launch(JobSpec { oversubscribe: true, ..job(1, exit(0, 1)) });
+    net.run_for(10 * MS);
+    assert_eq!(queued(&net, c), None);
+    assert_eq!(net.ended(c), Some((0, String::new())));
+}
+
+#[test]
+fn a_queued_detached_job_can_be_attached_and_is_followed_from_its_start() {
+    let mut net = Net::boot(2, 2, 1);
+    let a = net.launch(job(2, exit(0, 30)));
+    let print = Program::Print { text: "late".into(), after_ns: MS }.argv();
+    let d = net.launch(JobSpec { detach: true, ..job(2, print) });
+    net.run_for(MS);
+    net.with(0, |n, now| n.handle_prun(now, super::PrunEvent::Gone(d)));
+    let at = ClientId(900);
+    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(2, 0, at)));
+    net.run();
+    assert_eq!(net.ended(a), Some((0, String::new())));
+    let items = net.shells[0].clients.get(&at).cloned().unwrap_or_default();
+    let outs = items.iter().filter(|f| matches!(f, crate::jobs::Forward::Output { .. })).count();
+    assert_eq!(outs, 2);
+    assert_eq!(net.ended(at), Some((0, String::new())));
+}
+
+#[test]
+fn another_users_job_cannot_be_signalled_attached_or_traced() {
+    let mut net = Net::boot(2, 2, 1);
+    let _a = net.launch(JobSpec { uid: 1000, detach: true, ..job(1, hang()) });
+    net.run_for(10 * MS);
+    let t = net.control(Control::Signal(dvm_proto::control::SignalRequest { jobid: 1, signal: 15, uid: 1001 }));
+    net.run_for(MS);
+    let refused = net.shells[0].replies.iter().any(|(tok, r)| {
+        *tok == t && matches!(r, Reply::Signal(s) if !s.ok && s.error == "job 1 belongs to user 1000, not to user 1001")
+    });
+    assert!(refused);
+    let at = ClientId(900);
+    net.with(0, |n, now| n.handle_control(now, 0, Control::Attach(1, 1001, at)));
+    assert_eq!(net.ended(at), Some((1, "job 1 belongs to user 1000, not to user 1001".into())));
+    let t = net.control(Control::StackTraces(1, 1001));
+    assert_eq!(stacks_reply(&net, t), Some(Err("job 1 belongs to user 1000, not to user 1001".into())));
+    assert_eq!(net.live_procs(), 1, "the job runs on");
 }

@@ -120,11 +120,11 @@ pub(super) async fn run_job(
         return Ok(JobResult { code: 0, abandon: false });
     }
     let mut spec = spec;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    spec.uid = unsafe { libc::getuid() };
-    if spec.array.is_some() || stdin_is_dev_null() {
-        // An array: which element would read it? None does. /dev/null: the procs get their
-        // own, and prun opens no second connection to forward nothing.
+    spec.uid = dvmd::control::uid();
+    if spec.array.is_some() || spec.detach || stdin_is_dev_null() {
+        // An array: which element would read it? None does. Detached: prun is gone before it
+        // could forward anything (the procs read /dev/null, as under sbatch or flux submit).
+        // /dev/null: the procs get their own, and prun opens no second connection for it.
         spec.stdin_target = StdinTarget::None as i32;
     }
     let mut events = match cmd.attach {
@@ -235,15 +235,20 @@ pub(super) async fn run_job(
             Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
             Some(job_event::Event::Ended(e)) => {
                 out.finish();
-                if array && elements.0 > 0 {
-                    // The summary; its first failure's sentence was printed with that element.
+                if let (true, Some(a)) = (elements.0 > 0, spec.array.as_ref()) {
+                    // The summary, then the array's own sentence (its first failure, or why
+                    // the rest never ran: cancelled, terminated, no longer fits).
                     let secs = t0.elapsed().as_secs_f64();
                     let rate = elements.0 as f64 / secs.max(1e-9);
                     let (n, failed) = elements;
+                    let total = u64::from(a.last - a.first) + 1;
                     eprintln!(
-                        "prun: array {}: {n} jobs ended, {failed} failed, in {secs:.2} s ({rate:.0} jobs/s)",
+                        "prun: array {}: {n} of {total} jobs ran, {failed} failed, in {secs:.2} s ({rate:.0} jobs/s)",
                         e.jobid
                     );
+                    if !e.message.is_empty() {
+                        eprintln!("prun: {}", e.message);
+                    }
                 } else if !started && !e.message.is_empty() {
                     // Refused before launch (mapping): the message is the reason.
                     eprintln!("prun: {}", e.message);
