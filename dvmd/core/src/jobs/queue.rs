@@ -58,6 +58,8 @@ pub(crate) struct ArrayState {
     pub total: u64,
     pub ended: u64,
     pub failed: u64,
+    /// Elements that never started (cancelled, terminated, no longer fitting).
+    pub unrun: u64,
     /// The first element that failed: (index, status, why).
     pub first_failure: Option<(u32, i32, String)>,
     pub spec: JobSpec,
@@ -187,7 +189,8 @@ impl JobTable {
         let jobid = w.jobid;
         if let Some((first, last)) = w.next {
             let total = u64::from(last - first) + 1;
-            let st = ArrayState { client, total, ended: 0, failed: 0, first_failure: None, spec: w.spec.clone() };
+            let st =
+                ArrayState { client, total, ended: 0, failed: 0, unrun: 0, first_failure: None, spec: w.spec.clone() };
             self.arrays.insert(jobid, st);
         }
         if w.spec.oversubscribe {
@@ -309,6 +312,7 @@ impl JobTable {
                 let left = w.count();
                 a.ended += left;
                 a.failed += left;
+                a.unrun += left;
                 if a.first_failure.is_none() {
                     let index = w.next.map_or(0, |(n, _)| n);
                     a.first_failure = Some((index, exit_code, message));
@@ -348,7 +352,12 @@ impl JobTable {
         let (exit_code, message) = match &a.first_failure {
             None => (0, String::new()),
             Some((i, code, why)) => {
-                (*code, format!("array {array}: {} of {} jobs failed; the first, index {i}: {why}", a.failed, a.total))
+                let unrun = if a.unrun > 0 { format!(" ({} never ran)", a.unrun) } else { String::new() };
+                let text = format!(
+                    "array {array}: {} of {} jobs failed{unrun}; the first, index {i}: {why}",
+                    a.failed, a.total
+                );
+                (*code, text)
             }
         };
         info!(array, total = a.total, failed = a.failed, "array ended");

@@ -206,7 +206,10 @@ pub(super) async fn run_job(
                 elements.0 += 1;
                 if e.exit_code != 0 {
                     elements.1 += 1;
-                    eprintln!("prun: job {} (array index {}): {}", e.jobid, e.index, e.message);
+                    // Quiet once stdout is closed: the array ends because prun's reader went away.
+                    if !out.stdout_closed {
+                        eprintln!("prun: job {} (array index {}): {}", e.jobid, e.index, e.message);
+                    }
                 }
             }
             Some(job_event::Event::Started(s)) => {
@@ -235,7 +238,9 @@ pub(super) async fn run_job(
             Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
             Some(job_event::Event::Ended(e)) => {
                 out.finish();
-                if let (true, Some(a)) = (elements.0 > 0, spec.array.as_ref()) {
+                if out.stdout_closed {
+                    // Ended because prun's reader went away: nothing more to say.
+                } else if let (true, Some(a)) = (elements.0 > 0, spec.array.as_ref()) {
                     // The summary, then the array's own sentence (its first failure, or why
                     // the rest never ran: cancelled, terminated, no longer fits).
                     let secs = t0.elapsed().as_secs_f64();
