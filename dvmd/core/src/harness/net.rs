@@ -62,8 +62,13 @@ pub struct Net {
 }
 
 impl Net {
-    /// A booted DVM of `n` daemons at `radix`, each with `slots` slots.
+    /// A booted DVM of `n` daemons at `radix`, each with `slots` slots (on 64 cores).
     pub fn boot(n: u32, radix: u32, slots: u32) -> Net {
+        Self::boot_on(n, radix, slots, 64)
+    }
+
+    /// [`Net::boot`] on machines of `cores` cores.
+    pub fn boot_on(n: u32, radix: u32, slots: u32, cores: u32) -> Net {
         let mut net = Net {
             nodes: Vec::new(),
             shells: (0..n).map(|_| SimShell::default()).collect(),
@@ -77,7 +82,8 @@ impl Net {
             next_token: 1,
         };
         for r in 0..n {
-            let cfg = Self::config(r, n, radix, slots, epoch_of(r));
+            let mut cfg = Self::config(r, n, radix, slots, epoch_of(r));
+            cfg.local.cores = cores;
             net.nodes.push(Some(Node::new(cfg, SimHost::default()).expect("valid geometry")));
         }
         for r in 0..n {

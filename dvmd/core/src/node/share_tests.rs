@@ -410,3 +410,17 @@ fn another_users_job_cannot_be_signalled_attached_or_traced() {
     assert_eq!(stacks_reply(&net, t), Some(Err("job 1 belongs to user 1000, not to user 1001".into())));
     assert_eq!(net.live_procs(), 1, "the job runs on");
 }
+
+#[test]
+fn ranks_are_told_of_oversubscription_by_the_processes_of_every_job_on_their_node() {
+    use crate::jobs::local::OVERSUBSCRIBED_TIMER_SLACK_US;
+    let mut net = Net::boot_on(1, 2, 2, 2);
+    net.shells[0].keep_specs = true;
+    let _a = net.launch(job(2, hang()));
+    net.run_for(10 * MS);
+    let _b = net.launch(JobSpec { oversubscribe: true, ..job(2, hang()) });
+    net.run_for(10 * MS);
+    let slack: Vec<(u32, u64)> = net.shells[0].specs.iter().map(|p| (p.jobid, p.timer_slack_us)).collect();
+    // Job 1 alone fits the 2 cores; job 2's ranks join 2 running ones on 2 cores.
+    assert_eq!(slack, vec![(1, 0), (1, 0), (2, OVERSUBSCRIBED_TIMER_SLACK_US), (2, OVERSUBSCRIBED_TIMER_SLACK_US)]);
+}
