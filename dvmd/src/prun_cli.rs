@@ -240,6 +240,24 @@ mod tests {
     }
 
     #[test]
+    fn mca_options_become_the_ranks_environment() {
+        let c = run("--mca btl self,vader --prtemca plm_base_verbose 5 -x A=1 --pmixmca gds hash --mca btl tcp a : b")
+            .unwrap();
+        let want = ["OMPI_MCA_btl=tcp", "PRTE_MCA_plm_base_verbose=5", "A=1", "PMIX_MCA_gds=hash"];
+        assert_eq!(c.spec.apps[0].env, want);
+        assert_eq!(c.spec.apps[1].env, want, "job-wide, like -x before the first app");
+        assert_eq!(run("-gmca btl self a").unwrap().spec.apps[0].env, ["OMPI_MCA_btl=self"]);
+        assert_eq!(err("--mca btl"), "--mca takes a parameter name and a value (--mca NAME VALUE)");
+        assert_eq!(err("--mca=btl self a"), "--mca takes a parameter name and a value (--mca NAME VALUE)");
+        assert_eq!(err("--mca b-tl x a"), "--mca b-tl: not a parameter name (letters, digits and '_')");
+        assert_eq!(err("-x OMPI_MCA_btl=tcp --mca btl self a"), "-x OMPI_MCA_btl and --mca btl given twice");
+        assert_eq!(
+            err("a : --mca btl self b"),
+            "--mca applies to the whole job: give it before the first executable, not in app 2"
+        );
+    }
+
+    #[test]
     fn command_line_for_listings() {
         let c = parse(&words("-n 2 a x : -n 1 b"), Path::new(CWD), &env).unwrap();
         assert_eq!(c.spec.command, "a x : b");

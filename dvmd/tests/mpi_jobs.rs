@@ -73,6 +73,13 @@ fn mpi_suite(radix: u32, cluster: Option<FakeCluster>) {
     check_programs(&dvm, &["-x", "OMPI_MCA_pmix_base_collect_data=0"]);
     assert!(dvm.log().contains("direct modex served"), "direct modex never used");
 
+    // MCA parameters as mpirun takes them: shared memory and self only runs; no transport
+    // at all fails in MPI_Init, so the parameter reached the ranks.
+    let o = dvm.prun(&["--mca", "btl", "self,vader", "-n", "4", &allreduce]);
+    assert!(o.status.success(), "--mca btl self,vader: {:?}\n{}", o.status, out(&o).1);
+    let o = dvm.prun(&["--timeout", "60", "--mca", "btl", "nosuchbtl", "--mca", "pml", "ob1", "-n", "2", &allreduce]);
+    assert!(!o.status.success(), "--mca btl nosuchbtl ran: {}", out(&o).0);
+
     // MPI_Abort(42) -> 42, naming the rank.
     let o = dvm.prun(&["-n", "8", &mpi_bin("abort"), "42"]);
     assert_eq!(o.status.code(), Some(42), "{}", out(&o).1);

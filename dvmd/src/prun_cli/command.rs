@@ -53,6 +53,10 @@ Job options (before the first EXE):
   --local N                  boot a one-shot DVM of N daemons on this machine for this job
   --slots S                  with --local: S slots per daemon
   --launch-sizes             print the sizes of the launch messages instead of launching
+  --mca, --gmca, --omca NAME VALUE
+                             an MCA parameter for the ranks (OMPI_MCA_NAME=VALUE in their
+                             environment), as mpirun takes it; a later one of a name wins
+  --prtemca NAME VALUE       PRTE_MCA_NAME=VALUE;  --pmixmca NAME VALUE: PMIX_MCA_NAME=VALUE
   --no-queue                 fail at once when the job does not fit the free slots now
                              (default: wait in the DVM's queue, in order of submission)
   --detach                   print the job id and return; the job runs on, its output kept
@@ -124,6 +128,10 @@ pub enum CliError {
     UnknownOption(String),
     #[error("{0} needs a value")]
     MissingValue(String),
+    #[error("{0} takes a parameter name and a value (--mca NAME VALUE)")]
+    McaWithoutValue(String),
+    #[error("{option} {name}: not a parameter name (letters, digits and '_')")]
+    BadMcaName { option: String, name: String },
     #[error("{option} takes no value, got '{value}'")]
     UnexpectedValue { option: String, value: String },
     #[error("{option} '{value}': {problem}")]

@@ -36,6 +36,10 @@ pub(super) enum Kind {
     Detach,
     Attach,
     Array,
+    /// `--mca K V` and its kin: an MCA parameter for the ranks, as an environment variable.
+    McaOmpi,
+    McaPrte,
+    McaPmix,
     Help,
     Version,
 }
@@ -55,6 +59,15 @@ impl Kind {
                 | Kind::Help
                 | Kind::Version
         )
+    }
+    /// The environment prefix of an MCA option (it takes a name and a value).
+    pub(super) fn mca_prefix(self) -> Option<&'static str> {
+        match self {
+            Kind::McaOmpi => Some("OMPI_MCA_"),
+            Kind::McaPrte => Some("PRTE_MCA_"),
+            Kind::McaPmix => Some("PMIX_MCA_"),
+            _ => None,
+        }
     }
     pub(super) fn is_app_option(self) -> bool {
         matches!(self, Kind::Np | Kind::Export | Kind::Wdir)
@@ -86,6 +99,9 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::Detach, &["--detach"]),
     (Kind::Attach, &["--attach"]),
     (Kind::Array, &["--array"]),
+    (Kind::McaOmpi, &["--mca", "--gmca", "--omca"]),
+    (Kind::McaPrte, &["--prtemca"]),
+    (Kind::McaPmix, &["--pmixmca"]),
     (Kind::Help, &["-h", "--help"]),
     (Kind::Version, &["-V", "--version"]),
 ];

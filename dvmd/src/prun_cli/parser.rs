@@ -48,6 +48,8 @@ struct Parser<'a> {
     detach: Option<String>,
     attach: Option<(String, u32)>,
     array: Option<(String, u32, u32)>,
+    /// Variables set by an MCA option (a later one may set them again; `-x` may not).
+    mca_set: Vec<String>,
 }
 
 /// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
@@ -79,6 +81,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         detach: None,
         attach: None,
         array: None,
+        mca_set: Vec::new(),
     };
     let mut i = 0;
     loop {
@@ -95,6 +98,15 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
                 break;
             }
             let (kind, spelled, inline) = lookup(token)?;
+            if let Some(prefix) = kind.mca_prefix() {
+                // Two words: a name and a value (`--mca btl self,vader`).
+                let (Some(name), Some(value), None) = (args.get(i), args.get(i + 1), &inline) else {
+                    return Err(CliError::McaWithoutValue(spelled));
+                };
+                i += 2;
+                p.mca(prefix, &spelled, name, value, app)?;
+                continue;
+            }
             let value = match (kind.takes_value(), inline) {
                 (true, Some(v)) => Some(v),
                 (true, None) => {
@@ -137,6 +149,28 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
 }
 
 impl Parser<'_> {
+    /// An MCA parameter: an environment variable of every app (a later one of a name wins, as
+    /// with mpirun; `-x` of the same variable is refused as given twice).
+    fn mca(&mut self, prefix: &str, opt: &str, name: &str, value: &str, app: usize) -> Result<(), CliError> {
+        if app > 1 {
+            return Err(CliError::JobOptionInApp { option: opt.to_string(), app });
+        }
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(CliError::BadMcaName { option: opt.to_string(), name: name.to_string() });
+        }
+        let var = format!("{prefix}{name}");
+        if let Some(kv) = self.global.env.iter_mut().find(|(n, _)| *n == var) {
+            if !self.mca_set.contains(&var) {
+                return Err(CliError::GivenTwice { option: format!("-x {var} and {opt} {name}"), app });
+            }
+            kv.1 = value.to_string();
+        } else {
+            self.global.env.push((var.clone(), value.to_string()));
+            self.mca_set.push(var);
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, kind: Kind, opt: &str, value: String, app: usize) -> Result<(), CliError> {
         if app > 1 && !kind.is_app_option() {
             return Err(CliError::JobOptionInApp { option: opt.to_string(), app });
@@ -276,6 +310,7 @@ impl Parser<'_> {
                 set_once(&mut self.array, (opt.to_string(), range.0, range.1), twice)?;
             }
             Kind::Help | Kind::Version => unreachable!("--help and --version short-circuit in parse"),
+            Kind::McaOmpi | Kind::McaPrte | Kind::McaPmix => unreachable!("two-word options are parsed in parse"),
         }
         Ok(())
     }
