@@ -22,6 +22,7 @@
 //! option table and value checks), `parser` (the walk over the arguments). This file only
 //! re-exports; none of them imports it.
 
+mod appfile;
 mod command;
 mod options;
 mod parser;
@@ -184,6 +185,12 @@ mod tests {
             (&["--launch-sizes", "-launch-sizes"], |c| c.launch_sizes = true),
             (&["--enable-recovery", "-enable-recovery"], |c| c.spec.enable_recovery = true),
             (&["--no-queue", "-no-queue"], |c| c.spec.no_queue = true),
+            (&["--display map,allocation,bind", "--display-map --display-allocation --report-bindings"], |c| {
+                c.spec.display_map = true;
+                c.spec.display_allocation = true;
+                c.spec.report_bindings = true;
+            }),
+            (&["--display map", "-display-map", "--display=map"], |c| c.spec.display_map = true),
             (&["--get-stack-traces", "--report-state-on-timeout"], |c| c.spec.get_stack_traces = true),
             (&["--detach", "-detach"], |c| c.spec.detach = true),
             (&["--array 3-7", "--array=3-7", "-array 3-7"], |c| {
@@ -255,6 +262,29 @@ mod tests {
             err("a : --mca btl self b"),
             "--mca applies to the whole job: give it before the first executable, not in app 2"
         );
+    }
+
+    #[test]
+    fn an_appfile_gives_the_apps() {
+        let dir = std::env::temp_dir().join(format!("prun-appfile-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("apps");
+        std::fs::write(&f, "# two apps\n-n 2 ./a \"x y\"\n\n  -n 1 -x B=2 ./b\n").unwrap();
+        let fp = f.display().to_string();
+        let c = parse(&words(&format!("--timeout 5 --app {fp} --tag-output")), Path::new(CWD), &env).unwrap();
+        assert_eq!(c.spec.apps, vec![app(&["./a", "x y"], 2, &[], ""), app(&["./b"], 1, &["B=2"], "")]);
+        assert_eq!((c.spec.timeout_s, c.spec.tag_output), (5.0, true));
+        assert_eq!(
+            err(&format!("--app {fp} ./c")),
+            format!("--app {fp}: the apps come from the file; './c' on the command line too")
+        );
+        std::fs::write(&f, "-n 2 './a\n").unwrap();
+        assert_eq!(err(&format!("--app={fp}")), format!("--app {fp}: line 1: unbalanced quotes"));
+        std::fs::write(&f, "# nothing\n").unwrap();
+        assert!(err(&format!("--app {fp}")).ends_with(": no app in it (one per line: '-n 2 ./a.out args')"));
+        assert!(err("--app /nonexistent/apps").starts_with("--app /nonexistent/apps: cannot read it: "));
+        assert_eq!(err("--app"), "--app needs a value");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -53,6 +53,12 @@ Job options (before the first EXE):
   --local N                  boot a one-shot DVM of N daemons on this machine for this job
   --slots S                  with --local: S slots per daemon
   --launch-sizes             print the sizes of the launch messages instead of launching
+  --display map,allocation,bind
+                             when the job starts, show where each rank runs, the DVM's nodes
+                             and slots, each rank's binding; each alone: --display-map
+                             --display-allocation --report-bindings
+  --app FILE                 the apps from FILE, one per line as on the command line
+                             ('-n 2 ./a.out args'; '#' comments), instead of EXE ...
   --mca, --gmca, --omca NAME VALUE
                              an MCA parameter for the ranks (OMPI_MCA_NAME=VALUE in their
                              environment), as mpirun takes it; a later one of a name wins
@@ -158,6 +164,8 @@ pub enum CliError {
     NotUtf8 { what: String, path: String },
     #[error(transparent)]
     Hosts(#[from] HostfileError),
+    #[error("--app {path}: {why}")]
+    Appfile { path: String, why: String },
 }
 
 pub(super) fn for_app(app: &usize) -> String {

@@ -40,6 +40,11 @@ pub(super) enum Kind {
     McaOmpi,
     McaPrte,
     McaPmix,
+    App,
+    Display,
+    DisplayMap,
+    DisplayAllocation,
+    ReportBindings,
     Help,
     Version,
 }
@@ -55,6 +60,9 @@ impl Kind {
                 | Kind::EnableRecovery
                 | Kind::NoQueue
                 | Kind::GetStackTraces
+                | Kind::DisplayMap
+                | Kind::DisplayAllocation
+                | Kind::ReportBindings
                 | Kind::Detach
                 | Kind::Help
                 | Kind::Version
@@ -102,6 +110,11 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::McaOmpi, &["--mca", "--gmca", "--omca"]),
     (Kind::McaPrte, &["--prtemca"]),
     (Kind::McaPmix, &["--pmixmca"]),
+    (Kind::App, &["--app"]),
+    (Kind::Display, &["--display"]),
+    (Kind::DisplayMap, &["--display-map"]),
+    (Kind::DisplayAllocation, &["--display-allocation"]),
+    (Kind::ReportBindings, &["--report-bindings"]),
     (Kind::Help, &["-h", "--help"]),
     (Kind::Version, &["-V", "--version"]),
 ];

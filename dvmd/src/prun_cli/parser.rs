@@ -11,6 +11,7 @@ use dvm_proto::job::{AppContext, ArraySpec, JobSpec, MapBy, StdinTarget};
 
 use crate::hostfile;
 
+use super::appfile;
 use super::command::{CliError, OneShot, PrunCommand};
 use super::options::{clean, lookup, parse_map_by, positive, set_once, utf8, Kind};
 
@@ -50,11 +51,15 @@ struct Parser<'a> {
     array: Option<(String, u32, u32)>,
     /// Variables set by an MCA option (a later one may set them again; `-x` may not).
     mca_set: Vec<String>,
+    /// `--display`: (map, allocation, bind).
+    display: (bool, bool, bool),
 }
 
 /// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
 /// (absolute); `env` looks up prun's environment for `-x VAR`.
 pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<PrunCommand, CliError> {
+    let expanded = appfile::expand(args, cwd)?;
+    let args = expanded.as_deref().unwrap_or(args);
     let cwd_str = utf8(cwd, "prun's working directory")?;
     let mut p = Parser {
         cwd,
@@ -82,6 +87,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         attach: None,
         array: None,
         mca_set: Vec::new(),
+        display: (false, false, false),
     };
     let mut i = 0;
     loop {
@@ -311,6 +317,20 @@ impl Parser<'_> {
             }
             Kind::Help | Kind::Version => unreachable!("--help and --version short-circuit in parse"),
             Kind::McaOmpi | Kind::McaPrte | Kind::McaPmix => unreachable!("two-word options are parsed in parse"),
+            Kind::App => unreachable!("--app is expanded before parsing"),
+            Kind::Display => {
+                for item in value.split(',') {
+                    match item {
+                        "map" => self.display.0 = true,
+                        "allocation" => self.display.1 = true,
+                        "bind" => self.display.2 = true,
+                        _ => return Err(bad("expected map, allocation, bind, or several separated by ','")),
+                    }
+                }
+            }
+            Kind::DisplayMap => self.display.0 = true,
+            Kind::DisplayAllocation => self.display.1 = true,
+            Kind::ReportBindings => self.display.2 = true,
         }
         Ok(())
     }
@@ -404,6 +424,9 @@ impl Parser<'_> {
             enable_recovery: self.enable_recovery,
             no_queue: self.no_queue,
             get_stack_traces: self.get_stack_traces,
+            display_map: self.display.0,
+            display_allocation: self.display.1,
+            report_bindings: self.display.2,
             detach: self.detach.is_some(),
             uid: 0,
             array: self.array.map(|(_, first, last)| ArraySpec { first, last }),

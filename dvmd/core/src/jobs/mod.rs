@@ -5,6 +5,7 @@
 //! Never: a process, a stream or a clock. A job's prun is a [`ClientId`]; a proc is a
 //! [`ProcSpec`] out and a [`ProcEvent`] in.
 
+pub mod display;
 pub mod hnp;
 pub mod local;
 pub mod proc;

@@ -197,7 +197,7 @@ impl JobTable {
             // Oversubscribed by request: never waits, shares busy slots when it must.
             if let Fit::Now(p) = self.fit(r, &w.spec) {
                 self.queue.push_front(w);
-                self.start_head(p);
+                self.start_head(r, p);
             }
             return Some(jobid);
         }
@@ -262,14 +262,14 @@ impl JobTable {
                     let w = self.queue.pop_front().expect("head");
                     self.end_waiting(w, 1, e);
                 }
-                Fit::Now(p) => self.start_head(p),
+                Fit::Now(p) => self.start_head(r, p),
             }
         }
     }
 
     /// Start the head of the queue (one element of an array, with a job id of its own) on
     /// `placement`.
-    fn start_head(&mut self, placement: Placement) {
+    fn start_head(&mut self, r: &Core, placement: Placement) {
         let head = self.queue.front_mut().expect("head");
         let (client, since, attached, mut spec) = (head.client, head.since, head.attached, head.spec.clone());
         let element = head.next.map(|(i, last)| {
@@ -296,7 +296,11 @@ impl JobTable {
             array: array.unwrap_or(0),
         };
         self.tell(client, event(job_event::Event::Started(started)));
+        let shown = (spec.display_map || spec.display_allocation || spec.report_bindings).then(|| placement.clone());
         self.start_job_as(jobid, &spec, placement, client, None);
+        if let Some(p) = shown {
+            self.display_start(r, jobid, &spec, &p);
+        }
         if let Some(job) = self.jobs.get_mut(&jobid) {
             job.wait_ns = self.now.saturating_sub(since);
             job.array = element;

@@ -424,3 +424,16 @@ fn ranks_are_told_of_oversubscription_by_the_processes_of_every_job_on_their_nod
     // Job 1 alone fits the 2 cores; job 2's ranks join 2 running ones on 2 cores.
     assert_eq!(slack, vec![(1, 0), (1, 0), (2, OVERSUBSCRIBED_TIMER_SLACK_US), (2, OVERSUBSCRIBED_TIMER_SLACK_US)]);
 }
+
+#[test]
+fn display_shows_the_allocation_the_map_and_the_bindings_when_the_job_starts() {
+    let mut net = Net::boot(2, 2, 2);
+    let spec = JobSpec { display_map: true, display_allocation: true, report_bindings: true, ..job(3, exit(0, 1)) };
+    let c = net.launch(JobSpec { map_by: dvm_proto::job::MapBy::Node as i32, ..spec });
+    net.run();
+    let n = net.shells[0].notices(c);
+    assert_eq!(n[0], "the DVM's allocation:\n  n0 (daemon 0): 2 slots, 2 in use\n  n1 (daemon 1): 2 slots, 1 in use");
+    assert_eq!(n[1], "job 1 map: 3 processes on 2 nodes\n  n0 (daemon 0): 2 ranks: 0,2\n  n1 (daemon 1): 1 rank: 1");
+    assert_eq!(n[2], "[n0:0] is not bound (any core of the node)\n[n0:2] is not bound (any core of the node)\n[n1:1] is not bound (any core of the node)");
+    assert_eq!(net.ended(c), Some((0, String::new())));
+}
