@@ -93,6 +93,7 @@ mod tests {
             hostfile: None,
             host_list: None,
             launch_sizes: false,
+            output_dir: None,
             attach: None,
             help: false,
             version: false,
@@ -191,6 +192,10 @@ mod tests {
                 c.spec.report_bindings = true;
             }),
             (&["--display map", "-display-map", "--display=map"], |c| c.spec.display_map = true),
+            (&["--output-filename out", "--output dir=out", "--output=dir=/w/out"], |c| {
+                c.output_dir = Some(("/w/out".into(), false))
+            }),
+            (&["--output dir=out:nocopy"], |c| c.output_dir = Some(("/w/out".into(), true))),
             (&["--get-stack-traces", "--report-state-on-timeout"], |c| c.spec.get_stack_traces = true),
             (&["--detach", "-detach"], |c| c.spec.detach = true),
             (&["--array 3-7", "--array=3-7", "-array 3-7"], |c| {
@@ -408,9 +413,9 @@ mod tests {
             ("--output tag --output tag a", "--output given twice"),
             (
                 "--output timestamp a",
-                "--output 'timestamp': expected tag, merge-stderr-to-stdout or both separated by ','",
+                "--output 'timestamp': expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
             ),
-            ("--output tag, a", "--output 'tag,': expected tag, merge-stderr-to-stdout or both separated by ','"),
+            ("--output tag, a", "--output 'tag,': expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','"),
             ("--dvm-uri x --dvm-uri y a", "--dvm-uri given twice"),
             ("--dvm-uri file: a", "--dvm-uri 'file:': expected a URI or file:PATH"),
             ("--dvm-uri= a", "--dvm-uri '': expected a URI or file:PATH"),

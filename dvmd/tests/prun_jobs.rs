@@ -224,6 +224,24 @@ fn run_suite(radix: u32) {
     let so = text(&o).0;
     assert!(so.contains("got-usr1 0") && so.contains("got-usr1 1"), "USR1 not delivered to both ranks: {so}");
 
+    // Each rank's output in its own files (mpirun's naming), also on the terminal unless
+    // :nocopy; binary-safe and in order.
+    let out_dir = dvm.root.join("rank-output");
+    let spec = format!("dir={}:nocopy", out_dir.display());
+    let o = dvm.prun(&["--output", &spec, "-n", "3", "sh", "-c", "seq 1 2000; echo err $DVM_RANK >&2"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.is_empty(), "nocopy: nothing on the terminal");
+    let job = std::fs::read_dir(&out_dir).unwrap().next().unwrap().unwrap().path();
+    let want: String = (1..=2000).map(|k| format!("{k}\n")).collect();
+    for r in 0..3 {
+        let rank = job.join(format!("rank.{r}"));
+        assert_eq!(std::fs::read_to_string(rank.join("stdout")).unwrap(), want, "rank {r}'s stdout");
+        assert_eq!(std::fs::read_to_string(rank.join("stderr")).unwrap(), format!("err {r}\n"));
+    }
+    let o = dvm.prun(&["--output-filename", &out_dir.display().to_string(), "-n", "2", "echo", "copied"]);
+    assert_eq!(text(&o).0.matches("copied").count(), 2, "without nocopy: on the terminal too");
+    std::fs::remove_dir_all(&out_dir).unwrap();
+
     // 50 jobs in a row: nothing left behind.
     for i in 0..50 {
         let out = dvm.prun(&["-n", "4", "true"]);

@@ -6,8 +6,11 @@
 //!
 //! This file chooses the DVM and runs the job on it; `prun/`: `signals` (held, caught,
 //! forwarded), `head` (the DVM's head process, a lost DVM), `one_shot` (boot and stop a
-//! transient DVM), `job` (the job's stream, output and exit status). None imports this file.
+//! transient DVM), `job` (the job's stream, output and exit status), `files` (each rank's
+//! output in files). None imports this file.
 
+#[path = "prun/files.rs"]
+mod files;
 #[path = "prun/head.rs"]
 mod head;
 #[path = "prun/job.rs"]

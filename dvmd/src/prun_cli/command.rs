@@ -39,8 +39,11 @@ Job options (before the first EXE):
   -H, --host a,b,c           run on these hosts of the DVM (name[:slots] for a one-shot DVM)
   --hostfile, --machinefile F
                              run on the hosts listed in F (lines 'name [slots=N]')
-  --output tag[,merge-stderr-to-stdout]
-                             tag each output line with its rank; send stderr to stdout
+  --output tag,merge-stderr-to-stdout,dir=DIR[:nocopy]
+                             tag each output line with its rank; send stderr to stdout; write
+                             each rank's output to DIR/JOB/rank.N/stdout and stderr as well
+                             (only there with :nocopy)
+  --output-filename DIR      same as --output dir=DIR
   --tag-output               same as --output tag
   --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
   --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
@@ -91,6 +94,9 @@ pub struct PrunCommand {
     pub host_list: Option<String>,
     /// `--launch-sizes`: print the launch message sizes, don't launch.
     pub launch_sizes: bool,
+    /// `--output-filename DIR` / `--output dir=DIR[:nocopy]`: each rank's output also (or, with
+    /// `nocopy`, only) in DIR/JOB/rank.N/stdout and stderr.
+    pub output_dir: Option<(PathBuf, bool)>,
     /// `--attach ID`: follow a detached job instead of submitting one.
     pub attach: Option<u32>,
     pub help: bool,

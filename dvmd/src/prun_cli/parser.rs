@@ -35,6 +35,7 @@ struct Parser<'a> {
     host: Option<(String, String, Vec<String>)>,
     hostfile: Option<(String, PathBuf, Vec<String>)>,
     output: Option<String>,
+    output_dir: Option<(PathBuf, bool)>,
     tag_output: bool,
     merge_stderr: bool,
     stdin: Option<(StdinTarget, u32)>,
@@ -72,6 +73,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         host: None,
         hostfile: None,
         output: None,
+        output_dir: None,
         tag_output: false,
         merge_stderr: false,
         stdin: None,
@@ -262,11 +264,31 @@ impl Parser<'_> {
                     match item {
                         "tag" => self.tag_output = true,
                         "merge-stderr-to-stdout" => self.merge_stderr = true,
-                        _ => return Err(bad("expected tag, merge-stderr-to-stdout or both separated by ','")),
+                        _ if item.starts_with("dir=") => {
+                            let (dir, nocopy) = match item["dir=".len()..].strip_suffix(":nocopy") {
+                                Some(d) => (d, true),
+                                None => (&item["dir=".len()..], false),
+                            };
+                            if dir.is_empty() {
+                                return Err(bad("dir= needs a directory"));
+                            }
+                            set_once(&mut self.output_dir, (clean(&self.cwd.join(dir)), nocopy), twice)?;
+                        }
+                        _ => {
+                            return Err(bad(
+                                "expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
+                            ))
+                        }
                     }
                 }
             }
             Kind::TagOutput => self.tag_output = true,
+            Kind::OutputFilename => {
+                if value.is_empty() {
+                    return Err(bad("not a directory path"));
+                }
+                set_once(&mut self.output_dir, (clean(&self.cwd.join(&value)), false), twice)?;
+            }
             Kind::MergeStderr => self.merge_stderr = true,
             Kind::Stdin => {
                 let target = match value.to_ascii_lowercase().as_str() {
@@ -438,6 +460,7 @@ impl Parser<'_> {
             hostfile: self.hostfile.map(|(_, path, _)| path),
             host_list,
             launch_sizes: self.launch_sizes,
+            output_dir: self.output_dir,
             attach: self.attach.map(|(_, id)| id),
             help: false,
             version: false,
@@ -477,6 +500,7 @@ fn short_circuit(cwd: String, kind: Kind) -> PrunCommand {
         hostfile: None,
         host_list: None,
         launch_sizes: false,
+        output_dir: None,
         attach: None,
         help: kind == Kind::Help,
         version: kind == Kind::Version,

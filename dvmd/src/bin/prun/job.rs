@@ -16,6 +16,7 @@ use dvmd::prun_cli::PrunCommand;
 use dvmd::session::DvmUri;
 use tokio::io::AsyncReadExt;
 
+use super::files::RankFiles;
 use super::head::Head;
 use super::signals::{ends_job, Signals};
 
@@ -31,12 +32,20 @@ pub(super) struct Output {
     pub(super) merge: bool,
     pub(super) partial: HashMap<(u32, u32, u32), Vec<u8>>,
     pub(super) stdout_closed: bool,
+    /// Each rank's output in its own files; `copy`: on the terminal too.
+    pub(super) files: Option<(RankFiles, bool)>,
 }
 
 impl Output {
     /// Write one chunk; true when this write found stdout closed.
     pub(super) fn write(&mut self, o: JobOutput) -> bool {
         let to = if self.merge { 1 } else { o.stream };
+        if let Some((files, copy)) = self.files.as_mut() {
+            let job = if o.jobid != 0 { o.jobid } else { self.jobid };
+            if files.write(job, o.rank, to, &o.data) && !*copy {
+                return false;
+            }
+        }
         if !self.tag {
             return self.put(to, &o.data);
         }
@@ -144,6 +153,7 @@ pub(super) async fn run_job(
         merge: spec.merge_stderr,
         partial: HashMap::new(),
         stdout_closed: false,
+        files: cmd.output_dir.as_ref().map(|(dir, nocopy)| (RankFiles::new(dir.clone()), !nocopy)),
     };
     let mut jobid = cmd.attach;
     // The first SIGINT/SIGTERM: the job is killed, and prun never reports success after it.
