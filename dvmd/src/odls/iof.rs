@@ -11,6 +11,11 @@
 //! pipes. Credit is never held while waiting for a pipe, so an idle stream cannot starve a
 //! busy one; waiting pumps are served in FIFO order. Acks beyond `outstanding` are ignored. A closed window
 //! (`kill_job` after its grace, `forget_job`) ends the streams and discards what is unread.
+//!
+//! Lines stay whole when several ranks' output is interleaved untagged: a chunk is sent up to
+//! its last newline, and the rest waits (at most `LINE_WAIT`) for the next read. It goes as it
+//! is when the writer pauses longer (a prompt), when the line reaches `CHUNK` (or the
+//! window), when no credit is left, and at EOF. Those held bytes count as outstanding.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,18 +30,29 @@ use super::{OdlsEvent, Stream};
 
 /// Largest single read (and `Output` event).
 pub const CHUNK: usize = 64 * 1024;
+/// How long the end of a line waits for the rest of it before it is sent as it is: short
+/// enough that a prompt shows at once, long enough for a writer between two writes.
+const LINE_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
 
 pub(super) struct IofWindow {
     size: usize,
     /// Permits = window - outstanding - credit held by a pump between its readiness and its read.
     credit: Semaphore,
     outstanding: Mutex<usize>,
+    /// Of `outstanding`, the bytes read and held back by the pumps (ends of lines): no ack
+    /// will return those until they are sent.
+    held_back: std::sync::atomic::AtomicUsize,
 }
 
 impl IofWindow {
     pub fn new(size: usize) -> IofWindow {
         assert!(size > 0, "an IOF window of 0 bytes would never let output through");
-        IofWindow { size, credit: Semaphore::new(size), outstanding: Mutex::new(0) }
+        IofWindow {
+            size,
+            credit: Semaphore::new(size),
+            outstanding: Mutex::new(0),
+            held_back: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 
     pub fn outstanding(&self) -> usize {
@@ -58,6 +74,16 @@ impl IofWindow {
     /// acking: otherwise its procs could never be seen to finish.
     pub fn close(&self) {
         self.credit.close();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.credit.is_closed()
+    }
+
+    /// Every outstanding byte is held back by a pump: no ack can come, so what is held must go.
+    fn starved(&self) -> bool {
+        let held = self.held_back.load(std::sync::atomic::Ordering::Relaxed);
+        self.credit.available_permits() == 0 && self.outstanding() <= held
     }
 
     /// Wait for at least one byte of credit, then take as much as is free, up to `CHUNK`.
@@ -85,7 +111,20 @@ impl IofWindow {
     }
 }
 
-/// Forward one output stream until EOF: `Output` events in order, then `OutputClosed`.
+/// The part of `carry` to send now: up to its last newline, so that the lines of ranks whose
+/// output is interleaved stay whole; all of it when a line outgrows `CHUNK` (or `flush`).
+fn cut_at_line(carry: &[u8], flush: bool, bound: usize) -> usize {
+    match carry.iter().rposition(|&b| b == b'\n') {
+        _ if flush => carry.len(),
+        Some(i) => i + 1,
+        None if carry.len() >= bound => carry.len(),
+        None => 0,
+    }
+}
+
+/// Forward one output stream until EOF: `Output` events in order, then `OutputClosed`. Bytes
+/// after a chunk's last newline wait for the rest of their line while more is readable at
+/// once; a writer that pauses mid-line (a prompt) has them sent as they are.
 pub(super) async fn pump(
     rx: pipe::Receiver,
     stream: Stream,
@@ -95,25 +134,61 @@ pub(super) async fn pump(
     events: mpsc::UnboundedSender<OdlsEvent>,
 ) {
     let mut buf = vec![0u8; CHUNK];
+    // Read, counted outstanding, not sent yet: the end of a line still being written.
+    let mut carry: Vec<u8> = Vec::new();
+    use std::sync::atomic::Ordering::Relaxed;
+    let send = |carry: &mut Vec<u8>, flush: bool| {
+        let n = cut_at_line(carry, flush, CHUNK.min(window.size));
+        if n > 0 {
+            window.held_back.fetch_sub(n, Relaxed);
+            let data = Bytes::from(carry.drain(..n).collect::<Vec<u8>>());
+            let _ = events.send(OdlsEvent::Output { jobid, rank, stream, data });
+        }
+    };
     loop {
+        if !carry.is_empty() && tokio::time::timeout(LINE_WAIT, rx.readable()).await.is_err() {
+            // Nothing more for a while: the writer paused mid-line (a prompt).
+            send(&mut carry, true);
+        }
         if let Err(e) = rx.readable().await {
             debug!(jobid, rank, ?stream, "output pipe failed: {e}");
             break;
         }
-        let Some(held) = window.take().await else {
+        if !carry.is_empty() && window.starved() {
+            // The window is full of held-back line ends, which no ack will ever return.
+            send(&mut carry, true);
+        }
+        // Held-back line ends are never what the window waits on for long: pumps run on
+        // several threads, so `starved` may miss a moment; after `LINE_WAIT` without credit
+        // they go regardless.
+        let credit = if carry.is_empty() {
+            window.take().await
+        } else {
+            match tokio::time::timeout(LINE_WAIT, window.take()).await {
+                Ok(c) => c,
+                Err(_) => {
+                    send(&mut carry, true);
+                    window.take().await
+                }
+            }
+        };
+        let Some(held) = credit else {
             debug!(jobid, rank, ?stream, "output window closed: the rest of the stream is discarded");
             break;
         };
         // No await between take and settle: the credit is never held across a wait.
-        match rx.try_read(&mut buf[..held]) {
+        // What is held plus this read stays within one chunk.
+        let room = held.min(CHUNK - carry.len()).max(1);
+        match rx.try_read(&mut buf[..room]) {
             Ok(0) => {
                 window.settle(held, 0);
                 break;
             }
             Ok(n) => {
                 window.settle(held, n);
-                let data = Bytes::copy_from_slice(&buf[..n]);
-                let _ = events.send(OdlsEvent::Output { jobid, rank, stream, data });
+                window.held_back.fetch_add(n, Relaxed);
+                carry.extend_from_slice(&buf[..n]);
+                send(&mut carry, false);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => window.settle(held, 0),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => window.settle(held, 0),
@@ -123,6 +198,11 @@ pub(super) async fn pump(
                 break;
             }
         }
+    }
+    if window.is_closed() {
+        window.held_back.fetch_sub(carry.len(), Relaxed);
+    } else {
+        send(&mut carry, true);
     }
     let _ = events.send(OdlsEvent::OutputClosed { jobid, rank, stream });
 }
@@ -159,6 +239,17 @@ pub(super) async fn feed_stdin(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_is_cut_after_its_last_newline_unless_its_line_outgrows_the_bound() {
+        assert_eq!(cut_at_line(b"ab\ncd\nef", false, CHUNK), 6, "ef waits for the rest of its line");
+        assert_eq!(cut_at_line(b"ab\n", false, CHUNK), 3);
+        assert_eq!(cut_at_line(b"no newline yet", false, CHUNK), 0);
+        assert_eq!(cut_at_line(b"no newline yet", true, CHUNK), 14, "flushed when the writer pauses");
+        assert_eq!(cut_at_line(b"0123456789", false, 10), 10, "a line as long as the bound goes as it is");
+        assert_eq!(cut_at_line(b"012345678\n9", false, 10), 10, "a full chunk is still cut at its line");
+        assert_eq!(cut_at_line(b"", false, CHUNK), 0);
+    }
 
     /// Credit conservation: free + held + outstanding == size, and acks cannot widen the window.
     #[tokio::test]
