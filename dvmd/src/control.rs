@@ -242,6 +242,15 @@ fn tokio_stream_from(
     })
 }
 
+/// A call's answer; a status of `code` is the DVM's refusal, shown as its sentence alone.
+fn sentence<T>(r: Result<tonic::Response<T>, Status>, code: tonic::Code) -> Result<T> {
+    match r {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == code => Err(anyhow::anyhow!("{}", s.message())),
+        Err(s) => Err(s.into()),
+    }
+}
+
 /// This process's user, as the calls that act on a job say it.
 pub fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
@@ -311,11 +320,7 @@ impl Client {
     pub async fn launch_plan(&mut self, spec: JobSpec) -> Result<LaunchPlanReply> {
         let req = self.authed("launch_plan", LaunchRequest { spec: Some(spec) }).await?;
         // A refused plan (the job does not map) is the DVM's sentence, not an RPC status.
-        match self.inner.launch_plan(req).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) if s.code() == tonic::Code::InvalidArgument => Err(anyhow::anyhow!("{}", s.message())),
-            Err(s) => Err(s.into()),
-        }
+        sentence(self.inner.launch_plan(req).await, tonic::Code::InvalidArgument)
     }
     pub async fn stdin(&mut self, input: impl tokio_stream::Stream<Item = StdinMsg> + Send + 'static) -> Result<()> {
         let req = self.authed("stdin", input).await?;
@@ -341,11 +346,7 @@ impl Client {
     /// Every rank's stacks of a running job; Err(sentence) when there is no such job.
     pub async fn stack_traces(&mut self, jobid: u32) -> Result<StackTracesReply> {
         let req = self.authed("stack_traces", StackTracesRequest { jobid, uid: uid() }).await?;
-        match self.inner.stack_traces(req).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) if s.code() == tonic::Code::NotFound => Err(anyhow::anyhow!("{}", s.message())),
-            Err(s) => Err(s.into()),
-        }
+        sentence(self.inner.stack_traces(req).await, tonic::Code::NotFound)
     }
     pub async fn attach(&mut self, jobid: u32) -> Result<tonic::Streaming<JobEvent>> {
         let req = self.authed("attach", AttachRequest { jobid, uid: uid() }).await?;

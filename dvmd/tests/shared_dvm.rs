@@ -207,6 +207,20 @@ fn run_suite(radix: u32, array: u32) {
     assert!(tool(&dvm, PCANCEL, &["--all"]).status.success());
     let _ = wait_output(&mut holder, GUARD, "holder");
 
+    // A reader that went away before the listing (`pps -a | head -0`): a quiet end.
+    for args in [&["-a"][..], &["--nodes"], &["--json"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(PPS)
+            .arg("--dvm-uri")
+            .arg(&dvm.uri)
+            .args(args)
+            .env("DVM_TMPDIR", &dvm.root)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        assert!(o.status.success() && o.stderr.is_empty(), "pps {args:?}: {}", text(&o).1);
+    }
     let nodes = text(&tool(&dvm, PPS, &["--nodes"])).0;
     assert_eq!(nodes.lines().filter(|l| l.contains(" up ")).count(), 3, "{nodes}");
     dvm.stop();
@@ -273,5 +287,35 @@ fn stack_traces_of_a_stuck_job_on_demand_and_at_its_timeout() {
     assert!(err.contains("pps: node vm-1: no stack traces: gdb is not installed there"), "{err}");
     assert!(tool(&dvm, PCANCEL, &["--all"]).status.success());
     let _ = wait_output(&mut stuck, GUARD, "stuck job");
+    dvm.stop();
+}
+
+/// Ctrl-C at any early moment of `prun --detach`: either prun printed the id and the job runs
+/// on (the signal came after the submission returned), or prun ends by the signal and no job
+/// of it is left running. Which one happens depends on when the signal lands; both are checked.
+#[test]
+fn a_signal_in_the_first_milliseconds_of_a_detached_submission_leaves_no_job_behind() {
+    use std::os::unix::process::ExitStatusExt;
+    let dvm = Dvm::start("detachsig", Nodes::Local { daemons: 2, slots: 2 }, 2, &[]);
+    let running = |dvm: &Dvm| text(&tool(dvm, PPS, &[])).0.lines().filter(|l| l.contains(" running ")).count();
+    for delay in [0u64, 1, 2, 3, 5, 10, 20, 40] {
+        let mut prun = dvm.spawn_prun(&["--detach", "-n", "1", "sleep", "100"]);
+        std::thread::sleep(Duration::from_millis(delay));
+        // SAFETY: plain kill(2) on the prun this test started.
+        unsafe {
+            libc::kill(prun.id() as i32, libc::SIGINT);
+        }
+        let o = wait_output(&mut prun, GUARD, "detached prun");
+        let id = text(&o).0.trim().to_string();
+        if o.status.success() {
+            assert!(id.parse::<u32>().is_ok(), "after {delay} ms: exit 0 without a job id: {id:?}");
+            assert!(tool(&dvm, PCANCEL, &[&id]).status.success());
+        } else {
+            let by_sig = o.status.code() == Some(130) || o.status.signal() == Some(libc::SIGINT);
+            assert!(by_sig, "after {delay} ms: prun ended with {}: {}", o.status, text(&o).1);
+            assert!(id.is_empty(), "after {delay} ms: an id printed by a prun that failed: {id}");
+        }
+        until(GUARD, "no job left running", || running(&dvm) == 0);
+    }
     dvm.stop();
 }

@@ -2,6 +2,7 @@
 //! ended ones), or with `--nodes` its daemons and their slots, or with `--stacks ID` every
 //! rank's stack trace of a running job. `--json` prints one JSON document for scripts.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut client = Client::connect(uri).await?;
+    let mut out = String::new();
     if let Some(jobid) = args.stacks {
         let reply = client.stack_traces(jobid).await?;
         if args.json {
@@ -46,10 +48,10 @@ async fn run(args: Args) -> Result<()> {
                 .iter()
                 .map(|s| json!({ "rank": s.rank, "node": s.node, "pid": s.pid, "text": s.text }))
                 .collect();
-            println!("{}", json!({ "jobid": jobid, "stacks": list, "errors": reply.errors }));
+            let _ = writeln!(out, "{}", json!({ "jobid": jobid, "stacks": list, "errors": reply.errors }));
         } else {
             for s in &reply.stacks {
-                println!("rank {} on node {} (pid {}):\n{}\n", s.rank, s.node, s.pid, s.text.trim_end());
+                let _ = writeln!(out, "rank {} on node {} (pid {}):\n{}\n", s.rank, s.node, s.pid, s.text.trim_end());
             }
             for e in &reply.errors {
                 eprintln!("pps: {e}");
@@ -61,6 +63,7 @@ async fn run(args: Args) -> Result<()> {
             }
             anyhow::bail!("no stack traces of job {jobid}");
         }
+        emit(&out);
         return Ok(());
     }
     let reply = client.jobs(args.nodes).await?;
@@ -68,11 +71,20 @@ async fn run(args: Args) -> Result<()> {
         // Each daemon's RSS, as it reports it up the tree.
         let views = client.tree_views().await.map(|v| v.views).unwrap_or_default();
         let rss = |rank: u32| views.iter().find(|v| v.rank == rank).map(|v| v.rss_kib);
-        print_nodes(&reply.nodes, &rss, args.json);
+        print_nodes(&mut out, &reply.nodes, &rss, args.json);
     } else {
-        print_jobs(&reply, args.all, args.json);
+        print_jobs(&mut out, &reply, args.all, args.json);
     }
+    emit(&out);
     Ok(())
+}
+
+/// Write the listing; a reader that went away (`pps | head -1`) ends it quietly, as for any
+/// filter.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut s = std::io::stdout().lock();
+    let _ = s.write_all(text.as_bytes()).and_then(|()| s.flush());
 }
 
 fn state(j: &JobInfo) -> String {
@@ -102,7 +114,7 @@ fn elapsed(ms: u64) -> String {
     }
 }
 
-fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
+fn print_jobs(out: &mut String, reply: &JobsReply, all: bool, as_json: bool) {
     let jobs: Vec<&JobInfo> = reply.jobs.iter().filter(|j| all || j.state != "ended").collect();
     if as_json {
         let list: Vec<_> = jobs
@@ -118,10 +130,14 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
             })
             .collect();
         let doc = json!({ "jobs": list, "queued_jobs": reply.queued_jobs, "max_queued": reply.max_queued });
-        println!("{doc}");
+        let _ = writeln!(out, "{doc}");
         return;
     }
-    println!("{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>8}  COMMAND", "JOBID", "STATE", "PROCS", "NODES", "TIME", "USER");
+    let _ = writeln!(
+        out,
+        "{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>8}  COMMAND",
+        "JOBID", "STATE", "PROCS", "NODES", "TIME", "USER"
+    );
     for j in jobs {
         let mut nodes = j.nodes.join(",");
         if nodes.len() > 16 {
@@ -137,7 +153,8 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
         if j.detached {
             cmd = format!("[detached] {cmd}");
         }
-        println!(
+        let _ = writeln!(
+            out,
             "{:>6}  {:<12} {:>6}  {:<16} {:>8}  {:>8}  {cmd}",
             j.jobid,
             state(j),
@@ -149,7 +166,7 @@ fn print_jobs(reply: &JobsReply, all: bool, as_json: bool) {
     }
 }
 
-fn print_nodes(nodes: &[NodeInfo], rss: &dyn Fn(u32) -> Option<u64>, as_json: bool) {
+fn print_nodes(out: &mut String, nodes: &[NodeInfo], rss: &dyn Fn(u32) -> Option<u64>, as_json: bool) {
     if as_json {
         let list: Vec<_> = nodes
             .iter()
@@ -160,14 +177,19 @@ fn print_nodes(nodes: &[NodeInfo], rss: &dyn Fn(u32) -> Option<u64>, as_json: bo
                 })
             })
             .collect();
-        println!("{}", json!({ "nodes": list }));
+        let _ = writeln!(out, "{}", json!({ "nodes": list }));
         return;
     }
-    println!("{:>6}  {:<20} {:>5} {:>5}  {:<5} {:>9}  JOBS", "DAEMON", "HOST", "SLOTS", "USED", "STATE", "RSS");
+    let _ = writeln!(
+        out,
+        "{:>6}  {:<20} {:>5} {:>5}  {:<5} {:>9}  JOBS",
+        "DAEMON", "HOST", "SLOTS", "USED", "STATE", "RSS"
+    );
     for n in nodes {
         let jobs: Vec<String> = n.jobs.iter().map(u32::to_string).collect();
         let rss = rss(n.rank).map_or("-".into(), |k| format!("{:.1}M", k as f64 / 1024.0));
-        println!(
+        let _ = writeln!(
+            out,
             "{:>6}  {:<20} {:>5} {:>5}  {:<5} {:>9}  {}",
             n.rank,
             n.host,

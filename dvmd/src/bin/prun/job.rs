@@ -189,9 +189,8 @@ pub(super) async fn run_job(
         match ev.event {
             Some(job_event::Event::Queued(q)) => {
                 if spec.detach {
-                    println!("{}", q.jobid);
                     eprintln!("prun: job {} queued (position {}): {}", q.jobid, q.position, q.reason);
-                    return Ok(JobResult { code: 0, abandon: false });
+                    return Ok(detached(&mut out, uri, q.jobid, &mut pending, interrupted).await);
                 }
                 jobid = Some(q.jobid);
                 out.jobid = q.jobid;
@@ -209,8 +208,7 @@ pub(super) async fn run_job(
                 }
             }
             Some(job_event::Event::Started(s)) if spec.detach => {
-                println!("{}", s.jobid);
-                return Ok(JobResult { code: 0, abandon: false });
+                return Ok(detached(&mut out, uri, s.jobid, &mut pending, interrupted).await);
             }
             Some(job_event::Event::Ended(e)) if e.element => {
                 elements.0 += 1;
@@ -276,6 +274,22 @@ pub(super) async fn run_job(
                 return Ok(JobResult { code, abandon: false });
             }
             _ => {}
+        }
+    }
+}
+
+/// A detached job has its id: prun prints it and returns. A SIGINT/SIGTERM that reached prun
+/// before (a Ctrl-C in its first milliseconds) ends the job instead, as for an attached one.
+async fn detached(out: &mut Output, uri: &DvmUri, jobid: u32, pending: &mut Vec<i32>, first: Option<i32>) -> JobResult {
+    let signals = std::mem::take(pending);
+    for &sig in &signals {
+        forward_signal(uri, jobid, sig).await;
+    }
+    match first.or(signals.into_iter().find(|&s| ends_job(s))) {
+        Some(sig) => JobResult { code: 128 + sig, abandon: false },
+        None => {
+            out.put(1, format!("{jobid}\n").as_bytes());
+            JobResult { code: 0, abandon: false }
         }
     }
 }
