@@ -138,7 +138,13 @@ impl Daemon {
         let (prun_tx, prun_rx) = mpsc::unbounded_channel();
         let core = CoreConfig { me, host: host.clone(), epoch, radix: topo.radix(), size: topo.size(), grpcomm };
         let loopback = t.local_addr().ip().is_loopback();
-        let local = LocalConfig { base_env: base_env(), session_dir: None, loopback, cores: crate::pmix::node_cores() };
+        let local = LocalConfig {
+            base_env: base_env(),
+            session_dir: None,
+            loopback,
+            cores: crate::pmix::node_cores(),
+            topo: None,
+        };
         let mut shell_host = ShellHost::new(crate::pmix::PmixHost::new(me, host.clone(), pmix_tx));
         let mut ready = None;
         let hnp_cfg = hnp.map(|h| {
@@ -212,6 +218,11 @@ impl Daemon {
     pub fn start_pmix_background(&mut self) {
         self.pending().host.pmix.start_background();
     }
+    /// This node's hardware, for binding its procs ([`crate::hwtopo::discover`]).
+    pub fn set_hardware(&mut self, topo: Option<dvm_core::jobmap::NodeTopo>) {
+        self.pending().cfg.local.topo = topo.map(std::sync::Arc::new);
+    }
+
     /// This daemon's session directory (per-daemon scratch for its ranks).
     pub fn set_session_dir(&mut self, dir: &std::path::Path) {
         self.pending().cfg.local.session_dir = Some(dir.display().to_string());

@@ -39,7 +39,8 @@ pub fn parse(text: &str, path: &str) -> Result<Vec<HostEntry>, HostfileError> {
         if !valid_host_name(&name) {
             return Err(syntax(format!("'{name}' is not a valid host name")));
         }
-        let mut slots = 1u32;
+        // No slots= given: as many as the node has cores (its daemon counts them).
+        let mut slots = SLOTS_AUTO;
         for w in words {
             let (key, value) = w
                 .split_once('=')
@@ -113,19 +114,55 @@ fn valid_host_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'))
 }
 
+/// Slots of a node that did not say: its daemon counts its cores (hwthreads with
+/// `--use-hwthread-cpus`), as mpirun does for a hostfile line without `slots=`.
+pub const SLOTS_AUTO: u32 = u32::MAX;
+
+/// `--slots N|auto`.
+pub fn parse_slots(s: &str) -> Result<u32, String> {
+    match s {
+        "auto" => Ok(SLOTS_AUTO),
+        _ => s
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n > 0 && n != SLOTS_AUTO)
+            .ok_or_else(|| format!("'{s}': expected a positive number of slots, or auto (the node's cores)")),
+    }
+}
+
+/// `--slots` as passed on to a daemon.
+pub fn slots_arg(slots: u32) -> String {
+    if slots == SLOTS_AUTO {
+        "auto".into()
+    } else {
+        slots.to_string()
+    }
+}
+
+/// A daemon's slots: what it was given, or (auto) its cores or hwthreads from its hardware,
+/// else the CPUs it may run on.
+pub fn resolve_slots(slots: u32, hw: Option<&dvm_core::jobmap::NodeTopo>, hwthreads: bool) -> u32 {
+    use dvm_core::jobmap::Level;
+    if slots != SLOTS_AUTO {
+        return slots;
+    }
+    let level = if hwthreads { Level::Hwthread } else { Level::Core };
+    hw.map(|t| t.count(level)).filter(|&n| n > 0).unwrap_or_else(crate::pmix::node_cores)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn parses_slots_comments_and_blanks() {
-        let text = "# cluster\nnode1 slots=4\n\nnode2   # one slot\nnode3 slots=2 max_slots=8\n";
+        let text = "# cluster\nnode1 slots=4\n\nnode2   # its cores\nnode3 slots=2 max_slots=8\n";
         let hosts = parse(text, "hf").unwrap();
         assert_eq!(
             hosts,
             vec![
                 HostEntry { name: "node1".into(), slots: 4 },
-                HostEntry { name: "node2".into(), slots: 1 },
+                HostEntry { name: "node2".into(), slots: SLOTS_AUTO },
                 HostEntry { name: "node3".into(), slots: 2 },
             ]
         );

@@ -25,6 +25,7 @@ pub mod control;
 pub mod daemon;
 pub(crate) mod host;
 pub mod hostfile;
+pub mod hwtopo;
 pub mod launch;
 pub mod odls;
 pub mod pmix;

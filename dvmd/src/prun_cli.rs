@@ -26,6 +26,7 @@ mod appfile;
 mod command;
 mod options;
 mod parser;
+mod placement;
 
 pub use command::{CliError, OneShot, PrunCommand, USAGE};
 pub use parser::parse;

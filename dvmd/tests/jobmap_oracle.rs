@@ -64,7 +64,8 @@ fn oracle(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Vec<Expect>, &'static s
     let n = usable.len();
     let mut owner: Vec<usize> = Vec::new();
     match policy {
-        MapBy::Slot => {
+        // Mapping by an object fills the nodes' slots as by slot; objects are per node.
+        MapBy::Slot | MapBy::Object => {
             if np <= total {
                 for (node, u) in usable.iter().enumerate() {
                     for _ in 0..u.slots {
@@ -132,7 +133,7 @@ fn spec(apps: &[u32], map_by: MapBy, ppr: u32, oversubscribe: bool, hosts: &[&st
 }
 
 fn nodes(slots: &[u32]) -> Vec<NodeSlots> {
-    slots.iter().enumerate().map(|(i, &s)| NodeSlots { daemon: i as u32, host: format!("n{i}"), slots: s }).collect()
+    slots.iter().enumerate().map(|(i, &s)| NodeSlots::new(i as u32, format!("n{i}"), s)).collect()
 }
 
 /// Mapping, encoding, decoding on every daemon and the residuals, all against the oracle.
@@ -166,7 +167,7 @@ fn check(spec: &JobSpec, nodes: &[NodeSlots]) -> Option<Placement> {
     match MapBy::try_from(spec.map_by).unwrap() {
         MapBy::Node => assert_eq!(placement.layout(), &Layout::RoundRobin),
         MapBy::Ppr => assert!(matches!(placement.layout(), Layout::Block { .. })),
-        MapBy::Slot => {}
+        MapBy::Slot | MapBy::Object => {}
     }
 
     // Over the wire: bytes in, same placement out.
@@ -278,7 +279,7 @@ fn arb_case() -> impl Strategy<Value = (JobSpec, Vec<NodeSlots>)> {
         v.into_iter()
             .map(|(gap, slots, host)| {
                 d += gap;
-                let n = NodeSlots { daemon: d, host: format!("h{host}"), slots };
+                let n = NodeSlots::new(d, format!("h{host}"), slots);
                 d += 1;
                 n
             })

@@ -17,7 +17,7 @@ fn spec(np: u32, map_by: MapBy, ppr: u32) -> JobSpec {
 }
 
 fn dvm(n: u32, slots: u32) -> Vec<NodeSlots> {
-    (0..n).map(|i| NodeSlots { daemon: i, host: format!("node{i:04}"), slots }).collect()
+    (0..n).map(|i| NodeSlots::new(i, format!("node{i:04}"), slots)).collect()
 }
 
 fn sizes(spec: &JobSpec, nodes: &[NodeSlots]) -> (JobMap, Vec<(u32, Residual)>, LaunchSizes) {
@@ -61,8 +61,7 @@ fn block_map_of_1000_nodes_x_128_is_under_a_byte_per_proc() {
         assert!(s.bytes_per_proc() <= 1.0);
     }
     // The honest negative: uneven slots need a count per node (still O(nodes)).
-    let uneven: Vec<NodeSlots> =
-        (0..1000).map(|i| NodeSlots { daemon: i, host: format!("node{i:04}"), slots: 64 + i % 65 }).collect();
+    let uneven: Vec<NodeSlots> = (0..1000).map(|i| NodeSlots::new(i, format!("node{i:04}"), 64 + i % 65)).collect();
     let (map, _, s) = sizes(&spec(0, MapBy::Slot, 0), &uneven);
     show("slot 1000 uneven 64..128", &s);
     assert!(matches!(map.map.unwrap().layout, Some(proc_map::Layout::PerNode(_))));
@@ -93,11 +92,8 @@ fn bytes_received_per_daemon_flat_in_dvm_size() {
 
 #[test]
 fn oversubscription_refusal_is_one_sentence_with_the_slots() {
-    let nodes: Vec<NodeSlots> = ["a", "b", "c", "d"]
-        .iter()
-        .enumerate()
-        .map(|(i, h)| NodeSlots { daemon: i as u32, host: h.to_string(), slots: 2 })
-        .collect();
+    let nodes: Vec<NodeSlots> =
+        ["a", "b", "c", "d"].iter().enumerate().map(|(i, h)| NodeSlots::new(i as u32, h.to_string(), 2)).collect();
     let e = map_job(&spec(10, MapBy::Slot, 0), &nodes).unwrap_err();
     assert_eq!(
         e.to_string(),

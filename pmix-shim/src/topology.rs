@@ -31,6 +31,7 @@ extern "C" {
     fn hwloc_topology_set_io_types_filter(topology: Topology, filter: c_int) -> c_int;
     fn hwloc_topology_set_xml(topology: Topology, xmlpath: *const c_char) -> c_int;
     fn hwloc_topology_set_flags(topology: Topology, flags: c_ulong) -> c_int;
+    fn hwloc_topology_set_synthetic(topology: Topology, description: *const c_char) -> c_int;
     fn hwloc_topology_destroy(topology: Topology);
     fn hwloc_topology_export_xmlbuffer(
         topology: Topology,
@@ -73,6 +74,27 @@ pub fn discover_xml() -> Result<String, TopologyError> {
         return Err(TopologyError::Hwloc { call: "hwloc_topology_init" });
     }
     let out = export(topo);
+    // SAFETY: `topo` came from a successful init and is not used afterwards.
+    unsafe { hwloc_topology_destroy(topo) };
+    out
+}
+
+/// hwloc's own topology for a synthetic description (`package:2 numa:2 core:8 pu:2`), as
+/// XML: what tests compare a summary of synthetic hardware against.
+pub fn synthetic_xml(description: &str) -> Result<String, TopologyError> {
+    let c_desc = std::ffi::CString::new(description)
+        .map_err(|_| TopologyError::Hwloc { call: "hwloc_topology_set_synthetic (a NUL in the description)" })?;
+    let mut topo: Topology = std::ptr::null_mut();
+    // SAFETY: init writes a fresh handle into `topo`.
+    if unsafe { hwloc_topology_init(&mut topo) } != 0 || topo.is_null() {
+        return Err(TopologyError::Hwloc { call: "hwloc_topology_init" });
+    }
+    // SAFETY: an initialised, not yet loaded handle and a NUL-terminated description.
+    let out = if unsafe { hwloc_topology_set_synthetic(topo, c_desc.as_ptr()) } != 0 {
+        Err(TopologyError::Hwloc { call: "hwloc_topology_set_synthetic" })
+    } else {
+        export(topo)
+    };
     // SAFETY: `topo` came from a successful init and is not used afterwards.
     unsafe { hwloc_topology_destroy(topo) };
     out

@@ -57,9 +57,13 @@ struct Args {
     /// routes to the first host).
     #[arg(long, value_name = "IP")]
     bind_address: Option<IpAddr>,
-    /// Slots per daemon for --local.
-    #[arg(long, default_value_t = 1)]
+    /// Slots per daemon for --local: a number, or `auto` for the node's cores (hwthreads with
+    /// --use-hwthread-cpus).
+    #[arg(long, default_value = "auto", value_parser = dvmd::hostfile::parse_slots)]
     slots: u32,
+    /// A node's slots, when nothing gives their number, are its hardware threads, not its cores.
+    #[arg(long)]
+    use_hwthread_cpus: bool,
     /// Heartbeat period on idle links in milliseconds (0: off).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
@@ -316,13 +320,16 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         .context("cannot bind the control API listener")?;
     let uri = DvmUri { control: control_listener.local_addr()?, session: session.dir().to_path_buf() };
 
+    let hw = dvmd::hwtopo::discover();
+    let own_slots = dvmd::hostfile::resolve_slots(nodes[0].slots, hw.as_ref(), args.use_hwthread_cpus);
     let own = Contact {
         rank: 0,
         host: nodes[0].name.clone(),
         addr: hnp_addr.to_string(),
         pid: std::process::id(),
-        slots: nodes[0].slots,
+        slots: own_slots,
         epoch,
+        topo: hw.as_ref().map(|t| t.to_wire()),
     };
     let mut hnp = Hnp::new(own, session.dir().display().to_string());
     hnp.one_job = args.one_job;
@@ -351,6 +358,9 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         format!("--link-security={}", args.link_security),
         format!("--bcast-movement={}", args.bcast_movement),
     ];
+    if args.use_hwthread_cpus {
+        common.push("--use-hwthread-cpus".into());
+    }
     common.extend(args.link_latency_us.map(|us| format!("--link-latency-us={us}")));
     common.extend(args.link_bandwidth_mbps.map(|m| format!("--link-bandwidth-mbps={m}")));
     let mut pids = Vec::new();
@@ -391,7 +401,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
                 format!("--rank={r}"),
                 format!("--bind={bind}"),
                 format!("--host-label={}", node.name),
-                format!("--slots={}", node.slots),
+                format!("--slots={}", dvmd::hostfile::slots_arg(node.slots)),
                 format!("--fence-movement={}", other_movement(args.fence_movement, other_movement_rank == Some(r))),
             ],
         ]
@@ -448,6 +458,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
 
     let mut daemon =
         Daemon::with_grpcomm(0, nodes[0].name.clone(), topo, transport, epoch, Some(hnp), grpcomm_config(&args));
+    daemon.set_hardware(hw);
     if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() && !args.no_link_probe {
         daemon.measure_link();
     }

@@ -50,8 +50,13 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
     };
     let (stdout, stdout_child) = pipe("stdout")?;
     let (stderr, stderr_child) = pipe("stderr")?;
+    let affinity = match &spec.cpus {
+        Some(cpus) => Some(cpu_set(cpus)?),
+        None => None,
+    };
     let mut args = ChildArgs {
         image: &image,
+        affinity: affinity.as_ref(),
         stdio: [stdin_child.as_raw_fd(), stdout_child.as_raw_fd(), stderr_child.as_raw_fd()],
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
@@ -70,7 +75,29 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
         Step::Chdir => format!("working directory '{}' is not usable: {e}", wdir.display()),
         Step::Exec => exec_error(&e, argv0, &program),
         Step::Setup(what) => format!("cannot {what} for '{argv0}': {e}"),
+        Step::Bind => format!(
+            "cannot bind '{argv0}' to cpus {}: {e}",
+            dvm_core::jobmap::topo::list_text(spec.cpus.as_deref().unwrap_or_default())
+        ),
     })
+}
+
+/// The affinity mask of `cpus` (OS indices), prepared before the child exists.
+fn cpu_set(cpus: &[u32]) -> Result<libc::cpu_set_t, String> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    for &c in cpus {
+        if c as usize >= max {
+            return Err(format!("cannot bind to cpu {c}: this daemon binds to cpus below {max}"));
+        }
+        // SAFETY: `c` is below the set's size (checked above).
+        unsafe { libc::CPU_SET(c as usize, &mut set) };
+    }
+    if cpus.is_empty() {
+        return Err("cannot bind to an empty set of cpus".into());
+    }
+    Ok(set)
 }
 
 /// The timer slack the proc gets (µs): [`TIMER_SLACK_VAR`] from its environment (the last
@@ -93,6 +120,7 @@ fn timer_slack_us(spec: &ProcSpec) -> Result<u64, String> {
 enum Step {
     /// What it was doing ("set its process group"), for the sentence.
     Setup(&'static str),
+    Bind,
     Chdir,
     Exec,
 }
@@ -143,6 +171,8 @@ impl Image {
 /// What the child reads (and, on failure, writes) in the daemon's memory.
 struct ChildArgs<'a> {
     image: &'a Image,
+    /// The CPUs to bind the child to before exec (`None`: the daemon's affinity).
+    affinity: Option<&'a libc::cpu_set_t>,
     stdio: [RawFd; 3],
     parent: libc::pid_t,
     fd_limit: libc::c_int,
@@ -231,6 +261,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
             return fail(args, Step::Setup("set its timer slack"));
+        }
+        if let Some(set) = args.affinity {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {
+                return fail(args, Step::Bind);
+            }
         }
         // Its own process group: the daemon signals the whole group.
         if libc::setpgid(0, 0) != 0 {

@@ -7,8 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use dvm_proto::job::MapBy;
-
 use super::command::CliError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +16,10 @@ pub(super) enum Kind {
     Wdir,
     PerNode,
     MapBy,
+    RankBy,
+    BindTo,
+    CpusPerRank,
+    UseHwthreadCpus,
     Oversubscribe,
     Host,
     Hostfile,
@@ -55,6 +57,7 @@ impl Kind {
         !matches!(
             self,
             Kind::Oversubscribe
+                | Kind::UseHwthreadCpus
                 | Kind::TagOutput
                 | Kind::MergeStderr
                 | Kind::LaunchSizes
@@ -90,6 +93,10 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::Wdir, &["--wdir", "--wd"]),
     (Kind::PerNode, &["-N", "--npernode"]),
     (Kind::MapBy, &["--map-by"]),
+    (Kind::RankBy, &["--rank-by"]),
+    (Kind::BindTo, &["--bind-to"]),
+    (Kind::CpusPerRank, &["--cpus-per-rank", "--cpus-per-proc"]),
+    (Kind::UseHwthreadCpus, &["--use-hwthread-cpus"]),
     (Kind::Oversubscribe, &["--oversubscribe"]),
     (Kind::Host, &["-H", "--host"]),
     (Kind::Hostfile, &["--hostfile", "--machinefile"]),
@@ -158,26 +165,6 @@ pub(super) fn set_once<T>(slot: &mut Option<T>, value: T, twice: impl FnOnce() -
 
 pub(super) fn positive(s: &str) -> Option<u32> {
     s.parse::<u32>().ok().filter(|&n| n > 0)
-}
-
-/// `slot`, `node` or `ppr:N:node`, each optionally `:oversubscribe` (any case).
-pub(super) fn parse_map_by(value: &str) -> Result<(MapBy, u32, bool), String> {
-    const EXPECTED: &str = "expected slot, node or ppr:N:node[:oversubscribe]";
-    let mut parts: Vec<&str> = value.split(':').collect();
-    let oversubscribe = parts.len() > 1 && parts.last().is_some_and(|m| m.eq_ignore_ascii_case("oversubscribe"));
-    if oversubscribe {
-        parts.pop();
-    }
-    let lower: Vec<String> = parts.iter().map(|p| p.to_ascii_lowercase()).collect();
-    match lower.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["slot"] => Ok((MapBy::Slot, 0, oversubscribe)),
-        ["node"] => Ok((MapBy::Node, 0, oversubscribe)),
-        ["ppr", n, "node"] => match positive(n) {
-            Some(n) => Ok((MapBy::Ppr, n, oversubscribe)),
-            None => Err("N in ppr:N:node must be a positive integer".to_string()),
-        },
-        _ => Err(EXPECTED.to_string()),
-    }
 }
 
 /// Drop `.` components lexically (no file system access; `..` is kept as given).

@@ -7,13 +7,14 @@
 
 use std::path::{Path, PathBuf};
 
-use dvm_proto::job::{AppContext, ArraySpec, JobSpec, MapBy, StdinTarget};
+use dvm_proto::job::{AppContext, ArraySpec, BindTo, HwObj, JobSpec, MapBy, RankBy, StdinTarget};
 
 use crate::hostfile;
 
 use super::appfile;
 use super::command::{CliError, OneShot, PrunCommand};
-use super::options::{clean, lookup, parse_map_by, positive, set_once, utf8, Kind};
+use super::options::{clean, lookup, positive, set_once, utf8, Kind};
+use super::placement::{parse_bind_to, parse_map_by, parse_rank_by, BindSpec, MapSpec};
 
 #[derive(Default)]
 struct AppDraft {
@@ -29,8 +30,12 @@ struct Parser<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     global: AppDraft,
     apps: Vec<AppDraft>,
-    map_by: Option<(String, MapBy, u32)>,
+    map_by: Option<(String, MapSpec)>,
     per_node: Option<(String, u32)>,
+    rank_by: Option<(String, (RankBy, HwObj))>,
+    bind_to: Option<(String, BindSpec)>,
+    cpus_per_rank: Option<(String, u32)>,
+    use_hwthread_cpus: bool,
     oversubscribe: bool,
     host: Option<(String, String, Vec<String>)>,
     hostfile: Option<(String, PathBuf, Vec<String>)>,
@@ -69,6 +74,10 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         apps: vec![AppDraft::default()],
         map_by: None,
         per_node: None,
+        rank_by: None,
+        bind_to: None,
+        cpus_per_rank: None,
+        use_hwthread_cpus: false,
         oversubscribe: false,
         host: None,
         hostfile: None,
@@ -229,13 +238,37 @@ impl Parser<'_> {
                 set_once(&mut self.per_node, (opt.to_string(), n), twice)?;
             }
             Kind::MapBy => {
-                let (map_by, ppr, oversubscribe) = parse_map_by(&value).map_err(|p| bad(&p))?;
+                let m = parse_map_by(&value).map_err(|p| bad(&p))?;
                 if let Some((first, _)) = &self.per_node {
                     return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
                 }
-                set_once(&mut self.map_by, (opt.to_string(), map_by, ppr), twice)?;
-                self.oversubscribe |= oversubscribe;
+                if m.pe > 0 {
+                    if let Some((first, _)) = &self.cpus_per_rank {
+                        return Err(CliError::Conflict { first: first.clone(), second: format!("{opt} ...:PE") });
+                    }
+                }
+                self.oversubscribe |= m.oversubscribe;
+                self.use_hwthread_cpus |= m.hwt_cpus;
+                set_once(&mut self.map_by, (opt.to_string(), m), twice)?;
             }
+            Kind::RankBy => {
+                let r = parse_rank_by(&value).map_err(|p| bad(&p))?;
+                set_once(&mut self.rank_by, (opt.to_string(), r), twice)?;
+            }
+            Kind::BindTo => {
+                let b = parse_bind_to(&value).map_err(|p| bad(&p))?;
+                set_once(&mut self.bind_to, (opt.to_string(), b), twice)?;
+            }
+            Kind::CpusPerRank => {
+                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
+                if let Some((first, m)) = &self.map_by {
+                    if m.pe > 0 {
+                        return Err(CliError::Conflict { first: format!("{first} ...:PE"), second: opt.to_string() });
+                    }
+                }
+                set_once(&mut self.cpus_per_rank, (opt.to_string(), n), twice)?;
+            }
+            Kind::UseHwthreadCpus => self.use_hwthread_cpus = true,
             Kind::Oversubscribe => self.oversubscribe = true,
             Kind::Host => {
                 if let Some((first, ..)) = &self.hostfile {
@@ -420,11 +453,14 @@ impl Parser<'_> {
                 return Err(CliError::StdinRankOutOfRange { rank: stdin_rank, nprocs });
             }
         }
-        let (map_by, ppr) = match (self.map_by, self.per_node) {
-            (Some((_, m, ppr)), _) => (m, ppr),
-            (None, Some((_, n))) => (MapBy::Ppr, n),
-            (None, None) => (MapBy::Slot, 0),
+        let (map_by, ppr, map_obj, pe, span, no_over) = match (&self.map_by, self.per_node) {
+            (Some((_, m)), _) => (m.policy, m.ppr, m.obj, m.pe, m.span, m.no_oversubscribe),
+            (None, Some((_, n))) => (MapBy::Ppr, n, HwObj::None, 0, false, false),
+            (None, None) => (MapBy::Slot, 0, HwObj::None, 0, false, false),
         };
+        let pe = self.cpus_per_rank.as_ref().map_or(pe, |(_, n)| *n);
+        let (rank_by, rank_obj) = self.rank_by.as_ref().map_or((RankBy::Default, HwObj::None), |(_, r)| *r);
+        let bind = self.bind_to.as_ref().map(|(_, b)| *b);
         let (host_list, hosts) = match (self.host, &self.hostfile) {
             (Some((_, list, names)), _) => (Some(list), names),
             (None, Some((_, _, names))) => (None, names.clone()),
@@ -435,7 +471,7 @@ impl Parser<'_> {
             apps,
             map_by: map_by as i32,
             ppr,
-            oversubscribe: self.oversubscribe,
+            oversubscribe: self.oversubscribe && !no_over,
             hosts,
             tag_output: self.tag_output,
             merge_stderr: self.merge_stderr,
@@ -452,6 +488,16 @@ impl Parser<'_> {
             detach: self.detach.is_some(),
             uid: 0,
             array: self.array.map(|(_, first, last)| ArraySpec { first, last }),
+            map_obj: map_obj as i32,
+            cpus_per_rank: pe,
+            rank_by: rank_by as i32,
+            rank_obj: rank_obj as i32,
+            bind_to: bind.map_or(BindTo::Default, |b| b.to) as i32,
+            bind_obj: bind.map_or(HwObj::None, |b| b.obj) as i32,
+            bind_overload_allowed: bind.is_some_and(|b| b.overload_allowed),
+            bind_if_supported: bind.is_some_and(|b| b.if_supported),
+            use_hwthread_cpus: self.use_hwthread_cpus,
+            map_span: span,
         };
         Ok(PrunCommand {
             spec,

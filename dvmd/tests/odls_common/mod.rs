@@ -23,6 +23,7 @@ pub fn spec(jobid: u32, rank: u32, argv: &[&str]) -> ProcSpec {
         wdir: "/".into(),
         stdin: false,
         timer_slack_us: 0,
+        cpus: None,
     }
 }
 

@@ -35,7 +35,15 @@ fn epoch_of(r: Rank) -> u64 {
 
 /// Daemon `r`'s contact as the test network gives it.
 pub fn contact(r: Rank, slots: u32) -> Contact {
-    Contact { rank: r, host: format!("n{r}"), addr: format!("10.0.0.{}:7100", r + 1), pid: 100 + r, slots, epoch: 0 }
+    Contact {
+        rank: r,
+        host: format!("n{r}"),
+        addr: format!("10.0.0.{}:7100", r + 1),
+        pid: 100 + r,
+        slots,
+        epoch: 0,
+        topo: None,
+    }
 }
 
 /// A job of `np` procs of one app.
@@ -69,6 +77,15 @@ impl Net {
 
     /// [`Net::boot`] on machines of `cores` cores.
     pub fn boot_on(n: u32, radix: u32, slots: u32, cores: u32) -> Net {
+        Self::boot_hw(n, radix, slots, cores, None)
+    }
+
+    /// [`Net::boot`] on nodes with this hardware (each reports it at check-in).
+    pub fn boot_with_hardware(n: u32, radix: u32, slots: u32, hw: &crate::jobmap::NodeTopo) -> Net {
+        Self::boot_hw(n, radix, slots, hw.count(crate::jobmap::Level::Core), Some(hw))
+    }
+
+    fn boot_hw(n: u32, radix: u32, slots: u32, cores: u32, hw: Option<&crate::jobmap::NodeTopo>) -> Net {
         let mut net = Net {
             nodes: Vec::new(),
             shells: (0..n).map(|_| SimShell::default()).collect(),
@@ -84,13 +101,17 @@ impl Net {
         for r in 0..n {
             let mut cfg = Self::config(r, n, radix, slots, epoch_of(r));
             cfg.local.cores = cores;
+            cfg.local.topo = hw.map(|t| std::sync::Arc::new(t.clone()));
+            if let Some(own) = cfg.hnp.as_mut().map(|h| &mut h.own) {
+                own.topo = hw.map(|t| t.to_wire());
+            }
             net.nodes.push(Some(Node::new(cfg, SimHost::default()).expect("valid geometry")));
         }
         for r in 0..n {
             let start = match (r, n) {
                 (0, 1) => Start::WireSingle,
                 (0, _) => Start::AwaitCheckIns,
-                _ => Start::CheckIn(Contact { epoch: epoch_of(r), ..contact(r, slots) }),
+                _ => Start::CheckIn(Contact { epoch: epoch_of(r), topo: hw.map(|t| t.to_wire()), ..contact(r, slots) }),
             };
             net.with(r, |node, now| node.handle_start(now, start));
         }
@@ -114,6 +135,7 @@ impl Net {
             session_dir: None,
             loopback: false,
             cores: 64,
+            topo: None,
         };
         NodeConfig { core, hnp, local, hostname: format!("n{r}"), pid: 100 + r }
     }

@@ -1,17 +1,58 @@
 //! Mapping policies (Open MPI / PRRTE habits): per-node proc counts first, then the compact
 //! [`Placement`]. Rank sequence = apps concatenated (MPMD), mapped as one.
 
-use dvm_proto::job::{JobSpec, MapBy};
+use std::sync::Arc;
 
+use dvm_proto::job::{BindTo, JobSpec, MapBy, RankBy};
+
+use super::bind::{place_node, Bind, Plan};
 use super::placement::{Layout, Placement};
+use super::topo::{Level, NodeTopo};
 use super::MapError;
 
-/// A candidate node of the DVM: the daemon on it, its host name and its slots.
+/// A candidate node of the DVM: the daemon on it, its host name, its slots and its hardware
+/// (when it reported it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSlots {
     pub daemon: u32,
     pub host: String,
     pub slots: u32,
+    pub topo: Option<Arc<NodeTopo>>,
+}
+
+impl NodeSlots {
+    pub fn new(daemon: u32, host: impl Into<String>, slots: u32) -> NodeSlots {
+        NodeSlots { daemon, host: host.into(), slots, topo: None }
+    }
+}
+
+/// How every node places its procs on its hardware, from the job's options.
+pub fn plan_of(spec: &JobSpec, nprocs: u32) -> Plan {
+    let obj = Level::from_wire(spec.map_obj).filter(|&l| l != Level::Node);
+    let map_obj = match MapBy::try_from(spec.map_by) {
+        Ok(MapBy::Object) | Ok(MapBy::Ppr) => obj,
+        _ => None,
+    };
+    let bind = match BindTo::try_from(spec.bind_to) {
+        Ok(BindTo::None) => Bind::None,
+        Ok(BindTo::Obj) => Level::from_wire(spec.bind_obj).map_or(Bind::None, Bind::To),
+        _ => Bind::Default,
+    };
+    let rank_obj = match RankBy::try_from(spec.rank_by) {
+        Ok(RankBy::Obj) => Level::from_wire(spec.rank_obj),
+        _ => None,
+    };
+    Plan {
+        map_obj,
+        per_obj: if spec.map_by == MapBy::Ppr as i32 && map_obj.is_some() { spec.ppr } else { 0 },
+        rank_obj,
+        bind,
+        pe: spec.cpus_per_rank.max(1),
+        hwthread_cpus: spec.use_hwthread_cpus,
+        overload_allowed: spec.bind_overload_allowed,
+        if_supported: spec.bind_if_supported,
+        job_procs: nprocs,
+    }
 }
 
 /// Names of `nodes` for a message: all of them up to 8, then the first 8 and the count.
@@ -45,17 +86,46 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
         }
     }
     let wanted: std::collections::HashSet<&str> = spec.hosts.iter().map(String::as_str).collect();
-    let usable: Vec<&NodeSlots> =
-        nodes.iter().filter(|n| n.slots > 0 && (wanted.is_empty() || wanted.contains(n.host.as_str()))).collect();
+    // With several cpus per rank, a node holds its slots / PE procs.
+    let pe = spec.cpus_per_rank.max(1);
+    let shares: Vec<NodeSlots> = nodes
+        .iter()
+        .filter(|n| wanted.is_empty() || wanted.contains(n.host.as_str()))
+        .map(|n| NodeSlots { slots: n.slots / pe, ..n.clone() })
+        .collect();
+    if pe > 1 && !shares.is_empty() && shares.iter().all(|n| n.slots == 0) {
+        let most = nodes.iter().map(|n| n.slots).max().unwrap_or(0);
+        return Err(MapError::PeExceedsSlots { pe, most });
+    }
+    let usable: Vec<&NodeSlots> = shares.iter().filter(|n| n.slots > 0).collect();
     if policy == MapBy::Ppr && spec.ppr == 0 {
         return Err(MapError::ZeroPpr);
     }
+    let ppr_obj = Level::from_wire(spec.map_obj).filter(|&l| policy == MapBy::Ppr && l != Level::Node);
+    // ppr: procs each node holds (N per node, or N per object of the node).
+    let ppr_caps: Vec<u64> = match ppr_obj {
+        None => usable.iter().map(|_| spec.ppr as u64).collect(),
+        Some(obj) => {
+            let mut caps = Vec::with_capacity(usable.len());
+            for n in &usable {
+                let Some(t) = n.topo.as_ref() else {
+                    return Err(MapError::NoHardware {
+                        host: n.host.clone(),
+                        daemon: n.daemon,
+                        what: format!("ppr:{}:{}", spec.ppr, obj.name()),
+                    });
+                };
+                caps.push(spec.ppr as u64 * t.count(obj) as u64);
+            }
+            caps
+        }
+    };
 
     // Resolve np (0 = fill) per app; ranks of app i follow those of apps 0..i.
     let total_slots: u64 = usable.iter().map(|n| n.slots as u64).sum();
     let fill = match policy {
-        MapBy::Ppr => spec.ppr as u64 * usable.len() as u64,
-        MapBy::Slot | MapBy::Node => total_slots,
+        MapBy::Ppr => ppr_caps.iter().sum(),
+        MapBy::Slot | MapBy::Node | MapBy::Object => total_slots,
     };
     let mut app_first_rank = Vec::with_capacity(spec.apps.len());
     let mut np: u64 = 0;
@@ -92,7 +162,41 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
     let nprocs = np as u32;
 
     let counts: Vec<u32> = match policy {
-        MapBy::Slot => {
+        MapBy::Object if spec.map_span => {
+            // Spread over the objects of all nodes as one set: each object gets np / K procs
+            // (the first np mod K one more); a node hosts the shares of its objects.
+            let obj = Level::from_wire(spec.map_obj).unwrap_or(Level::Core);
+            let mut objs = Vec::with_capacity(usable.len());
+            for n in &usable {
+                let Some(t) = n.topo.as_ref() else {
+                    let what = format!("--map-by {}:span", obj.name());
+                    return Err(MapError::NoHardware { host: n.host.clone(), daemon: n.daemon, what });
+                };
+                objs.push(t.count(obj) as u64);
+            }
+            let k: u64 = objs.iter().sum::<u64>().max(1);
+            let mut before = 0u64;
+            let mut picked = Vec::new();
+            for (i, &c) in objs.iter().enumerate() {
+                let share = |o: u64| np / k * o + o.min(np % k);
+                let take = (share(before + c) - share(before)) as u32;
+                before += c;
+                if take > 0 {
+                    picked.push((i, take));
+                }
+            }
+            if !spec.oversubscribe {
+                if let Some(&(i, c)) = picked.iter().find(|&&(i, c)| c > usable[i].slots) {
+                    return Err(overfull(format!("by {}:span", obj.name()), i, c));
+                }
+            }
+            let chosen: Vec<u32> = picked.iter().map(|&(i, _)| daemons[i]).collect();
+            let counts: Vec<u32> = picked.iter().map(|&(_, c)| c).collect();
+            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts)?;
+            check_binding(spec, &p, &usable)?;
+            return Ok(p);
+        }
+        MapBy::Slot | MapBy::Object => {
             if np <= total_slots {
                 // Fill each node's slots in node order; nodes past the last proc are unused.
                 let mut left = nprocs;
@@ -124,37 +228,114 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
                 return Err(not_enough());
             }
             let k = (usable.len() as u32).min(nprocs);
-            let placement = Placement::new(nprocs, app_first_rank, ranges(&daemons[..k as usize]), Layout::RoundRobin)
-                .expect("the mapper builds a valid round-robin placement");
+            let counts: Vec<u32> = (0..k).map(|i| nprocs / k + u32::from(i < nprocs % k)).collect();
             if !spec.oversubscribe {
-                for i in 0..k {
-                    let c = placement.ranks_at(i).len();
-                    if c > usable[i as usize].slots {
-                        return Err(overfull("by node".into(), i as usize, c));
-                    }
-                }
-            }
-            return Ok(placement);
-        }
-        MapBy::Ppr => {
-            let ppr = spec.ppr as u64;
-            if np > ppr * usable.len() as u64 {
-                return Err(MapError::PprExceeded { np, ppr: spec.ppr, nodes: usable.len() as u64 });
-            }
-            if !spec.oversubscribe && np > total_slots {
-                return Err(not_enough());
-            }
-            let k = np.div_ceil(ppr) as usize;
-            let counts: Vec<u32> = (0..k).map(|i| (np - i as u64 * ppr).min(ppr) as u32).collect();
-            if !spec.oversubscribe {
-                if let Some(i) = (0..k).find(|&i| counts[i] > usable[i].slots) {
-                    return Err(overfull(format!("with ppr:{ppr}:node"), i, counts[i]));
+                if let Some(i) = (0..k as usize).find(|&i| counts[i] > usable[i].slots) {
+                    return Err(overfull("by node".into(), i, counts[i]));
                 }
             }
             counts
         }
+        MapBy::Ppr => {
+            let ppr = spec.ppr;
+            let obj = ppr_obj.map_or("node", |l| l.name());
+            let cap: u64 = ppr_caps.iter().sum();
+            if np > cap {
+                return Err(MapError::PprExceeded { np, ppr, obj: obj.into(), nodes: usable.len() as u64, cap });
+            }
+            if !spec.oversubscribe && np > total_slots {
+                return Err(not_enough());
+            }
+            // Nodes in turn, each up to its capacity; nodes that hold none are skipped.
+            let mut left = np;
+            let mut picked = Vec::new();
+            for (i, &c) in ppr_caps.iter().enumerate() {
+                if left == 0 {
+                    break;
+                }
+                let take = c.min(left);
+                if take > 0 {
+                    picked.push((i, take as u32));
+                    left -= take;
+                }
+            }
+            if !spec.oversubscribe {
+                if let Some(&(i, c)) = picked.iter().find(|&&(i, c)| c > usable[i].slots) {
+                    return Err(overfull(format!("with ppr:{ppr}:{obj}"), i, c));
+                }
+            }
+            let chosen: Vec<u32> = picked.iter().map(|&(i, _)| daemons[i]).collect();
+            let counts: Vec<u32> = picked.iter().map(|&(_, c)| c).collect();
+            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts)?;
+            check_binding(spec, &p, &usable)?;
+            return Ok(p);
+        }
     };
-    Ok(block(nprocs, app_first_rank, &daemons[..counts.len()], &counts))
+    let p = ranked(spec, policy, nprocs, app_first_rank, &daemons[..counts.len()], &counts)?;
+    check_binding(spec, &p, &usable)?;
+    Ok(p)
+}
+
+/// The placement of per-node `counts` on `daemons` with the job's ranking: contiguous ranks
+/// per node (`--rank-by slot`, or an object within the node), or dealt round-robin over the
+/// nodes (`--rank-by node`, the default of `--map-by node`).
+fn ranked(
+    spec: &JobSpec,
+    policy: MapBy,
+    nprocs: u32,
+    app_first_rank: Vec<u32>,
+    daemons: &[u32],
+    counts: &[u32],
+) -> Result<Placement, MapError> {
+    let by_node = match RankBy::try_from(spec.rank_by) {
+        Ok(RankBy::Node) => true,
+        Ok(RankBy::Default) => policy == MapBy::Node,
+        _ => false,
+    };
+    if !by_node {
+        return Ok(block(nprocs, app_first_rank, daemons, counts));
+    }
+    // Dealing ranks over the nodes gives node i ranks i, i+k, ...: the counts must be the
+    // dealt ones (equal, or one more on the first nodes).
+    let k = counts.len() as u32;
+    let dealt = (0..k).all(|i| counts[i as usize] == nprocs / k + u32::from(i < nprocs % k));
+    if !dealt {
+        let shown = counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        return Err(MapError::RankByNodeUneven { counts: shown });
+    }
+    Ok(Placement::new(nprocs, app_first_rank, ranges(daemons), Layout::RoundRobin)
+        .expect("the mapper builds a valid round-robin placement"))
+}
+
+/// Refuse before launch a binding some node cannot honour (each node placed as its daemon
+/// will place it, with none of its PUs held by other jobs).
+fn check_binding(spec: &JobSpec, p: &Placement, usable: &[&NodeSlots]) -> Result<(), MapError> {
+    let plan = plan_of(spec, p.nprocs());
+    let needs_hw = plan.map_obj.is_some() || matches!(plan.bind, Bind::To(_)) || plan.pe > 1 || plan.rank_obj.is_some();
+    for (i, d) in p.daemons().enumerate() {
+        let Some(n) = usable.iter().find(|n| n.daemon == d) else { continue };
+        match n.topo.as_ref() {
+            Some(t) => {
+                place_node(t, &plan, p.ranks_at(i as u32).len(), &Default::default(), &n.host)?;
+            }
+            None if needs_hw => {
+                let what = spec_placement_text(&plan);
+                return Err(MapError::NoHardware { host: n.host.clone(), daemon: d, what });
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// What a plan asks of the hardware, for a message.
+fn spec_placement_text(plan: &Plan) -> String {
+    match (plan.map_obj, plan.bind, plan.pe) {
+        (Some(m), _, _) => format!("--map-by {}", m.name()),
+        (_, Bind::To(b), _) => format!("--bind-to {}", b.name()),
+        (_, _, pe) if pe > 1 => format!("{pe} cpus per rank"),
+        _ => "--rank-by".into(),
+    }
 }
 
 /// Consecutive daemon ranks folded into `(first, count)` ranges, in the given order.
@@ -195,7 +376,7 @@ mod tests {
     use dvm_proto::job::AppContext;
 
     fn node(daemon: u32, host: &str, slots: u32) -> NodeSlots {
-        NodeSlots { daemon, host: host.into(), slots }
+        NodeSlots::new(daemon, host, slots)
     }
 
     #[test]

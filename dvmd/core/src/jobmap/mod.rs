@@ -14,12 +14,16 @@
 //! [`local_procs`] validate them (no panic, no allocation sized by an unchecked count); the
 //! mapper's [`Placement`] goes through the same validation, so the HNP and the daemons agree.
 
+pub mod bind;
 mod mapper;
 mod placement;
+pub mod topo;
 mod wire;
 
-pub use mapper::{map_job, NodeSlots};
+pub use bind::{place_node, Bind, BindError, Placed, Plan};
+pub use mapper::{map_job, plan_of, NodeSlots};
 pub use placement::{Layout, Placement, ProcInfo, Ranks};
+pub use topo::{Level, NodeTopo};
 pub use wire::{encode, launch_sizes, local_procs, LaunchSizes, LocalProc, MAX_LOCAL_PROCS};
 
 /// Why a job cannot be mapped. Each message is one sentence naming the value that was wrong;
@@ -51,8 +55,16 @@ pub enum MapError {
         plural(*slots, "slot")
     )]
     NodeOverfull { np: u64, policy: String, host: String, daemon: u32, procs: u32, slots: u32 },
-    #[error("cannot map {np} processes with ppr:{ppr}:node: {} hold at most {}", plural(*nodes, "node"), *ppr as u64 * *nodes)]
-    PprExceeded { np: u64, ppr: u32, nodes: u64 },
+    #[error("cannot map {np} processes with ppr:{ppr}:{obj}: {} hold at most {cap}", plural(*nodes, "node"))]
+    PprExceeded { np: u64, ppr: u32, obj: String, nodes: u64, cap: u64 },
+    #[error("cannot map the job: {pe} cpus per rank, but no node has that many slots (the most is {most})")]
+    PeExceedsSlots { pe: u32, most: u32 },
+    #[error("cannot map the job with {what}: host {host} (daemon {daemon}) did not report its hardware")]
+    NoHardware { host: String, daemon: u32, what: String },
+    #[error("cannot rank by node: the nodes hold {counts} processes, which dealing ranks round-robin cannot give; use --map-by node or --rank-by slot")]
+    RankByNodeUneven { counts: String },
+    #[error("{0}")]
+    Bind(#[from] BindError),
 }
 
 /// Why a daemon cannot launch its part of a job from what it received. These come from the
@@ -89,3 +101,6 @@ fn np_text(np: u64) -> String {
         plural(np, "process")
     }
 }
+
+#[cfg(test)]
+mod bind_tests;

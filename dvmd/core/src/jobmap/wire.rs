@@ -158,6 +158,8 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         stdin_rank: spec.stdin_rank,
         hnp_iof_window: 0,
         report_launch: false,
+        plan: Some(super::plan_of(spec, placement.nprocs()).to_wire()),
+        report_bindings: spec.report_bindings,
     };
     let residuals = (0..placement.num_nodes())
         .map(|n| {

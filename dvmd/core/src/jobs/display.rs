@@ -8,7 +8,7 @@ use std::fmt::Write;
 use dvm_proto::job::JobSpec;
 
 use super::hnp::JobTable;
-use crate::jobmap::{Placement, Ranks};
+use crate::jobmap::{place_node, plan_of, Placement, Ranks};
 use crate::Core;
 
 /// `0-3`, `0,2,4`, `5`: a set of ranks as a person writes it.
@@ -46,23 +46,28 @@ impl JobTable {
                     ranks.count,
                     ranks_text(&ranks)
                 );
+                t.push_str(&objects_text(r, spec, p, d, &ranks));
             }
             self.notice(jobid, t);
         }
-        if spec.report_bindings {
-            // Nothing binds yet: each rank may run on any core of its node, and is told so.
-            let mut t = String::new();
-            for (i, d) in p.daemons().enumerate() {
-                for k in p.ranks_at(i as u32).iter() {
-                    let _ = write!(
-                        t,
-                        "{}[{}:{k}] is not bound (any core of the node)",
-                        if t.is_empty() { "" } else { "\n" },
-                        r.host_of(d)
-                    );
-                }
-            }
-            self.notice(jobid, t);
+        // Bindings are reported by the daemons that make them (`BindingReport`).
+    }
+}
+
+/// The objects a node's ranks are mapped to (`--map-by OBJ` or ppr), in rank order:
+/// `\n    rank 0: package 0` lines; empty when the job maps no objects or the node did not
+/// report its hardware.
+fn objects_text(r: &Core, spec: &JobSpec, p: &Placement, daemon: u32, ranks: &Ranks) -> String {
+    let plan = plan_of(spec, p.nprocs());
+    let (Some(_), Some(topo)) = (plan.map_obj, r.hardware_of(daemon)) else { return String::new() };
+    let Ok(placed) = place_node(&topo, &plan, ranks.len(), &Default::default(), &r.host_of(daemon)) else {
+        return String::new();
+    };
+    let mut t = String::new();
+    for (rank, pl) in ranks.iter().zip(placed) {
+        if let Some((level, i)) = pl.obj {
+            let _ = write!(t, "\n    rank {rank}: {} {i}", level.name());
         }
     }
+    t
 }

@@ -196,7 +196,7 @@ impl JobTable {
         contacts
             .values()
             .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
-            .map(|c| NodeSlots { daemon: c.rank, host: c.host.clone(), slots: c.slots })
+            .map(|c| NodeSlots { topo: r.hardware_of(c.rank), ..NodeSlots::new(c.rank, c.host.clone(), c.slots) })
             .collect()
     }
 
@@ -560,6 +560,11 @@ impl JobTable {
             daemon_cmd::Body::DataReq(req) => self.on_data_req(origin, req),
             daemon_cmd::Body::JobsConnected(c) => self.on_jobs_connected(c.jobids),
             daemon_cmd::Body::JobLog(l) => self.on_log(r, l.daemon, l.jobid, l.rank, &l.text),
+            daemon_cmd::Body::BindingReport(b) => {
+                if self.jobs.contains_key(&b.jobid) && !b.lines.is_empty() {
+                    self.notice(b.jobid, b.lines.join("\n"));
+                }
+            }
             daemon_cmd::Body::StackResp(s) => self.on_stack_resp(r, s),
             other => return Some(other),
         }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_proto::daemon::{daemon_cmd, LaunchReport, StackResp, StackTrace};
+use dvm_proto::daemon::{daemon_cmd, BindingReport, LaunchReport, StackResp, StackTrace};
 use dvm_proto::job::{IofChunk, JobControl, JobMap, ProcStatus, Residual, StdinChunk, StdinTarget};
 use dvm_proto::Message;
 use dvm_rml::Rank;
@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 
 use super::{nspace_of, ExitKind, ProcCmd, ProcEvent, ProcSpec};
 use crate::host::{Host, JobStart};
-use crate::jobmap::{self, Placement};
+use crate::jobmap::{self, place_node, Bind, BindError, Level, NodeTopo, Placement, Plan};
 use crate::Core;
 
 /// Timer slack (µs) of the procs on a machine the job oversubscribes (more of its procs than
@@ -46,6 +46,9 @@ pub fn oversubscribed(procs_on_machine: u32, cores: u32) -> bool {
 /// what the kill would have sent it).
 const KILLED_BEFORE_START: i32 = 15;
 
+/// A proc's binding: the level and the PUs' OS indices.
+type Bound = (Level, Vec<u32>);
+
 /// What a daemon's launch depends on besides the job.
 #[derive(Debug, Clone, Default)]
 pub struct LocalConfig {
@@ -57,6 +60,8 @@ pub struct LocalConfig {
     pub loopback: bool,
     /// Cores the ranks may run on.
     pub cores: u32,
+    /// This node's hardware (binding needs it; without it every proc runs unbound).
+    pub topo: Option<std::sync::Arc<NodeTopo>>,
 }
 
 /// What the local jobs ask of the node, in order.
@@ -97,12 +102,22 @@ pub struct LocalJobs {
     /// started (`DVM_SLOT`), so no two live procs share one; past the node's slots only when
     /// oversubscribed.
     slot_of: BTreeMap<(u32, u32), u32>,
+    /// The PUs (OS indices) each live bound proc here holds: a later job's procs are bound
+    /// to free ones first.
+    cpus_of: BTreeMap<(u32, u32), Vec<u32>>,
     pub(crate) out: Vec<LocalOut>,
 }
 
 impl LocalJobs {
     pub fn new(cfg: LocalConfig) -> LocalJobs {
-        LocalJobs { cfg, jobs: BTreeMap::new(), ended: BTreeSet::new(), slot_of: BTreeMap::new(), out: Vec::new() }
+        LocalJobs {
+            cfg,
+            jobs: BTreeMap::new(),
+            ended: BTreeSet::new(),
+            slot_of: BTreeMap::new(),
+            cpus_of: BTreeMap::new(),
+            out: Vec::new(),
+        }
     }
 
     /// Jobs with state on this daemon.
@@ -157,14 +172,19 @@ impl LocalJobs {
         let me = r.me();
         let Some(lj) = self.jobs.get(&jobid) else { return };
         let (Some(map), Some(residual), false) = (lj.map.clone(), lj.residual.clone(), lj.started) else { return };
-        let procs = match jobmap::local_procs(&map, &residual, me) {
+        let node = r.host_of(me);
+        let placed = jobmap::local_procs(&map, &residual, me).map_err(|e| e.to_string()).and_then(|procs| {
+            let bound = self.bindings(&node, jobid, &map, procs.len() as u32).map_err(|e| e.to_string())?;
+            Ok((procs, bound))
+        });
+        let (procs, bound) = match placed {
             Ok(p) => p,
             Err(e) => {
                 // Never leave the job waiting for procs that will not start: report every rank
                 // the residual names as failed, with the reason.
                 warn!(jobid, "daemon {me} cannot start its part of job {jobid}: {e}");
                 self.jobs.remove(&jobid);
-                let error = format!("node {}: cannot start job {jobid}: {e}", r.host_of(me));
+                let error = format!("node {node}: cannot start job {jobid}: {e}");
                 let ranks = residual.ranks.iter().flat_map(|rr| {
                     (0..rr.count).map(move |i| rr.first.saturating_add(i.saturating_mul(rr.stride.max(1))))
                 });
@@ -221,8 +241,12 @@ impl LocalJobs {
             Ok(StdinTarget::None) => Some(u32::MAX),
             _ => Some(map.stdin_rank),
         };
-        let node = r.host_of(me);
-        for p in procs {
+        if map.report_bindings {
+            let lines = procs.iter().zip(&bound).map(|(p, b)| self.binding_line(&node, p.rank, b.as_ref())).collect();
+            let report = BindingReport { jobid, daemon: me, lines };
+            self.out.push(LocalOut::ToHnp(daemon_cmd::Body::BindingReport(report)));
+        }
+        for (p, bound) in procs.into_iter().zip(bound) {
             let app = &map.apps[p.app as usize];
             let mut penv = env.clone();
             for kv in &app.env {
@@ -261,12 +285,58 @@ impl LocalJobs {
                 wdir: app.wdir.clone().into(),
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),
                 timer_slack_us,
+                cpus: bound.map(|(_, os)| {
+                    self.cpus_of.insert((jobid, p.rank), os.clone());
+                    os
+                }),
             })));
         }
         if self.jobs.get(&jobid).is_some_and(|j| j.live == 0) {
             self.jobs.remove(&jobid);
             host.pmix_job_done(jobid);
         }
+    }
+
+    /// Where each of `n` local procs of a job is bound, in local rank order: the level and the
+    /// PUs' OS indices (`None`: unbound). On a DVM whose daemons share this machine
+    /// (loopback), nothing is bound unless the job asked (a binding, an object mapping or
+    /// cpus per rank): each daemon would bind its procs to the same first cores.
+    fn bindings(&self, node: &str, jobid: u32, map: &JobMap, n: u32) -> Result<Vec<Option<Bound>>, BindError> {
+        let (Some(topo), Some(plan)) = (self.cfg.topo.as_ref(), map.plan.as_ref()) else {
+            return Ok(vec![None; n as usize]);
+        };
+        let mut plan = Plan::from_wire(plan);
+        if self.cfg.loopback && plan.bind == Bind::Default && plan.map_obj.is_none() && plan.pe <= 1 {
+            plan.bind = Bind::None;
+        }
+        let busy: BTreeSet<u32> =
+            self.cpus_of.iter().filter(|((j, _), _)| *j != jobid).flat_map(|(_, c)| c.iter().copied()).collect();
+        let placed = place_node(topo, &plan, n, &busy, node)?;
+        Ok(placed.into_iter().map(|p| p.bound.map(|(l, pus)| (l, topo.os_set(&pus)))).collect())
+    }
+
+    /// `--report-bindings`: `[host:rank] bound to package[0][core:0-1] (cpus 0-3)`.
+    fn binding_line(&self, node: &str, rank: u32, bound: Option<&(Level, Vec<u32>)>) -> String {
+        let (Some((level, os)), Some(topo)) = (bound, self.cfg.topo.as_ref()) else {
+            return format!("[{node}:{rank}] is not bound (any cpu of the node)");
+        };
+        let pus: Vec<u32> = (0..topo.num_pus()).filter(|&p| os.contains(&topo.os_index(p))).collect();
+        let objs = |l: Level| -> String {
+            let mut v: Vec<u32> = pus.iter().filter_map(|&p| topo.object_of(p, l)).collect();
+            v.sort_unstable();
+            v.dedup();
+            jobmap::topo::list_text(&v)
+        };
+        let package =
+            if topo.count(Level::Package) > 0 { format!("package[{}]", objs(Level::Package)) } else { String::new() };
+        let inner = match level {
+            Level::Package | Level::Node => String::new(),
+            Level::Hwthread => format!("[hwt:{}]", objs(Level::Hwthread)),
+            Level::L3 => format!("[l3cache:{}]", objs(Level::L3)),
+            Level::Numa => format!("[numa:{}]", objs(Level::Numa)),
+            Level::Core => format!("[core:{}]", objs(Level::Core)),
+        };
+        format!("[{node}:{rank}] bound to {package}{inner} (cpus {})", jobmap::topo::list_text(os))
     }
 
     /// Register a job's PMIx namespace on this daemon (what the job map says, with the hosts
@@ -393,6 +463,7 @@ impl LocalJobs {
     fn proc_done(&mut self, host: &mut impl Host, st: ProcStatus) {
         let jobid = st.jobid;
         self.slot_of.remove(&(jobid, st.rank));
+        self.cpus_of.remove(&(jobid, st.rank));
         let mut done = false;
         if let Some(lj) = self.jobs.get_mut(&jobid) {
             lj.live = lj.live.saturating_sub(1);

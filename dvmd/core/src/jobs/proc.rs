@@ -22,6 +22,9 @@ pub struct ProcSpec {
     /// end its sleeps, to wake it together with other timers); 0 keeps the kernel's default.
     /// [`TIMER_SLACK_VAR`] in `env` wins.
     pub timer_slack_us: u64,
+    /// The CPUs (OS indices) the proc is bound to before it runs; `None`: unbound (it keeps
+    /// the daemon's affinity).
+    pub cpus: Option<Vec<u32>>,
 }
 
 /// A proc's timer slack in microseconds, set in its environment (`-x DVM_TIMER_SLACK_US=0`):

@@ -215,7 +215,7 @@ mod tests {
     use super::*;
 
     fn node(d: u32, slots: u32) -> NodeSlots {
-        NodeSlots { daemon: d, host: format!("n{d}"), slots }
+        NodeSlots::new(d, format!("n{d}"), slots)
     }
 
     #[test]

@@ -539,6 +539,8 @@ impl<H: Host> Node<H> {
 }
 
 #[cfg(test)]
+mod bind_tests;
+#[cfg(test)]
 mod share_tests;
 #[cfg(test)]
 mod tests;

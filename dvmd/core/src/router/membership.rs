@@ -48,6 +48,7 @@ impl Core {
             debug!(rank = c.rank, host = %c.host, addr = %c.addr, "daemon checked in");
             self.epochs.insert(c.rank, c.epoch);
             self.hosts.insert(c.rank, c.host.clone());
+            super::take_hardware(&mut c, &mut hnp.hardware);
             hnp.contacts.insert(c.rank, c);
         }
         self.maybe_wireup();

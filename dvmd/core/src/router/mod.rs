@@ -170,6 +170,8 @@ pub struct CoreConfig {
 #[derive(Debug)]
 struct HnpState {
     contacts: BTreeMap<Rank, Contact>,
+    /// Each daemon's hardware, taken out of its check-in (WIREUP never carries it).
+    hardware: BTreeMap<Rank, std::sync::Arc<crate::jobmap::NodeTopo>>,
     wireup: Option<XcastId>,
     ready: bool,
     terminate: Option<XcastId>,
@@ -232,10 +234,13 @@ impl Core {
         let hnp_pid = hnp_own.as_ref().map(|c| c.pid);
         let hnp = hnp_own.map(|mut own| {
             own.epoch = cfg.epoch;
+            let mut hardware = BTreeMap::new();
+            take_hardware(&mut own, &mut hardware);
             let mut contacts = BTreeMap::new();
             contacts.insert(0, own);
             HnpState {
                 contacts,
+                hardware,
                 wireup: None,
                 ready: false,
                 terminate: None,
@@ -297,6 +302,10 @@ impl Core {
     /// HNP: the contacts of every daemon that checked in.
     pub fn contacts(&self) -> Option<&BTreeMap<Rank, Contact>> {
         self.hnp.as_ref().map(|h| &h.contacts)
+    }
+    /// HNP: the hardware daemon `rank` reported at check-in.
+    pub fn hardware_of(&self, rank: Rank) -> Option<std::sync::Arc<crate::jobmap::NodeTopo>> {
+        self.hnp.as_ref().and_then(|h| h.hardware.get(&rank).cloned())
     }
     /// Host name of a daemon (from WIREUP or check-in).
     pub fn host_of(&self, rank: Rank) -> String {
@@ -558,4 +567,16 @@ mod tests;
 /// Whether a check-in's payload is `rank`'s own contact (a daemon reporting itself).
 fn own_checkin(rank: Rank, payload: &Bytes) -> bool {
     Checkin::decode(payload.clone()).is_ok_and(|c| c.contacts.len() == 1 && c.contacts[0].rank == rank)
+}
+
+/// Move a contact's hardware summary into `hardware` (validated; a bad one is dropped with a
+/// warning, and the node runs its ranks unbound).
+fn take_hardware(c: &mut Contact, hardware: &mut BTreeMap<Rank, std::sync::Arc<crate::jobmap::NodeTopo>>) {
+    let Some(w) = c.topo.take() else { return };
+    match crate::jobmap::NodeTopo::from_wire(&w) {
+        Ok(t) => {
+            hardware.insert(c.rank, std::sync::Arc::new(t));
+        }
+        Err(e) => warn!(rank = c.rank, host = %c.host, "hardware summary refused: {e}"),
+    }
 }

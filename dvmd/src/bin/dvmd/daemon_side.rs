@@ -101,14 +101,17 @@ pub(super) async fn run_daemon(args: Args) -> Result<ExitCode> {
     transport.set_contact(0, hnp);
     let mut daemon = Daemon::with_grpcomm(rank, host.clone(), topo, transport, epoch, None, grpcomm_config(&args));
     // Check in at once; the PMIx server starts with the first job that reaches this daemon.
+    let hw = dvmd::hwtopo::discover();
     daemon.check_in(Contact {
         rank,
         host: host.clone(),
         addr: addr.to_string(),
         pid: std::process::id(),
-        slots,
+        slots: dvmd::hostfile::resolve_slots(slots, hw.as_ref(), args.use_hwthread_cpus),
         epoch,
+        topo: hw.as_ref().map(|t| t.to_wire()),
     });
+    daemon.set_hardware(hw);
     start_pmix(&mut daemon, session.dir(), &args, slots);
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();

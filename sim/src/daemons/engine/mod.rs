@@ -522,6 +522,7 @@ impl End {
 
 fn contact(r: Rank) -> Contact {
     Contact {
+        topo: None,
         rank: r,
         host: format!("n{r}"),
         addr: format!("10.0.{}.{}:7100", r / 250, r % 250 + 1),

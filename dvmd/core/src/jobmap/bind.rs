@@ -1,0 +1,292 @@
+//! A node's share of a job on its hardware: which object each local proc is mapped to, the
+//! local rank order (`--rank-by OBJ`) and the PUs each is bound to (`--bind-to`, `:PE=n`).
+//! The HNP runs it with no busy PUs to refuse a binding before launch; each daemon runs it
+//! again with the PUs other jobs' procs hold there, so a shared node fills its free cpus first.
+//!
+//! Never: node-level counts (the mapper's) or I/O.
+//! Invariants: pure and deterministic; busy PUs only reorder choices, so a plan the HNP
+//! accepted is never refused on a daemon; procs are placed in mapping order and only then
+//! ranked, so `--rank-by` never changes where a proc runs, only which rank runs there.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dvm_proto::job::{BindTo, LocalPlan};
+
+use super::topo::{Level, NodeTopo};
+
+/// What to bind to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bind {
+    /// Open MPI's default: the mapped object, core with PE, core for jobs of up to 2 procs,
+    /// else package; nothing on a node with more procs than cpus.
+    Default,
+    None,
+    To(Level),
+}
+
+/// How a node places its procs, decoded from [`LocalPlan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Procs go round-robin over these objects (`None`: over the node's cpus in order).
+    pub map_obj: Option<Level>,
+    /// ppr: this many procs on each object in turn (0: one at a time, round-robin).
+    pub per_obj: u32,
+    /// Local ranks round-robin over these objects (`None`: in mapping order).
+    pub rank_obj: Option<Level>,
+    pub bind: Bind,
+    /// Cpus per proc (>= 1).
+    pub pe: u32,
+    /// A cpu is a hardware thread (else a core).
+    pub hwthread_cpus: bool,
+    pub overload_allowed: bool,
+    pub if_supported: bool,
+    /// The job's procs on all nodes (the default binding depends on it).
+    pub job_procs: u32,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            map_obj: None,
+            per_obj: 0,
+            rank_obj: None,
+            bind: Bind::None,
+            pe: 1,
+            hwthread_cpus: false,
+            overload_allowed: false,
+            if_supported: false,
+            job_procs: 0,
+        }
+    }
+}
+
+impl Plan {
+    pub fn from_wire(p: &LocalPlan) -> Plan {
+        let bind = match BindTo::try_from(p.bind_to) {
+            Ok(BindTo::None) => Bind::None,
+            Ok(BindTo::Obj) => Level::from_wire(p.bind_obj).map_or(Bind::None, Bind::To),
+            _ => Bind::Default,
+        };
+        Plan {
+            map_obj: Level::from_wire(p.map_obj).filter(|&l| l != Level::Node),
+            per_obj: p.per_obj,
+            rank_obj: Level::from_wire(p.rank_obj),
+            bind,
+            pe: p.cpus_per_rank.max(1),
+            hwthread_cpus: p.hwthread_cpus,
+            overload_allowed: p.overload_allowed,
+            if_supported: p.if_supported,
+            job_procs: p.job_procs,
+        }
+    }
+
+    pub fn to_wire(&self) -> LocalPlan {
+        let none = dvm_proto::job::HwObj::None as i32;
+        let (bind_to, bind_obj) = match self.bind {
+            Bind::Default => (BindTo::Default as i32, none),
+            Bind::None => (BindTo::None as i32, none),
+            Bind::To(l) => (BindTo::Obj as i32, l.wire() as i32),
+        };
+        LocalPlan {
+            map_obj: self.map_obj.map_or(none, |l| l.wire() as i32),
+            per_obj: self.per_obj,
+            rank_obj: self.rank_obj.map_or(none, |l| l.wire() as i32),
+            bind_to,
+            bind_obj,
+            cpus_per_rank: self.pe,
+            hwthread_cpus: self.hwthread_cpus,
+            overload_allowed: self.overload_allowed,
+            if_supported: self.if_supported,
+            job_procs: self.job_procs,
+        }
+    }
+
+    /// The unit a cpu is on a node: hwthread when asked or when the node reports no cores.
+    pub fn unit(&self, topo: &NodeTopo) -> Level {
+        if self.hwthread_cpus || topo.count(Level::Core) == 0 {
+            Level::Hwthread
+        } else {
+            Level::Core
+        }
+    }
+}
+
+/// Where one local proc runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// The object it was mapped to (`None`: the node as a whole).
+    pub obj: Option<(Level, u32)>,
+    /// The level it is bound to, and its PUs (logical positions, sorted); `None`: unbound.
+    pub bound: Option<(Level, Vec<u32>)>,
+}
+
+/// Why a node cannot place its share; each names the node and the numbers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    #[error("cannot map by {level}: node {host} has no {level} objects (it has {has})", level = .level.name())]
+    NoObject { host: String, level: Level, has: String },
+    #[error("cannot bind to {level}: node {host} has no {level} objects (it has {has}); add :if-supported to --bind-to to run unbound there", level = .level.name())]
+    NoBindObject { host: String, level: Level, has: String },
+    #[error("cannot give {pe} cpus to each process: a {level} on node {host} has only {cpus} {unit}s", level = .level.name(), unit = .unit.name())]
+    PeTooLarge { host: String, pe: u32, level: Level, cpus: u32, unit: Level },
+    #[error("cannot bind {procs} processes to {level} on node {host}: {level} {obj} would hold {held} of them with {cpus} {unit}s; add :overload-allowed to --bind-to or use fewer processes", level = .level.name(), unit = .unit.name())]
+    Overload { host: String, procs: u32, level: Level, obj: String, held: u32, cpus: u32, unit: Level },
+    #[error("cannot map {procs} processes with ppr:{per}:{level} on node {host}: it has {objs} {level} objects", level = .level.name())]
+    PprOverflow { host: String, procs: u32, per: u32, level: Level, objs: u32 },
+}
+
+/// Candidates in order with busy ones (any PU in `busy`) moved last.
+fn free_first(topo: &NodeTopo, level: Level, objs: Vec<u32>, busy: &BTreeSet<u32>) -> Vec<u32> {
+    let is_busy = |o: &u32| topo.pus_of(level, *o).iter().any(|&p| busy.contains(&topo.os_index(p)));
+    let (free, held): (Vec<u32>, Vec<u32>) = objs.into_iter().partition(|o| !is_busy(o));
+    free.into_iter().chain(held).collect()
+}
+
+/// Place `nlocal` procs of a job on node `host`. `busy`: OS indices of PUs other jobs' procs
+/// are bound to here. The result is in local rank order.
+pub fn place_node(
+    topo: &NodeTopo,
+    plan: &Plan,
+    nlocal: u32,
+    busy: &BTreeSet<u32>,
+    host: &str,
+) -> Result<Vec<Placed>, BindError> {
+    let has = || topo.describe();
+    let unit = plan.unit(topo);
+    let pe = plan.pe.max(1);
+    // 1. Mapping: each proc's container object, in mapping order.
+    let containers: Vec<Option<(Level, u32)>> = match plan.map_obj {
+        None => vec![None; nlocal as usize],
+        Some(m) => {
+            let k = topo.count(m);
+            if k == 0 {
+                return Err(BindError::NoObject { host: host.into(), level: m, has: has() });
+            }
+            if plan.per_obj > 0 && nlocal as u64 > plan.per_obj as u64 * k as u64 {
+                let (procs, per, objs) = (nlocal, plan.per_obj, k);
+                return Err(BindError::PprOverflow { host: host.into(), procs, per, level: m, objs });
+            }
+            (0..nlocal).map(|j| Some((m, j.checked_div(plan.per_obj).unwrap_or(j % k)))).collect()
+        }
+    };
+    // 2. Binding level.
+    let oversubscribed = nlocal as u64 * pe as u64 > topo.count(unit) as u64;
+    let level = match plan.bind {
+        Bind::None => None,
+        Bind::To(b) if topo.count(b) == 0 => {
+            if plan.if_supported {
+                None
+            } else {
+                return Err(BindError::NoBindObject { host: host.into(), level: b, has: has() });
+            }
+        }
+        Bind::To(b) => Some(b),
+        Bind::Default if oversubscribed => None,
+        Bind::Default if pe > 1 => Some(unit),
+        Bind::Default => match plan.map_obj {
+            Some(m) => Some(m),
+            None if plan.job_procs <= 2 => Some(unit),
+            None => [Level::Package, Level::Numa].into_iter().find(|&l| topo.count(l) > 0),
+        },
+    };
+    // 3. Binding, in mapping order: cursors per container.
+    let mut cursor: BTreeMap<Option<(Level, u32)>, usize> = BTreeMap::new();
+    let mut bound: Vec<Option<(Level, Vec<u32>)>> = Vec::with_capacity(nlocal as usize);
+    for c in &containers {
+        let Some(b) = level else {
+            bound.push(None);
+            continue;
+        };
+        // The object that holds the choice: the container when it is coarser than what is
+        // chosen inside it, else the whole node.
+        let (outer, idx) = match c {
+            Some((m, i)) if *m > if pe > 1 { unit } else { b } => (*m, *i),
+            _ => (Level::Node, 0),
+        };
+        let at = cursor.entry(if outer == Level::Node { None } else { Some((outer, idx)) }).or_insert(0);
+        let pus = if pe > 1 {
+            let units = free_first(topo, unit, topo.objects_within(outer, idx, unit), busy);
+            if (units.len() as u32) < pe {
+                return Err(BindError::PeTooLarge {
+                    host: host.into(),
+                    pe,
+                    level: outer,
+                    cpus: units.len() as u32,
+                    unit,
+                });
+            }
+            let mut pus: Vec<u32> =
+                (0..pe as usize).flat_map(|k| topo.pus_of(unit, units[(*at + k) % units.len()])).collect();
+            *at += pe as usize;
+            if b > unit {
+                // Bound wider than the cpus: every b-object they touch.
+                let objs: BTreeSet<u32> = pus.iter().filter_map(|&p| topo.object_of(p, b)).collect();
+                pus = objs.into_iter().flat_map(|o| topo.pus_of(b, o)).collect();
+            }
+            pus
+        } else if matches!(c, Some((m, _)) if *m <= b) || c.is_none() && outer == Level::Node && b == Level::Node {
+            // Bound to the object of level b holding the container (or the whole node).
+            let first = c.map_or(0, |(m, i)| topo.pus_of(m, i)[0]);
+            let o = topo.object_of(first, b).expect("count(b) > 0");
+            topo.pus_of(b, o)
+        } else {
+            let objs = free_first(topo, b, topo.objects_within(outer, idx, b), busy);
+            let o = objs[*at % objs.len()];
+            *at += 1;
+            topo.pus_of(b, o)
+        };
+        let mut pus = pus;
+        pus.sort_unstable();
+        pus.dedup();
+        bound.push(Some((b, pus)));
+    }
+    // 4. Overload: procs bound to one set of PUs, times their cpus, against the cpus it has.
+    if !plan.overload_allowed && plan.bind != Bind::Default {
+        let mut held: BTreeMap<&[u32], u32> = BTreeMap::new();
+        for (_, pus) in bound.iter().flatten() {
+            *held.entry(pus.as_slice()).or_insert(0) += pe;
+        }
+        for (pus, n) in held {
+            let cpus = pus.iter().filter_map(|&p| topo.object_of(p, unit)).collect::<BTreeSet<_>>().len() as u32;
+            if n > cpus {
+                let b = level.expect("bound");
+                let objs: BTreeSet<u32> = pus.iter().filter_map(|&p| topo.object_of(p, b)).collect();
+                let obj = super::topo::list_text(&objs.into_iter().collect::<Vec<_>>());
+                return Err(BindError::Overload {
+                    host: host.into(),
+                    procs: nlocal,
+                    level: b,
+                    obj,
+                    held: n / pe,
+                    cpus,
+                    unit,
+                });
+            }
+        }
+    }
+    // 5. Ranking: local rank i takes the i-th proc in rank order.
+    let placed: Vec<Placed> = containers.into_iter().zip(bound).map(|(obj, bound)| Placed { obj, bound }).collect();
+    let Some(r) = plan.rank_obj.filter(|&r| r != Level::Node && topo.count(r) > 0) else { return Ok(placed) };
+    let key = |p: &Placed| -> u32 {
+        let first = match (&p.bound, p.obj) {
+            (Some((_, pus)), _) if !pus.is_empty() => pus[0],
+            (_, Some((m, i))) => topo.pus_of(m, i)[0],
+            _ => 0,
+        };
+        topo.object_of(first, r).unwrap_or(0)
+    };
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (j, p) in placed.iter().enumerate() {
+        groups.entry(key(p)).or_default().push(j);
+    }
+    let mut order = Vec::with_capacity(placed.len());
+    for round in 0.. {
+        let before = order.len();
+        order.extend(groups.values().filter_map(|g| g.get(round).copied()));
+        if order.len() == before {
+            break;
+        }
+    }
+    let mut slots: Vec<Option<Placed>> = placed.into_iter().map(Some).collect();
+    Ok(order.into_iter().map(|j| slots[j].take().expect("each proc once")).collect())
+}
