@@ -24,6 +24,9 @@ pub struct JobStart<'a> {
     pub hosts: &'a [String],
     pub nprocs: u32,
     pub nlocal: u32,
+    /// Where each bound local rank runs: (rank, its PUs' OS indices as a list "0-3", its
+    /// locality "SK0:CR0-1:HT0-3:NM0:"), published to its peers through PMIx.
+    pub bound: Vec<(u32, String, String)>,
 }
 
 /// The daemon's process as the core sees it.

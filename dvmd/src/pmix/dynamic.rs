@@ -199,7 +199,7 @@ impl PmixHost {
             let Some((jobid, placement, hosts)) = self.known.get(nspace) else { continue };
             let Some(w) = self.worker.as_ref() else { return };
             let info = super::job_info(nspace, placement, hosts, placement.nprocs());
-            match w.register_nspace(nspace, 0, &info) {
+            match w.register_nspace(nspace, 0, &info, &[]) {
                 Ok(()) => {
                     debug!(jobid, nspace, "namespace of another daemon's job registered");
                     self.foreign.insert(nspace.to_owned());

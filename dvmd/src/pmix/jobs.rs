@@ -20,10 +20,10 @@ impl PmixHost {
         if !self.ensure() {
             return false;
         }
-        let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal } = job;
+        let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal, bound } = job;
         let info = job_info(&nspace, &placement, hosts, nprocs);
         let w = self.worker.as_ref().expect("ensured above");
-        let registered = match w.register_nspace(&nspace, nlocal, &info) {
+        let registered = match w.register_nspace(&nspace, nlocal, &info, &bound) {
             Ok(()) => {
                 debug!(jobid, %nspace, "PMIx namespace registered");
                 true

@@ -180,7 +180,14 @@ impl Worker {
         rss.saturating_sub(base)
     }
 
-    pub fn register_nspace(&self, nspace: &str, n_local: u32, job: &JobInfo) -> Result<(), WorkerError> {
+    /// `bound`: (rank, cpu list, locality) of each bound local rank (see [`JobStart::bound`]).
+    pub fn register_nspace(
+        &self,
+        nspace: &str,
+        n_local: u32,
+        job: &JobInfo,
+        bound: &[(u32, String, String)],
+    ) -> Result<(), WorkerError> {
         let cmd = wire::RegisterNspace {
             nspace: nspace.into(),
             n_local,
@@ -190,6 +197,14 @@ impl Worker {
             universe_size: job.universe_size,
             appnum: job.appnum,
             jobid: job.jobid.clone().unwrap_or_default(),
+            places: bound
+                .iter()
+                .map(|(rank, cpus, locality)| wire::ProcPlace {
+                    rank: *rank,
+                    cpuset: format!("hwloc:{cpus}"),
+                    locality: locality.clone(),
+                })
+                .collect(),
         };
         self.link.call(Cmd::RegisterNspace(cmd)).map(drop)
     }

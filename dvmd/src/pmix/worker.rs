@@ -276,15 +276,17 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
     match body {
         Cmd::Init(_) => unreachable!("handled above"),
         Cmd::RegisterNspace(r) => {
+            let proc_map: Vec<Vec<u32>> = r.proc_map.into_iter().map(|l| l.ranks).collect();
+            let extra = proc_places(&proc_map, &r.places);
             let info = JobInfo {
                 node_map: r.node_map,
-                proc_map: r.proc_map.into_iter().map(|l| l.ranks).collect(),
+                proc_map,
                 job_size: r.job_size,
                 universe_size: r.universe_size,
                 appnum: r.appnum,
                 jobid: (!r.jobid.is_empty()).then_some(r.jobid),
                 max_procs: None,
-                extra: Vec::new(),
+                extra,
             };
             match s.register_nspace(&r.nspace, r.n_local, &info) {
                 Ok(took) => {
@@ -444,6 +446,33 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
             (None, Ev::RegisterEvents(wire::RegisterEvents { codes, info: super::value::infos_to_wire(&info) }))
         }
     }
+}
+
+/// `PMIX_PROC_DATA` for a job with bound ranks: each rank's local and node rank (registering
+/// proc data stops libpmix deriving them from the maps, and Open MPI's MPI_Init fails without
+/// them), with the cpuset and locality of the bound ones. None when nothing is bound.
+fn proc_places(proc_map: &[Vec<u32>], places: &[wire::ProcPlace]) -> Vec<pmix_shim::Info> {
+    use pmix_shim::{key_str, sys, Info, InfoValue, Rank};
+    if places.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for ranks in proc_map {
+        for (i, &rank) in ranks.iter().enumerate() {
+            let local = u16::try_from(i).unwrap_or(u16::MAX);
+            let mut data = vec![
+                Info::new(key_str(sys::PMIX_RANK), InfoValue::Rank(Rank::Id(rank))),
+                Info::new(key_str(sys::PMIX_LOCAL_RANK), InfoValue::U16(local)),
+                Info::new(key_str(sys::PMIX_NODE_RANK), InfoValue::U16(local)),
+            ];
+            if let Some(p) = places.iter().find(|p| p.rank == rank) {
+                data.push(Info::new(key_str(sys::PMIX_CPUSET), InfoValue::String(p.cpuset.clone())));
+                data.push(Info::new(key_str(sys::PMIX_LOCALITY_STRING), InfoValue::String(p.locality.clone())));
+            }
+            out.push(Info::new(key_str(sys::PMIX_PROC_DATA), InfoValue::Infos(data)));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

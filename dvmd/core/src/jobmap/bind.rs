@@ -127,12 +127,20 @@ pub enum BindError {
     NoObject { host: String, level: Level, has: String },
     #[error("cannot bind to {level}: node {host} has no {level} objects (it has {has}); add :if-supported to --bind-to to run unbound there", level = .level.name())]
     NoBindObject { host: String, level: Level, has: String },
-    #[error("cannot give {pe} cpus to each process: a {level} on node {host} has only {cpus} {unit}s", level = .level.name(), unit = .unit.name())]
+    #[error("cannot give {pe} cpus to each process: {} has only {cpus} {unit}s", where_(*.level, .host), unit = .unit.name())]
     PeTooLarge { host: String, pe: u32, level: Level, cpus: u32, unit: Level },
     #[error("cannot bind {procs} processes to {level} on node {host}: {level} {obj} would hold {held} of them with {cpus} {unit}s; add :overload-allowed to --bind-to or use fewer processes", level = .level.name(), unit = .unit.name())]
     Overload { host: String, procs: u32, level: Level, obj: String, held: u32, cpus: u32, unit: Level },
     #[error("cannot map {procs} processes with ppr:{per}:{level} on node {host}: it has {objs} {level} objects", level = .level.name())]
     PprOverflow { host: String, procs: u32, per: u32, level: Level, objs: u32 },
+}
+
+/// "node n1", or "a numa on node n1".
+fn where_(level: Level, host: &str) -> String {
+    match level {
+        Level::Node => format!("node {host}"),
+        l => format!("a {} on node {host}", l.name()),
+    }
 }
 
 /// Candidates in order with busy ones (any PU in `busy`) moved last.

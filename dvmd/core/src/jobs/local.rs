@@ -220,7 +220,12 @@ impl LocalJobs {
         if map.report_launch {
             lj.unstarted = Some(procs.len() as u32);
         }
-        let pmix = Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32);
+        let places = procs
+            .iter()
+            .zip(&bound)
+            .filter_map(|(p, b)| b.as_ref().map(|(_, os)| (p.rank, jobmap::topo::list_text(os), self.locality(os))))
+            .collect();
+        let pmix = Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32, places);
         let env = self.cfg.base_env.clone();
         // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
@@ -315,6 +320,13 @@ impl LocalJobs {
         Ok(placed.into_iter().map(|p| p.bound.map(|(l, pus)| (l, topo.os_set(&pus)))).collect())
     }
 
+    /// PMIx's locality string of a set of PUs (OS indices) of this node.
+    fn locality(&self, os: &[u32]) -> String {
+        let Some(topo) = self.cfg.topo.as_ref() else { return String::new() };
+        let pus: Vec<u32> = (0..topo.num_pus()).filter(|&p| os.contains(&topo.os_index(p))).collect();
+        topo.locality_string(&pus)
+    }
+
     /// `--report-bindings`: `[host:rank] bound to package[0][core:0-1] (cpus 0-3)`.
     fn binding_line(&self, node: &str, rank: u32, bound: Option<&(Level, Vec<u32>)>) -> String {
         let (Some((level, os)), Some(topo)) = (bound, self.cfg.topo.as_ref()) else {
@@ -341,7 +353,14 @@ impl LocalJobs {
 
     /// Register a job's PMIx namespace on this daemon (what the job map says, with the hosts
     /// from the contact table); false: the job runs without PMIx.
-    fn pmix_job_start(r: &Core, host: &mut impl Host, jobid: u32, map: &JobMap, nlocal: u32) -> bool {
+    fn pmix_job_start(
+        r: &Core,
+        host: &mut impl Host,
+        jobid: u32,
+        map: &JobMap,
+        nlocal: u32,
+        bound: Vec<(u32, String, String)>,
+    ) -> bool {
         let placement = match Placement::from_job_map(map) {
             Ok(p) => p,
             Err(e) => {
@@ -351,7 +370,7 @@ impl LocalJobs {
         };
         let hosts: Vec<String> = placement.daemons().map(|d| r.host_of(d)).collect();
         let nspace = nspace_of(&r.dvm_id(), jobid);
-        host.pmix_job_start(JobStart { jobid, nspace, placement, hosts: &hosts, nprocs: map.nprocs, nlocal })
+        host.pmix_job_start(JobStart { jobid, nspace, placement, hosts: &hosts, nprocs: map.nprocs, nlocal, bound })
     }
 
     /// A `JOB_CONTROL` broadcast: kill, signal, or forget a job that ended. True when the

@@ -1,0 +1,142 @@
+//! Placement on this machine's real cores, through real daemons at radix 2 and 64: what
+//! `--bind-to` asks is what the kernel reports for each rank (`Cpus_allowed_list`), what
+//! `--report-bindings` prints, what an Open MPI program sees (its binding through hwloc, its
+//! core and package peers through the locality the daemon published), slots defaulting to the
+//! node's cores, and refusals that launch nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::{mpi_bin, text, Dvm, Nodes, PRUN};
+use dvm_core::jobmap::Level;
+
+/// Each rank's `Cpus_allowed_list` (printed by the rank) and its `--report-bindings` line.
+fn bindings(dvm: &Dvm, args: &[&str]) -> BTreeMap<u32, (String, String)> {
+    let script = "echo \"$DVM_RANK $(grep Cpus_allowed_list: /proc/self/status | cut -f2)\"";
+    let mut a = vec!["--report-bindings"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["sh", "-c", script]);
+    let o = dvm.prun(&a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "prun {args:?}: {err}\n{}", dvm.log());
+    let mut by_rank = BTreeMap::new();
+    for line in out.lines() {
+        let (rank, cpus) = line.split_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let rank: u32 = rank.parse().unwrap();
+        let report = err
+            .lines()
+            .map(|l| l.trim_start_matches("prun: "))
+            .find(|l| l.starts_with('[') && l.contains(&format!(":{rank}] ")))
+            .unwrap_or_else(|| panic!("no binding report for rank {rank} in:\n{err}"))
+            .to_string();
+        by_rank.insert(rank, (cpus.to_string(), report));
+    }
+    by_rank
+}
+
+/// The cpus a report names: "(cpus 0-1)".
+fn reported(line: &str) -> Option<&str> {
+    line.rsplit_once("(cpus ").map(|(_, c)| c.trim_end_matches(')'))
+}
+
+fn cores_here() -> u32 {
+    dvmd::hwtopo::discover().expect("hwloc reads this machine").count(Level::Core)
+}
+
+fn suite(radix: u32) {
+    let cores = cores_here();
+    let dvm = Dvm::start(&format!("place{radix}"), Nodes::Local { daemons: 2, slots: cores }, radix, &[]);
+    let n = cores.to_string();
+
+    // One core each: distinct, and what the report says is what the kernel has.
+    let got = bindings(&dvm, &["--bind-to", "core", "-n", &n]);
+    assert_eq!(got.len() as u32, cores);
+    for (rank, (kernel, report)) in &got {
+        assert_eq!(reported(report), Some(kernel.as_str()), "rank {rank}: {report}");
+        assert!(report.contains("bound to") && report.contains("[core:"), "{report}");
+    }
+    let mut all: Vec<&String> = got.values().map(|(k, _)| k).collect();
+    all.dedup();
+    assert_eq!(all.len() as u32, cores, "one core each: {got:?}");
+
+    // Unbound: every cpu of the daemon's, and said so.
+    let free = bindings(&dvm, &["--bind-to", "none", "-n", "1"]);
+    let own = std::fs::read_to_string("/proc/self/status").unwrap();
+    let own = own.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    assert_eq!(free[&0].0, own);
+    assert!(free[&0].1.contains("is not bound"), "{}", free[&0].1);
+
+    // PE: one rank with every core of the node.
+    let pe = format!("core:PE={cores}");
+    let wide = bindings(&dvm, &["--map-by", &pe, "-n", "1"]);
+    assert_eq!(reported(&wide[&0].1), Some(wide[&0].0.as_str()));
+    assert_eq!(wide[&0].0, own, "{cores} cores for one rank: all of them");
+
+    // An Open MPI program sees its binding and its peers' locality.
+    let o = dvm.prun(&["--bind-to", "core", "-n", "2", &mpi_bin("binding")]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{}", dvm.log());
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let mut cpus = Vec::new();
+    for l in &lines {
+        // Two ranks on the node's first daemon, each alone on its core, both in its package.
+        assert!(l.contains(" shared 2 core 1 package 2 cpus "), "{l}");
+        cpus.push(l.rsplit_once(' ').unwrap().1);
+    }
+    assert_ne!(cpus[0], cpus[1], "{out}");
+    let o = dvm.prun(&["--bind-to", "none", "-n", "2", &mpi_bin("binding")]);
+    let (out, _) = text(&o);
+    // Unbound ranks publish no locality: Open MPI cannot tell they share a package.
+    assert_eq!(out.matches(" package 1 ").count(), 2, "{out}");
+
+    // Refusals: one sentence naming what was wrong, nothing started.
+    let marker = dvm.root.join("started");
+    let touch = ["touch", marker.to_str().unwrap()];
+    let over = (2 * cores + 1).to_string();
+    for (args, want) in [
+        (vec!["--bind-to", "core", "--oversubscribe", "-n", &over], "cannot bind"),
+        (vec!["--map-by", "ppr:0:core"], "--map-by 'ppr:0:core': N in ppr:0:core must be a positive integer"),
+        (vec!["--bind-to", "board"], "--bind-to 'board': unknown object 'board'"),
+        (vec!["--map-by", "core:PE=64", "-n", "1"], "cpus per rank"),
+    ] {
+        let mut a = args.clone();
+        a.extend_from_slice(&touch);
+        let o = dvm.prun(&a);
+        let err = text(&o).1;
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!marker.exists(), "{args:?} started a process");
+    }
+    dvm.stop();
+}
+
+#[test]
+fn placement_on_real_cores_at_radix_2() {
+    suite(2);
+}
+
+#[test]
+fn placement_on_real_cores_at_radix_64() {
+    suite(64);
+}
+
+#[test]
+fn slots_default_to_the_nodes_cores() {
+    // No -n: the job fills the slots, one proc per core of each of the 2 daemons.
+    let root = std::env::temp_dir().join(format!("dvm-t-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let o = Command::new(PRUN)
+        .args(["--local", "2", "sh", "-c", "echo $DVM_SIZE"])
+        .env("DVM_TMPDIR", &root)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let want = 2 * cores_here();
+    assert_eq!(out.lines().count() as u32, want, "{out}");
+    assert!(out.lines().all(|l| l == want.to_string()), "{out}");
+}
