@@ -27,6 +27,7 @@ mod command;
 mod options;
 mod parser;
 mod placement;
+mod rankfile;
 
 pub use command::{CliError, OneShot, PrunCommand, USAGE};
 pub use parser::parse;
@@ -35,7 +36,7 @@ pub use parser::parse;
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use dvm_proto::job::{AppContext, ArraySpec, JobSpec, MapBy, StdinTarget};
+    use dvm_proto::job::{AppContext, ArraySpec, BindTo, HwObj, JobSpec, MapBy, RankBy, StdinTarget};
 
     use super::options::{lookup, OPTIONS};
     use super::*;
@@ -122,6 +123,27 @@ mod tests {
                 c.spec.map_by = MapBy::Node as i32
             }),
             (&["--map-by slot", "--map-by=slot"], |_| {}),
+            (&["--map-by ppr:2:socket", "--map-by PPR:2:package"], |c| {
+                c.spec.map_by = MapBy::Ppr as i32;
+                c.spec.ppr = 2;
+                c.spec.map_obj = HwObj::Package as i32;
+            }),
+            (&["--map-by numa:PE=2", "--map-by numa --cpus-per-rank 2", "--map-by=NUMA --cpus-per-proc=2"], |c| {
+                c.spec.map_by = MapBy::Object as i32;
+                c.spec.map_obj = HwObj::Numa as i32;
+                c.spec.cpus_per_rank = 2;
+            }),
+            (&["--bind-to core:overload-allowed", "--bind-to=CORE:overload-allowed"], |c| {
+                c.spec.bind_to = BindTo::Obj as i32;
+                c.spec.bind_obj = HwObj::Core as i32;
+                c.spec.bind_overload_allowed = true;
+            }),
+            (&["--bind-to none", "--bind-to=NONE"], |c| c.spec.bind_to = BindTo::None as i32),
+            (&["--rank-by package", "--rank-by=SOCKET"], |c| {
+                c.spec.rank_by = RankBy::Obj as i32;
+                c.spec.rank_obj = HwObj::Package as i32;
+            }),
+            (&["--use-hwthread-cpus", "--map-by slot:hwtcpus"], |c| c.spec.use_hwthread_cpus = true),
             (
                 &["--map-by slot:oversubscribe", "--map-by=SLOT:OVERSUBSCRIBE", "--oversubscribe", "-oversubscribe"],
                 |c| c.spec.oversubscribe = true,
@@ -379,11 +401,15 @@ mod tests {
             ("--timeout -1 a", "--timeout '-1': not a positive number of seconds"),
             ("--timeout inf a", "--timeout 'inf': not a positive number of seconds"),
             ("--timeout 1m a", "--timeout '1m': not a positive number of seconds"),
-            ("--map-by diagonal a", "--map-by 'diagonal': expected slot, node or ppr:N:node[:oversubscribe]"),
-            ("--map-by ppr:2:socket a", "--map-by 'ppr:2:socket': expected slot, node or ppr:N:node[:oversubscribe]"),
-            ("--map-by oversubscribe a", "--map-by 'oversubscribe': expected slot, node or ppr:N:node[:oversubscribe]"),
-            ("--map-by node:span a", "--map-by 'node:span': expected slot, node or ppr:N:node[:oversubscribe]"),
-            ("--map-by ppr:0:node a", "--map-by 'ppr:0:node': N in ppr:N:node must be a positive integer"),
+            ("--map-by diagonal a", "--map-by 'diagonal': unknown policy 'diagonal': expected slot, node, hwthread, core, l3cache, numa, package or socket, or ppr:N:OBJ, then :PE=n, :oversubscribe, :nooversubscribe or :span"),
+            ("--map-by ppr:2:blob a", "--map-by 'ppr:2:blob': unknown object 'blob' in ppr:2:blob (expected node, hwthread, core, l3cache, numa, package or socket)"),
+            ("--map-by oversubscribe a", "--map-by 'oversubscribe': unknown policy 'oversubscribe': expected slot, node, hwthread, core, l3cache, numa, package or socket, or ppr:N:OBJ, then :PE=n, :oversubscribe, :nooversubscribe or :span"),
+            ("--map-by node:span a", "--map-by 'node:span': :span spreads over objects: use it with --map-by hwthread, core, l3cache, numa, package or socket"),
+            ("--map-by ppr:0:node a", "--map-by 'ppr:0:node': N in ppr:0:node must be a positive integer"),
+            ("--bind-to core:loose a", "--bind-to 'core:loose': unknown qualifier 'loose' (expected :overload-allowed or :if-supported)"),
+            ("--cpus-per-rank 0 a", "--cpus-per-rank '0': not a positive integer"),
+            ("--map-by core:PE=2 --cpus-per-rank 2 a", "--map-by ...:PE and --cpus-per-rank cannot both be given"),
+            ("--rankfile /nonexistent/rf a", "--rankfile /nonexistent/rf: cannot read it: No such file or directory (os error 2)"),
             ("--map-by node --map-by slot a", "--map-by given twice"),
             ("-N 2 -N 3 a", "-N given twice"),
             ("-N x a", "-N 'x': not a positive integer"),

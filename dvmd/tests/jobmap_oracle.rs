@@ -193,7 +193,7 @@ fn check(spec: &JobSpec, nodes: &[NodeSlots]) -> Option<Placement> {
     // Each daemon of the DVM (and one outside it) decodes its own procs.
     let outsider = nodes.iter().map(|n| n.daemon).max().unwrap_or(0) + 1;
     for d in nodes.iter().map(|n| n.daemon).chain([outsider]) {
-        let res = residuals.get(&d).cloned().unwrap_or(Residual { jobid: 7, ranks: vec![] });
+        let res = residuals.get(&d).cloned().unwrap_or(Residual { jobid: 7, ranks: vec![], cpus: vec![] });
         let mine = local_procs(&map, &res, d).unwrap();
         let expect: Vec<(u32, u32, u32)> =
             want.iter().enumerate().filter(|(_, w)| w.daemon == d).map(|(r, w)| (r as u32, w.app, w.local)).collect();

@@ -171,13 +171,13 @@ fn malformed_job_maps_are_errors() {
 #[test]
 fn malformed_residuals_name_the_daemon_and_rank() {
     let (map, res) = launch();
-    let r = |ranks: Vec<RankRange>| Residual { jobid: 5, ranks };
+    let r = |ranks: Vec<RankRange>| Residual { jobid: 5, ranks, cpus: vec![] };
     let rr = |first, count, stride| RankRange { first, count, stride };
     // Daemon 1 holds ranks 3..6.
     assert_eq!(local_procs(&map, &res[1].1, 1).unwrap().len(), 3);
     let err = |res: Residual| local_procs(&map, &res, 1).unwrap_err().to_string();
     assert_eq!(
-        err(Residual { jobid: 4, ranks: vec![rr(3, 3, 0)] }),
+        err(Residual { jobid: 4, ranks: vec![rr(3, 3, 0)], cpus: vec![] }),
         "daemon 1: residual is for job 4 but the job map is for job 5"
     );
     assert_eq!(
@@ -304,7 +304,7 @@ proptest! {
         }
         // Well-formed residuals listing small, often wrong, rank ranges.
         let ranks = ranges.iter().map(|&(first, count, stride)| RankRange { first, count, stride }).collect();
-        refused_by_name_or_exact(&map, &Residual { jobid: map.jobid, ranks }, me)?;
+        refused_by_name_or_exact(&map, &Residual { jobid: map.jobid, ranks, cpus: vec![] }, me)?;
     }
 
     /// Field-level corruption of a valid launch (small and huge values): errors or a placement

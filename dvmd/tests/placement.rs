@@ -92,7 +92,24 @@ fn suite(radix: u32) {
     // Unbound ranks publish no locality: Open MPI cannot tell they share a package.
     assert_eq!(out.matches(" package 1 ").count(), 2, "{out}");
 
+    // A rankfile: rank 0 on the second daemon's last core, rank 1 on the first's first.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let rf = dvm.root.join("rankfile");
+    let last = cores - 1;
+    std::fs::write(&rf, format!("# two ranks\nrank 0={host}-1 slot={last}\nrank 1={host}-0 slot=0\n")).unwrap();
+    let rf_arg = rf.to_str().unwrap();
+    let script = "echo \"$DVM_RANK $DVM_DAEMON $(grep Cpus_allowed_list: /proc/self/status | cut -f2)\"";
+    let o = dvm.prun(&["--rankfile", rf_arg, "sh", "-c", script]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{}", dvm.log());
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(lines, [format!("0 1 {last}"), "1 0 0".to_string()], "{out}");
+
     // Refusals: one sentence naming what was wrong, nothing started.
+    std::fs::write(dvm.root.join("rf-bad"), format!("rank 0={host}-0 slot=0\nrank one={host}-0 slot=0\n")).unwrap();
+    std::fs::write(dvm.root.join("rf-host"), "rank 0=elsewhere slot=0\n").unwrap();
+    let (bad, stray) = (dvm.root.join("rf-bad"), dvm.root.join("rf-host"));
     let marker = dvm.root.join("started");
     let touch = ["touch", marker.to_str().unwrap()];
     let over = (2 * cores + 1).to_string();
@@ -101,6 +118,8 @@ fn suite(radix: u32) {
         (vec!["--map-by", "ppr:0:core"], "--map-by 'ppr:0:core': N in ppr:0:core must be a positive integer"),
         (vec!["--bind-to", "board"], "--bind-to 'board': unknown object 'board'"),
         (vec!["--map-by", "core:PE=64", "-n", "1"], "cpus per rank"),
+        (vec!["--rankfile", bad.to_str().unwrap()], "rf-bad: line 2: 'one' is not a rank number"),
+        (vec!["--rankfile", stray.to_str().unwrap()], "rf-host:1: host 'elsewhere' is not a node of the DVM"),
     ] {
         let mut a = args.clone();
         a.extend_from_slice(&touch);

@@ -32,9 +32,21 @@ App options (before each EXE; -x and --wdir before the first EXE apply to every 
 
 Job options (before the first EXE):
   -N, --npernode N           N processes on each node (same as --map-by ppr:N:node)
-  --map-by slot|node|ppr:N:node[:oversubscribe]
-                             fill each node's slots in turn (default), round-robin over nodes,
-                             or N per node
+  --map-by POLICY[:PE=n][:oversubscribe|:nooversubscribe][:span]
+                             slot: fill each node's slots in turn (default); node: round-robin
+                             over nodes; hwthread|core|l3cache|numa|package|socket: fill the
+                             slots, each node's procs round-robin over its objects; ppr:N:OBJ:
+                             N per object (or node); PE=n: n cpus per process; span: spread
+                             over the objects of all nodes
+  --rank-by slot|node|OBJ    rank in mapping order (default; node for --map-by node), dealt
+                             over the nodes, or dealt over each node's objects
+  --bind-to none|hwthread|core|l3cache|numa|package|socket[:overload-allowed][:if-supported]
+                             bind each process (default: core for 2 processes or fewer,
+                             package above, nothing on an oversubscribed node)
+  --cpus-per-rank, --cpus-per-proc N
+                             same as :PE=N
+  --use-hwthread-cpus        a cpu is a hardware thread, not a core
+  --rankfile, --rf FILE      place each rank as FILE says ('rank N=HOST slot=P:C|C|*')
   --oversubscribe            allow more processes than slots on a node
   -H, --host a,b,c           run on these hosts of the DVM (name[:slots] for a one-shot DVM)
   --hostfile, --machinefile F
@@ -54,7 +66,7 @@ Job options (before the first EXE):
                              (PMIx event PMIX_ERR_PROC_ABORTED; a lost node: LOST_CONNECTION)
   --dvm-uri URI|file:F       the DVM to use: its URI, or a file holding it
   --local N                  boot a one-shot DVM of N daemons on this machine for this job
-  --slots S                  with --local: S slots per daemon
+  --slots S                  with --local: S slots per daemon (default: its cores)
   --launch-sizes             print the sizes of the launch messages instead of launching
   --display map,allocation,bind
                              when the job starts, show where each rank runs, the DVM's nodes
@@ -172,6 +184,8 @@ pub enum CliError {
     Hosts(#[from] HostfileError),
     #[error("--app {path}: {why}")]
     Appfile { path: String, why: String },
+    #[error("--rankfile {path}: {why}")]
+    Rankfile { path: String, why: String },
 }
 
 pub(super) fn for_app(app: &usize) -> String {

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dvm_proto::job::{AppContext, ArraySpec, BindTo, HwObj, JobSpec, MapBy, RankBy, StdinTarget};
+use dvm_proto::job::{AppContext, ArraySpec, BindTo, HwObj, JobSpec, MapBy, RankBy, RankfileEntry, StdinTarget};
 
 use crate::hostfile;
 
@@ -36,6 +36,7 @@ struct Parser<'a> {
     bind_to: Option<(String, BindSpec)>,
     cpus_per_rank: Option<(String, u32)>,
     use_hwthread_cpus: bool,
+    rankfile: Option<(String, PathBuf, Vec<RankfileEntry>)>,
     oversubscribe: bool,
     host: Option<(String, String, Vec<String>)>,
     hostfile: Option<(String, PathBuf, Vec<String>)>,
@@ -78,6 +79,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         bind_to: None,
         cpus_per_rank: None,
         use_hwthread_cpus: false,
+        rankfile: None,
         oversubscribe: false,
         host: None,
         hostfile: None,
@@ -269,6 +271,14 @@ impl Parser<'_> {
                 set_once(&mut self.cpus_per_rank, (opt.to_string(), n), twice)?;
             }
             Kind::UseHwthreadCpus => self.use_hwthread_cpus = true,
+            Kind::Rankfile => {
+                if value.is_empty() {
+                    return Err(bad("not a file path"));
+                }
+                let path = clean(&self.cwd.join(&value));
+                let entries = super::rankfile::read(&path)?;
+                set_once(&mut self.rankfile, (opt.to_string(), path, entries), twice)?;
+            }
             Kind::Oversubscribe => self.oversubscribe = true,
             Kind::Host => {
                 if let Some((first, ..)) = &self.hostfile {
@@ -498,6 +508,8 @@ impl Parser<'_> {
             bind_if_supported: bind.is_some_and(|b| b.if_supported),
             use_hwthread_cpus: self.use_hwthread_cpus,
             map_span: span,
+            rankfile_name: self.rankfile.as_ref().map(|(_, p, _)| p.display().to_string()).unwrap_or_default(),
+            rankfile: self.rankfile.map(|(_, _, e)| e).unwrap_or_default(),
         };
         Ok(PrunCommand {
             spec,

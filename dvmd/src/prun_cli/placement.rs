@@ -165,7 +165,7 @@ mod tests {
             ("diagonal", "unknown policy 'diagonal'"),
             ("core:sideways", "unknown qualifier 'sideways'"),
             ("node:span", ":span spreads over objects"),
-            ("core:oversubscribe:nooversubscribe", "contradict"),
+            ("core:oversubscribe:nooversubscribe", ":oversubscribe and :nooversubscribe contradict"),
         ] {
             let e = parse_map_by(bad).unwrap_err();
             assert!(e.starts_with(why), "{bad}: {e}");

@@ -124,6 +124,7 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
     // Resolve np (0 = fill) per app; ranks of app i follow those of apps 0..i.
     let total_slots: u64 = usable.iter().map(|n| n.slots as u64).sum();
     let fill = match policy {
+        _ if !spec.rankfile.is_empty() => spec.rankfile.len() as u64,
         MapBy::Ppr => ppr_caps.iter().sum(),
         MapBy::Slot | MapBy::Node | MapBy::Object => total_slots,
     };
@@ -147,6 +148,27 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
     }
     if np > u32::MAX as u64 {
         return Err(MapError::TooManyProcs { np });
+    }
+    if !spec.rankfile.is_empty() {
+        let p = super::rankfile::map_rankfile(spec, nodes, app_first_rank, np as u32)?;
+        super::rankfile::rankfile_cpus(spec, nodes, np as u32)?;
+        if !spec.oversubscribe {
+            for (i, d) in p.daemons().enumerate() {
+                let (c, n) = (p.ranks_at(i as u32).len(), nodes.iter().find(|n| n.daemon == d).expect("mapped here"));
+                if c > n.slots {
+                    let node = NodeSlots { slots: n.slots, ..n.clone() };
+                    return Err(MapError::NodeOverfull {
+                        np,
+                        policy: "by the rankfile".into(),
+                        host: node.host,
+                        daemon: d,
+                        procs: c,
+                        slots: node.slots,
+                    });
+                }
+            }
+        }
+        return Ok(p);
     }
     let hosts = || host_list(usable.iter().copied());
     let not_enough = || MapError::NotEnoughSlots { np, slots: total_slots, nodes: usable.len() as u64, hosts: hosts() };

@@ -17,12 +17,14 @@
 pub mod bind;
 mod mapper;
 mod placement;
+mod rankfile;
 pub mod topo;
 mod wire;
 
 pub use bind::{place_node, Bind, BindError, Placed, Plan};
 pub use mapper::{map_job, plan_of, NodeSlots};
 pub use placement::{Layout, Placement, ProcInfo, Ranks};
+pub use rankfile::rankfile_cpus;
 pub use topo::{Level, NodeTopo};
 pub use wire::{encode, launch_sizes, local_procs, LaunchSizes, LocalProc, MAX_LOCAL_PROCS};
 
@@ -65,6 +67,8 @@ pub enum MapError {
     RankByNodeUneven { counts: String },
     #[error("{0}")]
     Bind(#[from] BindError),
+    #[error("cannot map the job: rankfile {file}{}: {why}", if *.line > 0 { format!(":{line}") } else { String::new() })]
+    Rankfile { file: String, line: u32, why: String },
 }
 
 /// Why a daemon cannot launch its part of a job from what it received. These come from the

@@ -161,10 +161,19 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         plan: Some(super::plan_of(spec, placement.nprocs()).to_wire()),
         report_bindings: spec.report_bindings,
     };
+    // A rankfile's cpus go to the daemon of each rank, in its rank order.
+    let pinned: std::collections::HashMap<u32, &str> =
+        spec.rankfile.iter().filter(|e| !e.cpus.is_empty()).map(|e| (e.rank, e.cpus.as_str())).collect();
     let residuals = (0..placement.num_nodes())
         .map(|n| {
             let daemon = placement.daemon_at(n).expect("node index in range");
-            (daemon, Residual { jobid, ranks: vec![rank_range(placement.ranks_at(n))] })
+            let ranks = placement.ranks_at(n);
+            let cpus = if pinned.is_empty() {
+                Vec::new()
+            } else {
+                ranks.iter().map(|k| pinned.get(&k).copied().unwrap_or_default().to_string()).collect()
+            };
+            (daemon, Residual { jobid, ranks: vec![rank_range(ranks)], cpus })
         })
         .collect();
     (map, residuals)

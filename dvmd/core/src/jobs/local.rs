@@ -49,6 +49,20 @@ const KILLED_BEFORE_START: i32 = 15;
 /// A proc's binding: the level and the PUs' OS indices.
 type Bound = (Level, Vec<u32>);
 
+/// A rankfile's cpus for this daemon's procs (from the residual, in rank order), checked:
+/// one valid cpu list per proc.
+fn pinned(cpus: &[String], n: usize) -> Result<Vec<Option<Bound>>, String> {
+    if cpus.len() != n {
+        return Err(format!("the residual gives cpus for {} of its {n} ranks", cpus.len()));
+    }
+    cpus.iter()
+        .map(|c| match jobmap::topo::parse_list(c) {
+            Some(os) if !os.is_empty() => Ok(Some((Level::Hwthread, os))),
+            _ => Err(format!("the residual's cpu list '{c}' is malformed")),
+        })
+        .collect()
+}
+
 /// What a daemon's launch depends on besides the job.
 #[derive(Debug, Clone, Default)]
 pub struct LocalConfig {
@@ -174,7 +188,11 @@ impl LocalJobs {
         let (Some(map), Some(residual), false) = (lj.map.clone(), lj.residual.clone(), lj.started) else { return };
         let node = r.host_of(me);
         let placed = jobmap::local_procs(&map, &residual, me).map_err(|e| e.to_string()).and_then(|procs| {
-            let bound = self.bindings(&node, jobid, &map, procs.len() as u32).map_err(|e| e.to_string())?;
+            let bound = if residual.cpus.is_empty() {
+                self.bindings(&node, jobid, &map, procs.len() as u32).map_err(|e| e.to_string())?
+            } else {
+                pinned(&residual.cpus, procs.len())?
+            };
             Ok((procs, bound))
         });
         let (procs, bound) = match placed {

@@ -296,6 +296,14 @@ impl JobTable {
             array: array.unwrap_or(0),
         };
         self.tell(client, event(job_event::Event::Started(started)));
+        if !spec.rankfile.is_empty() {
+            // The cpus each line names, on the node's hardware (checked when it was mapped).
+            if let Ok(cpus) = jobmap::rankfile_cpus(&spec, &Self::candidate_nodes(r), placement.nprocs()) {
+                for e in &mut spec.rankfile {
+                    e.cpus = cpus.get(e.rank as usize).map(|c| jobmap::topo::list_text(c)).unwrap_or_default();
+                }
+            }
+        }
         let shown = (spec.display_map || spec.display_allocation || spec.report_bindings).then(|| placement.clone());
         self.start_job_as(jobid, &spec, placement, client, None);
         if let Some(p) = shown {
