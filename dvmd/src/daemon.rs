@@ -521,6 +521,7 @@ async fn forwarder(
                         stream: chunk.stream,
                         data: chunk.data,
                         jobid,
+                        read_at_us: chunk.read_at_us,
                     }));
                     if tx.send(Ok(ev)).await.is_err() {
                         client_alive = false;

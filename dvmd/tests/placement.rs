@@ -159,3 +159,58 @@ fn slots_default_to_the_nodes_cores() {
     assert_eq!(out.lines().count() as u32, want, "{out}");
     assert!(out.lines().all(|l| l == want.to_string()), "{out}");
 }
+
+#[test]
+fn timestamps_are_taken_when_each_line_is_read() {
+    let root = std::env::temp_dir().join(format!("dvm-t-stamp-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let before = now();
+    let o = Command::new(PRUN)
+        .args([
+            "--local",
+            "2",
+            "--output",
+            "timestamp,tag",
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            "echo first; sleep 0.3; echo second",
+        ])
+        .env("DVM_TMPDIR", &root)
+        .output()
+        .unwrap();
+    let after = now();
+    let _ = std::fs::remove_dir_all(&root);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    // [2026-12-06T01:33:25.194673Z] [1,0]<stdout>: first
+    let mut stamps: BTreeMap<(String, String), String> = BTreeMap::new();
+    for l in out.lines() {
+        let (stamp, rest) = l.strip_prefix('[').and_then(|l| l.split_once("] ")).unwrap_or_else(|| panic!("{l}"));
+        let (tag, word) = rest.split_once(": ").unwrap();
+        assert_eq!(stamp.len(), 27, "{stamp}");
+        stamps.insert((tag.to_string(), word.to_string()), stamp.to_string());
+    }
+    assert_eq!(stamps.len(), 4, "{out}");
+    let day = |secs: u64| {
+        let d = secs / 86_400;
+        (d, secs % 86_400)
+    };
+    for rank in 0..2 {
+        let tag = format!("[1,{rank}]<stdout>");
+        let (a, b) = (&stamps[&(tag.clone(), "first".into())], &stamps[&(tag, "second".into())]);
+        assert!(a < b, "rank {rank}: {a} then {b}");
+        // Within the run: same hour-minute-second window as the clock read around it.
+        let hms = |s: &str| -> u64 {
+            let t = &s[11..19];
+            let p: Vec<u64> = t.split(':').map(|x| x.parse().unwrap()).collect();
+            p[0] * 3600 + p[1] * 60 + p[2]
+        };
+        let (lo, hi) = (day(before).1, day(after).1);
+        if lo <= hi {
+            assert!((lo..=hi).contains(&hms(a)), "{a} outside the run ({lo}..={hi} s of the day)");
+        }
+    }
+}

@@ -132,23 +132,29 @@ pub(super) async fn pump(
     rank: u32,
     window: Arc<IofWindow>,
     events: mpsc::UnboundedSender<OdlsEvent>,
+    stamp: bool,
 ) {
     let mut buf = vec![0u8; CHUNK];
+    // With `stamp`: when the oldest byte held in `carry` was read (µs since 1970, UTC).
+    let mut since = 0u64;
+    let now_us =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
     // Read, counted outstanding, not sent yet: the end of a line still being written.
     let mut carry: Vec<u8> = Vec::new();
     use std::sync::atomic::Ordering::Relaxed;
-    let send = |carry: &mut Vec<u8>, flush: bool| {
+    let send = |carry: &mut Vec<u8>, flush: bool, since: u64| {
         let n = cut_at_line(carry, flush, CHUNK.min(window.size));
         if n > 0 {
             window.held_back.fetch_sub(n, Relaxed);
             let data = Bytes::from(carry.drain(..n).collect::<Vec<u8>>());
-            let _ = events.send(OdlsEvent::Output { jobid, rank, stream, data });
+            let read_at_us = if stamp { since } else { 0 };
+            let _ = events.send(OdlsEvent::Output { jobid, rank, stream, data, read_at_us });
         }
     };
     loop {
         if !carry.is_empty() && tokio::time::timeout(LINE_WAIT, rx.readable()).await.is_err() {
             // Nothing more for a while: the writer paused mid-line (a prompt).
-            send(&mut carry, true);
+            send(&mut carry, true, since);
         }
         if let Err(e) = rx.readable().await {
             debug!(jobid, rank, ?stream, "output pipe failed: {e}");
@@ -156,7 +162,7 @@ pub(super) async fn pump(
         }
         if !carry.is_empty() && window.starved() {
             // The window is full of held-back line ends, which no ack will ever return.
-            send(&mut carry, true);
+            send(&mut carry, true, since);
         }
         // Held-back line ends are never what the window waits on for long: pumps run on
         // several threads, so `starved` may miss a moment; after `LINE_WAIT` without credit
@@ -167,7 +173,7 @@ pub(super) async fn pump(
             match tokio::time::timeout(LINE_WAIT, window.take()).await {
                 Ok(c) => c,
                 Err(_) => {
-                    send(&mut carry, true);
+                    send(&mut carry, true, since);
                     window.take().await
                 }
             }
@@ -187,8 +193,15 @@ pub(super) async fn pump(
             Ok(n) => {
                 window.settle(held, n);
                 window.held_back.fetch_add(n, Relaxed);
+                if stamp && carry.is_empty() {
+                    since = now_us();
+                }
                 carry.extend_from_slice(&buf[..n]);
-                send(&mut carry, false);
+                send(&mut carry, false, since);
+                if stamp && !carry.is_empty() {
+                    // What is left (a line's start) was read by this read.
+                    since = now_us();
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => window.settle(held, 0),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => window.settle(held, 0),
@@ -202,7 +215,7 @@ pub(super) async fn pump(
     if window.is_closed() {
         window.held_back.fetch_sub(carry.len(), Relaxed);
     } else {
-        send(&mut carry, true);
+        send(&mut carry, true, since);
     }
     let _ = events.send(OdlsEvent::OutputClosed { jobid, rank, stream });
 }

@@ -134,9 +134,10 @@ impl Odls {
         let events = self.events.clone();
         let window = job.window.clone();
         let l = life.clone();
+        let stamp = spec.timestamp;
         tokio::spawn(async move {
-            let stdout = iof::pump(out, Stream::Stdout, jobid, rank, window.clone(), events.clone());
-            let stderr = iof::pump(err, Stream::Stderr, jobid, rank, window, events.clone());
+            let stdout = iof::pump(out, Stream::Stdout, jobid, rank, window.clone(), events.clone(), stamp);
+            let stderr = iof::pump(err, Stream::Stderr, jobid, rank, window, events.clone(), stamp);
             tokio::join!(stdout, stderr, l.exited());
             let status = l.reap();
             debug!(jobid, rank, pid, ?status, "proc reaped");

@@ -51,12 +51,13 @@ Job options (before the first EXE):
   -H, --host a,b,c           run on these hosts of the DVM (name[:slots] for a one-shot DVM)
   --hostfile, --machinefile F
                              run on the hosts listed in F (lines 'name [slots=N]')
-  --output tag,merge-stderr-to-stdout,dir=DIR[:nocopy]
-                             tag each output line with its rank; send stderr to stdout; write
-                             each rank's output to DIR/JOB/rank.N/stdout and stderr as well
-                             (only there with :nocopy)
+  --output tag,timestamp,merge-stderr-to-stdout,dir=DIR[:nocopy]
+                             tag each output line with its rank; stamp it with the time its
+                             node read it; send stderr to stdout; write each rank's output to
+                             DIR/JOB/rank.N/stdout and stderr as well (only there with :nocopy)
   --output-filename DIR      same as --output dir=DIR
   --tag-output               same as --output tag
+  --timestamp-output         same as --output timestamp
   --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
   --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
   --timeout SECONDS          kill the job after SECONDS

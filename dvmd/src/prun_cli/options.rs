@@ -26,6 +26,7 @@ pub(super) enum Kind {
     Hostfile,
     Output,
     TagOutput,
+    TimestampOutput,
     OutputFilename,
     MergeStderr,
     Stdin,
@@ -60,6 +61,7 @@ impl Kind {
             Kind::Oversubscribe
                 | Kind::UseHwthreadCpus
                 | Kind::TagOutput
+                | Kind::TimestampOutput
                 | Kind::MergeStderr
                 | Kind::LaunchSizes
                 | Kind::EnableRecovery
@@ -104,6 +106,7 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::Hostfile, &["--hostfile", "--machinefile"]),
     (Kind::Output, &["--output"]),
     (Kind::TagOutput, &["--tag-output"]),
+    (Kind::TimestampOutput, &["--timestamp-output"]),
     (Kind::OutputFilename, &["--output-filename"]),
     (Kind::MergeStderr, &["--merge-stderr-to-stdout"]),
     (Kind::Stdin, &["--stdin"]),

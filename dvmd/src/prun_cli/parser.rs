@@ -36,6 +36,7 @@ struct Parser<'a> {
     bind_to: Option<(String, BindSpec)>,
     cpus_per_rank: Option<(String, u32)>,
     use_hwthread_cpus: bool,
+    timestamp_output: bool,
     rankfile: Option<(String, PathBuf, Vec<RankfileEntry>)>,
     oversubscribe: bool,
     host: Option<(String, String, Vec<String>)>,
@@ -79,6 +80,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         bind_to: None,
         cpus_per_rank: None,
         use_hwthread_cpus: false,
+        timestamp_output: false,
         rankfile: None,
         oversubscribe: false,
         host: None,
@@ -306,6 +308,7 @@ impl Parser<'_> {
                 for item in value.split(',') {
                     match item {
                         "tag" => self.tag_output = true,
+                        "timestamp" => self.timestamp_output = true,
                         "merge-stderr-to-stdout" => self.merge_stderr = true,
                         _ if item.starts_with("dir=") => {
                             let (dir, nocopy) = match item["dir=".len()..].strip_suffix(":nocopy") {
@@ -319,13 +322,14 @@ impl Parser<'_> {
                         }
                         _ => {
                             return Err(bad(
-                                "expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
+                                "expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
                             ))
                         }
                     }
                 }
             }
             Kind::TagOutput => self.tag_output = true,
+            Kind::TimestampOutput => self.timestamp_output = true,
             Kind::OutputFilename => {
                 if value.is_empty() {
                     return Err(bad("not a directory path"));
@@ -510,6 +514,7 @@ impl Parser<'_> {
             map_span: span,
             rankfile_name: self.rankfile.as_ref().map(|(_, p, _)| p.display().to_string()).unwrap_or_default(),
             rankfile: self.rankfile.map(|(_, _, e)| e).unwrap_or_default(),
+            timestamp_output: self.timestamp_output,
         };
         Ok(PrunCommand {
             spec,

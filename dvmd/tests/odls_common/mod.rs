@@ -24,6 +24,7 @@ pub fn spec(jobid: u32, rank: u32, argv: &[&str]) -> ProcSpec {
         stdin: false,
         timer_slack_us: 0,
         cpus: None,
+        timestamp: false,
     }
 }
 

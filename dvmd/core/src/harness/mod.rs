@@ -202,7 +202,10 @@ impl SimShell {
                     Program::Signal { signal, after_ns } => Some((now + after_ns, ExitKind::Signal(signal))),
                     Program::Print { text, after_ns } => {
                         let data = Bytes::from(format!("{text}\n"));
-                        due.push(Due { at: now, ev: ProcEvent::Output { jobid, rank, stream: Stream::Stdout, data } });
+                        due.push(Due {
+                            at: now,
+                            ev: ProcEvent::Output { jobid, rank, stream: Stream::Stdout, data, read_at_us: 0 },
+                        });
                         Some((now + after_ns, ExitKind::Code(0)))
                     }
                     Program::Hang => None,

@@ -61,7 +61,8 @@ impl Default for Plan {
 }
 
 impl Plan {
-    pub fn from_wire(p: &LocalPlan) -> Plan {
+    /// `nprocs`: the job's (the map says it).
+    pub fn from_wire(p: &LocalPlan, nprocs: u32) -> Plan {
         let bind = match BindTo::try_from(p.bind_to) {
             Ok(BindTo::None) => Bind::None,
             Ok(BindTo::Obj) => Level::from_wire(p.bind_obj).map_or(Bind::None, Bind::To),
@@ -76,7 +77,7 @@ impl Plan {
             hwthread_cpus: p.hwthread_cpus,
             overload_allowed: p.overload_allowed,
             if_supported: p.if_supported,
-            job_procs: p.job_procs,
+            job_procs: nprocs,
         }
     }
 
@@ -93,11 +94,10 @@ impl Plan {
             rank_obj: self.rank_obj.map_or(none, |l| l.wire() as i32),
             bind_to,
             bind_obj,
-            cpus_per_rank: self.pe,
+            cpus_per_rank: if self.pe > 1 { self.pe } else { 0 },
             hwthread_cpus: self.hwthread_cpus,
             overload_allowed: self.overload_allowed,
             if_supported: self.if_supported,
-            job_procs: self.job_procs,
         }
     }
 

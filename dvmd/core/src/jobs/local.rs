@@ -308,6 +308,7 @@ impl LocalJobs {
                 wdir: app.wdir.clone().into(),
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),
                 timer_slack_us,
+                timestamp: map.timestamp_output,
                 cpus: bound.map(|(_, os)| {
                     self.cpus_of.insert((jobid, p.rank), os.clone());
                     os
@@ -328,7 +329,7 @@ impl LocalJobs {
         let (Some(topo), Some(plan)) = (self.cfg.topo.as_ref(), map.plan.as_ref()) else {
             return Ok(vec![None; n as usize]);
         };
-        let mut plan = Plan::from_wire(plan);
+        let mut plan = Plan::from_wire(plan, map.nprocs);
         if self.cfg.loopback && plan.bind == Bind::Default && plan.map_obj.is_none() && plan.pe <= 1 {
             plan.bind = Bind::None;
         }
@@ -443,8 +444,8 @@ impl LocalJobs {
                 debug!(jobid, rank, pid, "proc started");
                 self.launch_progress(me, jobid, None);
             }
-            ProcEvent::Output { jobid, rank, stream, data } => {
-                let chunk = IofChunk { jobid, rank, stream: stream.wire(), data, eof: false };
+            ProcEvent::Output { jobid, rank, stream, data, read_at_us } => {
+                let chunk = IofChunk { jobid, rank, stream: stream.wire(), data, eof: false, read_at_us };
                 self.out.push(LocalOut::ToHnp(daemon_cmd::Body::Iof(chunk)));
             }
             ProcEvent::OutputClosed { .. } => {}

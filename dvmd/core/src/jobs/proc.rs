@@ -25,6 +25,8 @@ pub struct ProcSpec {
     /// The CPUs (OS indices) the proc is bound to before it runs; `None`: unbound (it keeps
     /// the daemon's affinity).
     pub cpus: Option<Vec<u32>>,
+    /// Stamp its output with the time it is read (`--output timestamp`).
+    pub timestamp: bool,
 }
 
 /// A proc's timer slack in microseconds, set in its environment (`-x DVM_TIMER_SLACK_US=0`):
@@ -67,6 +69,8 @@ pub enum ProcEvent {
         rank: u32,
         stream: Stream,
         data: Bytes,
+        /// When it was read (µs since 1970, UTC), for a proc started with `timestamp`; else 0.
+        read_at_us: u64,
     },
     OutputClosed {
         jobid: u32,

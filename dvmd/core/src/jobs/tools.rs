@@ -109,7 +109,13 @@ impl JobTable {
     /// Output of a detached job: kept (and, while a prun is attached, forwarded by the caller).
     pub(crate) fn keep_output(&mut self, jobid: u32, chunk: &IofChunk) {
         if let Some(kept) = self.jobs.get_mut(&jobid).and_then(|j| j.kept.as_mut()) {
-            let out = JobOutput { rank: chunk.rank, stream: chunk.stream, data: chunk.data.clone(), jobid };
+            let out = JobOutput {
+                rank: chunk.rank,
+                stream: chunk.stream,
+                data: chunk.data.clone(),
+                jobid,
+                read_at_us: chunk.read_at_us,
+            };
             kept.push(JobEvent { event: Some(job_event::Event::Output(out)) });
         }
     }
@@ -321,7 +327,7 @@ mod tests {
 
     fn out(rank: u32, n: usize) -> JobEvent {
         let data = bytes::Bytes::from(vec![b'x'; n]);
-        JobEvent { event: Some(job_event::Event::Output(JobOutput { rank, stream: 1, data, jobid: 1 })) }
+        JobEvent { event: Some(job_event::Event::Output(JobOutput { rank, stream: 1, data, jobid: 1, read_at_us: 0 })) }
     }
 
     #[test]

@@ -24,16 +24,36 @@ use super::signals::{ends_job, Signals};
 /// filter killed by SIGPIPE.
 pub(super) const CLOSED_STDOUT: i32 = 128 + libc::SIGPIPE;
 
-/// Writes job output: raw, or tagged per line `[job,rank]<stream>: line`. Once prun's stdout is
+/// Writes job output: raw, or per line tagged `[job,rank]<stream>: line` and/or stamped
+/// `[2026-12-06T00:36:06.123456Z] line` (when the rank's daemon read it). Once prun's stdout is
 /// closed, what would go there is dropped; errors on stderr are ignored.
 pub(super) struct Output {
     pub(super) jobid: u32,
     pub(super) tag: bool,
     pub(super) merge: bool,
-    pub(super) partial: HashMap<(u32, u32, u32), Vec<u8>>,
+    /// A line not ended yet, and when its first bytes were read.
+    pub(super) partial: HashMap<(u32, u32, u32), (Vec<u8>, u64)>,
     pub(super) stdout_closed: bool,
     /// Each rank's output in its own files; `copy`: on the terminal too.
     pub(super) files: Option<(RankFiles, bool)>,
+}
+
+/// `2026-12-06T00:36:06.123456Z`: a time in µs since 1970 as UTC (ISO 8601).
+pub(super) fn utc_text(us: u64) -> String {
+    let (secs, frac) = (us / 1_000_000, us % 1_000_000);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (rem / 3600, rem / 60 % 60, rem % 60);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{frac:06}Z")
 }
 
 impl Output {
@@ -46,26 +66,35 @@ impl Output {
                 return false;
             }
         }
-        if !self.tag {
+        if !self.tag && o.read_at_us == 0 {
             return self.put(to, &o.data);
         }
         let job = if o.jobid != 0 { o.jobid } else { self.jobid };
-        let buf = self.partial.entry((job, o.rank, o.stream)).or_default();
+        let (buf, at) = self.partial.entry((job, o.rank, o.stream)).or_insert_with(|| (Vec::new(), o.read_at_us));
+        if buf.is_empty() {
+            *at = o.read_at_us;
+        }
         buf.extend_from_slice(&o.data);
         let mut lines = Vec::new();
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            lines.push(buf.drain(..=nl).collect::<Vec<u8>>());
+            lines.push((buf.drain(..=nl).collect::<Vec<u8>>(), *at));
+            // The next line starts in this chunk.
+            *at = o.read_at_us;
         }
         let mut closed = false;
-        for l in lines {
-            closed |= self.emit(job, o.rank, o.stream, to, &l);
+        for (l, at) in lines {
+            closed |= self.emit(job, o.rank, o.stream, to, &l, at);
         }
         closed
     }
 
-    pub(super) fn emit(&mut self, job: u32, rank: u32, from: u32, to: u32, line: &[u8]) -> bool {
+    /// One line, stamped with `at` (µs since 1970; 0: none) and tagged when asked.
+    pub(super) fn emit(&mut self, job: u32, rank: u32, from: u32, to: u32, line: &[u8], at: u64) -> bool {
         let name = if from == 2 { "stderr" } else { "stdout" };
-        let mut text = format!("[{job},{rank}]<{name}>: ").into_bytes();
+        let mut text = if at > 0 { format!("[{}] ", utc_text(at)).into_bytes() } else { Vec::new() };
+        if self.tag {
+            text.extend_from_slice(format!("[{job},{rank}]<{name}>: ").as_bytes());
+        }
         text.extend_from_slice(line);
         if !text.ends_with(b"\n") {
             text.push(b'\n');
@@ -94,10 +123,11 @@ impl Output {
     }
 
     pub(super) fn finish(&mut self) {
-        let rest: Vec<((u32, u32, u32), Vec<u8>)> = self.partial.drain().filter(|(_, b)| !b.is_empty()).collect();
-        for ((job, rank, from), line) in rest {
+        let rest: Vec<((u32, u32, u32), (Vec<u8>, u64))> =
+            self.partial.drain().filter(|(_, (b, _))| !b.is_empty()).collect();
+        for ((job, rank, from), (line, at)) in rest {
             let to = if self.merge { 1 } else { from };
-            self.emit(job, rank, from, to, &line);
+            self.emit(job, rank, from, to, &line, at);
         }
     }
 }
@@ -343,5 +373,17 @@ pub(super) async fn forward_stdin(uri: DvmUri, jobid: u32) {
     .await;
     if let Err(e) = result {
         tracing::debug!("stdin forwarding ended: {e:#}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_text;
+
+    #[test]
+    fn times_read_as_utc() {
+        assert_eq!(utc_text(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(utc_text(1_700_000_000_123_456), "2023-11-14T22:13:20.123456Z");
+        assert_eq!(utc_text(951_782_400_000_001), "2000-02-29T00:00:00.000001Z");
     }
 }
