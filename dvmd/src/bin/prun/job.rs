@@ -123,8 +123,7 @@ impl Output {
     }
 
     pub(super) fn finish(&mut self) {
-        let rest: Vec<((u32, u32, u32), (Vec<u8>, u64))> =
-            self.partial.drain().filter(|(_, (b, _))| !b.is_empty()).collect();
+        let rest: Vec<_> = self.partial.drain().filter(|(_, (b, _))| !b.is_empty()).collect();
         for ((job, rank, from), (line, at)) in rest {
             let to = if self.merge { 1 } else { from };
             self.emit(job, rank, from, to, &line, at);
