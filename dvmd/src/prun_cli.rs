@@ -139,6 +139,7 @@ mod tests {
                 c.spec.bind_overload_allowed = true;
             }),
             (&["--bind-to none", "--bind-to=NONE"], |c| c.spec.bind_to = BindTo::None as i32),
+            (&["--output timestamp", "--timestamp-output", "--output=timestamp"], |c| c.spec.timestamp_output = true),
             (&["--rank-by package", "--rank-by=SOCKET"], |c| {
                 c.spec.rank_by = RankBy::Obj as i32;
                 c.spec.rank_obj = HwObj::Package as i32;
@@ -439,10 +440,10 @@ mod tests {
             ("--stdin -1 a", "--stdin '-1': expected rank, all, none or a rank number"),
             ("--output tag --output tag a", "--output given twice"),
             (
-                "--output timestamp a",
-                "--output 'timestamp': expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
+                "--output stamp a",
+                "--output 'stamp': expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
             ),
-            ("--output tag, a", "--output 'tag,': expected tag, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','"),
+            ("--output tag, a", "--output 'tag,': expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','"),
             ("--dvm-uri x --dvm-uri y a", "--dvm-uri given twice"),
             ("--dvm-uri file: a", "--dvm-uri 'file:': expected a URI or file:PATH"),
             ("--dvm-uri= a", "--dvm-uri '': expected a URI or file:PATH"),
@@ -487,6 +488,36 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn mca_params_files_in_home_reach_the_ranks_below_the_command_line_and_environment() {
+        let dir = TempDir::new("mcafile");
+        std::fs::create_dir_all(dir.0.join(".openmpi")).unwrap();
+        std::fs::create_dir_all(dir.0.join(".pmix")).unwrap();
+        std::fs::write(
+            dir.0.join(".openmpi/mca-params.conf"),
+            "# site\nbtl = self,vader\nmpi_yield_when_idle=1\nmca_base_verbose = 5 # env wins\n",
+        )
+        .unwrap();
+        std::fs::write(dir.0.join(".pmix/mca-params.conf"), "gds = hash\n").unwrap();
+        let home = dir.0.display().to_string();
+        let env = |name: &str| match name {
+            "HOME" => Some(home.clone()),
+            "OMPI_MCA_mca_base_verbose" => Some("0".into()),
+            _ => None,
+        };
+        let c = parse(&words("--mca btl tcp,self a"), Path::new(CWD), &env).unwrap();
+        let got: Vec<(String, String)> =
+            c.spec.apps[0].env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
+        let get = |k: &str| got.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("OMPI_MCA_btl"), Some("tcp,self"), "the command line wins: {got:?}");
+        assert_eq!(get("OMPI_MCA_mpi_yield_when_idle"), Some("1"));
+        assert_eq!(get("PMIX_MCA_gds"), Some("hash"));
+        assert_eq!(get("OMPI_MCA_mca_base_verbose"), None, "prun's environment wins");
+        std::fs::write(dir.0.join(".openmpi/mca-params.conf"), "btl self\n").unwrap();
+        let e = parse(&words("a"), Path::new(CWD), &env).unwrap_err().to_string();
+        assert_eq!(e, format!("{home}/.openmpi/mca-params.conf:1: expected 'name = value'"));
     }
 
     #[test]

@@ -187,6 +187,8 @@ pub enum CliError {
     Appfile { path: String, why: String },
     #[error("--rankfile {path}: {why}")]
     Rankfile { path: String, why: String },
+    #[error("{path}:{line}: {why}")]
+    McaFile { path: String, line: usize, why: String },
 }
 
 pub(super) fn for_app(app: &usize) -> String {

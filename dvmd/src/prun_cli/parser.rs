@@ -404,7 +404,40 @@ impl Parser<'_> {
         Ok(())
     }
 
-    fn finish(self, cwd: String) -> Result<PrunCommand, CliError> {
+    /// The user's MCA parameter files, as Open MPI, PRRTE and PMIx read them
+    /// (`$HOME/.openmpi/mca-params.conf`, `.prte/`, `.pmix/`; lines `name = value`, `#`
+    /// comments): each parameter not given on the command line (`--mca`, `-x`) nor in prun's
+    /// environment goes to the ranks as its environment variable, so every node sees the same
+    /// settings whatever its home directory holds.
+    fn mca_files(&mut self) -> Result<(), CliError> {
+        let Some(home) = (self.env)("HOME").filter(|h| !h.is_empty()) else { return Ok(()) };
+        for (dir, prefix) in [(".openmpi", "OMPI_MCA_"), (".prte", "PRTE_MCA_"), (".pmix", "PMIX_MCA_")] {
+            let path = Path::new(&home).join(dir).join("mca-params.conf");
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let shown = path.display().to_string();
+            for (n, raw) in text.lines().enumerate() {
+                let line = raw.split('#').next().unwrap_or_default().trim();
+                if line.is_empty() {
+                    continue;
+                }
+                let bad = |why: &str| CliError::McaFile { path: shown.clone(), line: n + 1, why: why.to_string() };
+                let (name, value) = line.split_once('=').ok_or_else(|| bad("expected 'name = value'"))?;
+                let (name, value) = (name.trim(), value.trim());
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(bad(&format!("'{name}' is not a parameter name (letters, digits and '_')")));
+                }
+                let var = format!("{prefix}{name}");
+                if self.global.env.iter().any(|(k, _)| *k == var) || (self.env)(&var).is_some() {
+                    continue;
+                }
+                self.global.env.push((var, value.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, cwd: String) -> Result<PrunCommand, CliError> {
+        self.mca_files()?;
         if let Some((attach, _)) = &self.attach {
             if self.apps.iter().any(|a| !a.argv.is_empty()) {
                 return Err(CliError::Conflict { first: attach.clone(), second: "an executable".into() });
