@@ -189,8 +189,9 @@ pub fn place_node(
             }
         }
         Bind::To(b) => Some(b),
-        Bind::Default if oversubscribed => None,
+        // PE asks for cpus: bound to them even on a full node (where they may not exist).
         Bind::Default if pe > 1 => Some(unit),
+        Bind::Default if oversubscribed => None,
         Bind::Default => match plan.map_obj {
             Some(m) => Some(m),
             None if plan.job_procs <= 2 => Some(unit),

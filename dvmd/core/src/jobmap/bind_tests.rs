@@ -62,6 +62,11 @@ fn pe_gives_consecutive_cpus_inside_the_mapped_object() {
     assert_eq!(cpus(&place(&t, &by_core, 3).unwrap()), ["0-1", "2-3", "4-5"]);
     let by_numa = Plan { pe: 2, ..plan(Some(Level::Numa), Bind::Default) };
     assert_eq!(cpus(&place(&t, &by_numa, 5).unwrap()), ["0-1", "4-5", "8-9", "12-13", "2-3"]);
+    let whole_node = Plan { pe: 32, ..plan(Some(Level::Core), Bind::Default) };
+    assert_eq!(
+        place(&t, &whole_node, 1).unwrap_err().to_string(),
+        "cannot give 32 cpus to each process: node n1 has only 16 cores"
+    );
     let too_big = Plan { pe: 8, ..plan(Some(Level::Numa), Bind::Default) };
     assert_eq!(
         place(&t, &too_big, 1).unwrap_err().to_string(),
