@@ -22,7 +22,8 @@ pub fn discover() -> Option<NodeTopo> {
         pmix_shim::topology::discover_xml().map_err(|e| e.to_string())
     };
     match xml.and_then(|x| parse_xml(&x)) {
-        Ok(t) => {
+        Ok(mut t) => {
+            t.machine = machine_id();
             debug!(ms = t0.elapsed().as_millis() as u64, hw = %t.describe(), "hardware summary");
             Some(t)
         }
@@ -31,6 +32,16 @@ pub fn discover() -> Option<NodeTopo> {
             None
         }
     }
+}
+
+/// This machine's boot id, hashed (0 when unreadable): equal for every daemon sharing the
+/// machine, so the HNP can tell fake nodes from real ones.
+fn machine_id() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let Ok(id) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else { return 0 };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.trim().hash(&mut h);
+    h.finish().max(1)
 }
 
 /// The summary of an hwloc v2 XML document: each PU (in document order, hwloc's logical

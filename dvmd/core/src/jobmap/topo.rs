@@ -80,6 +80,9 @@ impl Level {
 /// One node's hardware summary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeTopo {
+    /// The machine this node runs on (a hash of its boot id; 0: unknown). Fake nodes of one
+    /// machine (namespaces, containers, `--local`) share it.
+    pub machine: u64,
     pu_os: Vec<u32>,
     /// Per level below the node (hwthread, core, l3, numa, package): each PU's object index,
     /// or empty when the node lacks the level.
@@ -135,11 +138,12 @@ impl NodeTopo {
             }
             count[i] = dense(col);
         }
-        Ok(NodeTopo { pu_os, index, count })
+        Ok(NodeTopo { machine: 0, pu_os, index, count })
     }
 
     pub fn from_wire(w: &WireTopo) -> Result<NodeTopo, String> {
-        NodeTopo::new(w.pu_os.clone(), w.core.clone(), w.l3.clone(), w.numa.clone(), w.package.clone())
+        let t = NodeTopo::new(w.pu_os.clone(), w.core.clone(), w.l3.clone(), w.numa.clone(), w.package.clone())?;
+        Ok(NodeTopo { machine: w.machine, ..t })
     }
 
     pub fn to_wire(&self) -> WireTopo {
@@ -149,6 +153,7 @@ impl NodeTopo {
             l3: self.index[2].clone(),
             numa: self.index[3].clone(),
             package: self.index[4].clone(),
+            machine: self.machine,
         }
     }
 

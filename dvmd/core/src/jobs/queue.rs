@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use dvm_proto::control::{job_event, JobEnded, JobInfo, JobQueued, JobStarted};
-use dvm_proto::job::JobSpec;
+use dvm_proto::job::{BindTo, JobSpec};
 use tracing::{debug, info};
 
 use super::hnp::JobTable;
@@ -304,6 +304,14 @@ impl JobTable {
                 }
             }
         }
+        if spec.bind_to == BindTo::Default as i32 && shares_a_machine(r, &placement) {
+            // Open MPI's implicit binding assumes a node owns its cores; daemons sharing one
+            // machine would each bind their processes to the same first cores.
+            let plan = jobmap::plan_of(&spec, placement.nprocs());
+            if plan.map_obj.is_none() && plan.pe <= 1 {
+                spec.bind_to = BindTo::None as i32;
+            }
+        }
         let shown = (spec.display_map || spec.display_allocation || spec.report_bindings).then(|| placement.clone());
         self.start_job_as(jobid, &spec, placement, client, None);
         if let Some(p) = shown {
@@ -419,4 +427,16 @@ impl JobTable {
         let i = self.queue.iter().position(|w| w.jobid == jobid)?;
         self.queue.remove(i)
     }
+}
+
+/// Whether a daemon of `p` shares its machine with another daemon of the DVM (fake nodes:
+/// namespaces, containers), as their hardware summaries say.
+fn shares_a_machine(r: &Core, p: &Placement) -> bool {
+    let Some(contacts) = r.contacts() else { return false };
+    let machine = |d: u32| r.hardware_of(d).map_or(0, |t| t.machine);
+    let mut count: BTreeMap<u64, u32> = BTreeMap::new();
+    for &d in contacts.keys() {
+        *count.entry(machine(d)).or_insert(0) += 1;
+    }
+    p.daemons().any(|d| machine(d) != 0 && count[&machine(d)] > 1)
 }

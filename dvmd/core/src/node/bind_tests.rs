@@ -119,3 +119,17 @@ fn default_binding_follows_the_job_size_and_leaves_an_oversubscribed_node_unboun
     assert!(net.ended(c).is_none());
     assert!(cpus(&net, 3).iter().all(|(_, _, c)| c.is_none()), "5 procs on 4 cores: unbound");
 }
+
+#[test]
+fn daemons_sharing_one_machine_bind_nothing_by_default_but_what_is_asked() {
+    // Fake nodes of one machine report the same machine: the implicit binding would put each
+    // node's first process on the same core.
+    let mut hw = NodeTopo::synthetic("package:1 core:4").unwrap();
+    hw.machine = 7;
+    let mut net = Net::boot_with_hardware(2, 2, 4, &hw);
+    net.launch(JobSpec { map_by: MapBy::Node as i32, ..job(2, hang()) });
+    net.launch(JobSpec { apps: job(2, hang()).apps, ..bind_to(HwObj::Core) });
+    net.run();
+    assert_eq!(cpus(&net, 1), [(0, 0, None), (1, 1, None)]);
+    assert_eq!(cpus(&net, 2), [(0, 0, Some(vec![0])), (1, 0, Some(vec![1]))]);
+}
