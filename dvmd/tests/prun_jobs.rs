@@ -241,6 +241,20 @@ fn run_suite(radix: u32) {
     let o = dvm.prun(&["--output-filename", &out_dir.display().to_string(), "-n", "2", "echo", "copied"]);
     assert_eq!(text(&o).0.matches("copied").count(), 2, "without nocopy: on the terminal too");
     std::fs::remove_dir_all(&out_dir).unwrap();
+    // file=PREFIX: both streams of rank N in PREFIX.N, byte-exact.
+    let prefix = dvm.root.join("per-rank").join("out");
+    let spec = format!("file={}:nocopy", prefix.display());
+    let o = dvm.prun(&["--output", &spec, "-n", "2", "sh", "-c", "seq 1 2000; echo err $DVM_RANK >&2"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.is_empty(), "nocopy: nothing on the terminal");
+    for r in 0..2 {
+        let got = std::fs::read_to_string(format!("{}.{r}", prefix.display())).unwrap();
+        // The streams are read apart: stdout in order, stderr's line somewhere among it.
+        let err = format!("err {r}\n");
+        assert_eq!(got.matches(&err).count(), 1, "rank {r}'s file: {got}");
+        assert_eq!(got.replacen(&err, "", 1), want, "rank {r}'s file");
+    }
+    std::fs::remove_dir_all(dvm.root.join("per-rank")).unwrap();
 
     // 50 jobs in a row: nothing left behind.
     for i in 0..50 {

@@ -51,10 +51,11 @@ Job options (before the first EXE):
   -H, --host a,b,c           run on these hosts of the DVM (name[:slots] for a one-shot DVM)
   --hostfile, --machinefile F
                              run on the hosts listed in F (lines 'name [slots=N]')
-  --output tag,timestamp,merge-stderr-to-stdout,dir=DIR[:nocopy]
+  --output tag,timestamp,merge-stderr-to-stdout,dir=DIR[:nocopy],file=PREFIX[:nocopy]
                              tag each output line with its rank; stamp it with the time its
                              node read it; send stderr to stdout; write each rank's output to
-                             DIR/JOB/rank.N/stdout and stderr as well (only there with :nocopy)
+                             DIR/JOB/rank.N/stdout and stderr, or to PREFIX.N, as well (only
+                             there with :nocopy)
   --output-filename DIR      same as --output dir=DIR
   --tag-output               same as --output tag
   --timestamp-output         same as --output timestamp
@@ -110,6 +111,8 @@ pub struct PrunCommand {
     /// `--output-filename DIR` / `--output dir=DIR[:nocopy]`: each rank's output also (or, with
     /// `nocopy`, only) in DIR/JOB/rank.N/stdout and stderr.
     pub output_dir: Option<(PathBuf, bool)>,
+    /// `--output file=PREFIX[:nocopy]`: rank N's output in PREFIX.N (`true`: there only).
+    pub output_file: Option<(PathBuf, bool)>,
     /// `--attach ID`: follow a detached job instead of submitting one.
     pub attach: Option<u32>,
     pub help: bool,

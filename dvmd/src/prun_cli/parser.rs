@@ -43,6 +43,7 @@ struct Parser<'a> {
     hostfile: Option<(String, PathBuf, Vec<String>)>,
     output: Option<String>,
     output_dir: Option<(PathBuf, bool)>,
+    output_file: Option<(PathBuf, bool)>,
     tag_output: bool,
     merge_stderr: bool,
     stdin: Option<(StdinTarget, u32)>,
@@ -87,6 +88,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         hostfile: None,
         output: None,
         output_dir: None,
+        output_file: None,
         tag_output: false,
         merge_stderr: false,
         stdin: None,
@@ -320,9 +322,19 @@ impl Parser<'_> {
                             }
                             set_once(&mut self.output_dir, (clean(&self.cwd.join(dir)), nocopy), twice)?;
                         }
+                        _ if item.starts_with("file=") => {
+                            let (file, nocopy) = match item["file=".len()..].strip_suffix(":nocopy") {
+                                Some(f) => (f, true),
+                                None => (&item["file=".len()..], false),
+                            };
+                            if file.is_empty() || file.ends_with('/') {
+                                return Err(bad("file= needs a file name prefix"));
+                            }
+                            set_once(&mut self.output_file, (clean(&self.cwd.join(file)), nocopy), twice)?;
+                        }
                         _ => {
                             return Err(bad(
-                                "expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], or several separated by ','",
+                                "expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], file=PREFIX[:nocopy], or several separated by ','",
                             ))
                         }
                     }
@@ -438,6 +450,12 @@ impl Parser<'_> {
 
     fn finish(mut self, cwd: String) -> Result<PrunCommand, CliError> {
         self.mca_files()?;
+        if self.output_dir.is_some() && self.output_file.is_some() {
+            return Err(CliError::Conflict {
+                first: "--output dir=".into(),
+                second: "file= (or --output-filename)".into(),
+            });
+        }
         if let Some((attach, _)) = &self.attach {
             if self.apps.iter().any(|a| !a.argv.is_empty()) {
                 return Err(CliError::Conflict { first: attach.clone(), second: "an executable".into() });
@@ -557,6 +575,7 @@ impl Parser<'_> {
             host_list,
             launch_sizes: self.launch_sizes,
             output_dir: self.output_dir,
+            output_file: self.output_file,
             attach: self.attach.map(|(_, id)| id),
             help: false,
             version: false,
@@ -597,6 +616,7 @@ fn short_circuit(cwd: String, kind: Kind) -> PrunCommand {
         host_list: None,
         launch_sizes: false,
         output_dir: None,
+        output_file: None,
         attach: None,
         help: kind == Kind::Help,
         version: kind == Kind::Version,

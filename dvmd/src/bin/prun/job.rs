@@ -182,7 +182,11 @@ pub(super) async fn run_job(
         merge: spec.merge_stderr,
         partial: HashMap::new(),
         stdout_closed: false,
-        files: cmd.output_dir.as_ref().map(|(dir, nocopy)| (RankFiles::new(dir.clone()), !nocopy)),
+        files: match (&cmd.output_dir, &cmd.output_file) {
+            (Some((dir, nocopy)), _) => Some((RankFiles::new(dir.clone()), !nocopy)),
+            (None, Some((prefix, nocopy))) => Some((RankFiles::with_prefix(prefix.clone()), !nocopy)),
+            (None, None) => None,
+        },
     };
     let mut jobid = cmd.attach;
     // The first SIGINT/SIGTERM: the job is killed, and prun never reports success after it.
