@@ -304,14 +304,7 @@ impl JobTable {
                 }
             }
         }
-        if spec.bind_to == BindTo::Default as i32 && shares_a_machine(r, &placement) {
-            // Open MPI's implicit binding assumes a node owns its cores; daemons sharing one
-            // machine would each bind their processes to the same first cores.
-            let plan = jobmap::plan_of(&spec, placement.nprocs());
-            if plan.map_obj.is_none() && plan.pe <= 1 {
-                spec.bind_to = BindTo::None as i32;
-            }
-        }
+        no_implicit_binding_on_shared_machines(r, &mut spec, &placement);
         let shown = (spec.display_map || spec.display_allocation || spec.report_bindings).then(|| placement.clone());
         self.start_job_as(jobid, &spec, placement, client, None);
         if let Some(p) = shown {
@@ -426,6 +419,18 @@ impl JobTable {
     pub(crate) fn take_queued(&mut self, jobid: u32) -> Option<Waiting> {
         let i = self.queue.iter().position(|w| w.jobid == jobid)?;
         self.queue.remove(i)
+    }
+}
+
+/// Open MPI's implicit binding assumes a node owns its cores; daemons sharing one machine would
+/// each bind their processes to the same first cores, so there a job asking for nothing (no
+/// `--bind-to`, object mapping or PE) is not bound.
+pub(crate) fn no_implicit_binding_on_shared_machines(r: &Core, spec: &mut JobSpec, p: &Placement) {
+    if spec.bind_to == BindTo::Default as i32 && shares_a_machine(r, p) {
+        let plan = jobmap::plan_of(spec, p.nprocs());
+        if plan.map_obj.is_none() && plan.pe <= 1 {
+            spec.bind_to = BindTo::None as i32;
+        }
     }
 }
 
