@@ -145,6 +145,9 @@ fn where_(level: Level, host: &str) -> String {
 
 /// Candidates in order with busy ones (any PU in `busy`) moved last.
 fn free_first(topo: &NodeTopo, level: Level, objs: Vec<u32>, busy: &BTreeSet<u32>) -> Vec<u32> {
+    if busy.is_empty() {
+        return objs;
+    }
     let is_busy = |o: &u32| topo.pus_of(level, *o).iter().any(|&p| busy.contains(&topo.os_index(p)));
     let (free, held): (Vec<u32>, Vec<u32>) = objs.into_iter().partition(|o| !is_busy(o));
     free.into_iter().chain(held).collect()
@@ -200,6 +203,14 @@ pub fn place_node(
     };
     // 3. Binding, in mapping order: cursors per container.
     let mut cursor: BTreeMap<Option<(Level, u32)>, usize> = BTreeMap::new();
+    // The candidates inside each container, computed once: (container, level) -> objects.
+    let mut cands: BTreeMap<(Level, u32, Level), Vec<u32>> = BTreeMap::new();
+    let mut candidates = |outer: Level, idx: u32, inner: Level| -> Vec<u32> {
+        cands
+            .entry((outer, idx, inner))
+            .or_insert_with(|| free_first(topo, inner, topo.objects_within(outer, idx, inner), busy))
+            .clone()
+    };
     let mut bound: Vec<Option<(Level, Vec<u32>)>> = Vec::with_capacity(nlocal as usize);
     for c in &containers {
         let Some(b) = level else {
@@ -214,7 +225,7 @@ pub fn place_node(
         };
         let at = cursor.entry(if outer == Level::Node { None } else { Some((outer, idx)) }).or_insert(0);
         let pus = if pe > 1 {
-            let units = free_first(topo, unit, topo.objects_within(outer, idx, unit), busy);
+            let units = candidates(outer, idx, unit);
             if (units.len() as u32) < pe {
                 return Err(BindError::PeTooLarge {
                     host: host.into(),
@@ -239,7 +250,7 @@ pub fn place_node(
             let o = topo.object_of(first, b).expect("count(b) > 0");
             topo.pus_of(b, o)
         } else {
-            let objs = free_first(topo, b, topo.objects_within(outer, idx, b), busy);
+            let objs = candidates(outer, idx, b);
             let o = objs[*at % objs.len()];
             *at += 1;
             topo.pus_of(b, o)
