@@ -517,7 +517,7 @@ mod tests {
         assert_eq!(get("OMPI_MCA_btl"), Some("tcp,self"), "the command line wins: {got:?}");
         assert_eq!(get("OMPI_MCA_mpi_yield_when_idle"), Some("1"));
         assert_eq!(get("PMIX_MCA_gds"), Some("hash"));
-        assert_eq!(get("OMPI_MCA_mca_base_verbose"), None, "prun's environment wins");
+        assert_eq!(get("OMPI_MCA_mca_base_verbose"), Some("0"), "prun's environment wins");
         std::fs::write(dir.0.join(".openmpi/mca-params.conf"), "btl self\n").unwrap();
         let e = parse(&words("a"), Path::new(CWD), &env).unwrap_err().to_string();
         assert_eq!(e, format!("{home}/.openmpi/mca-params.conf:1: expected 'name = value'"));

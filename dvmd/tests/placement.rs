@@ -57,8 +57,7 @@ fn suite(radix: u32) {
         assert_eq!(reported(report), Some(kernel.as_str()), "rank {rank}: {report}");
         assert!(report.contains("bound to") && report.contains("[core:"), "{report}");
     }
-    let mut all: Vec<&String> = got.values().map(|(k, _)| k).collect();
-    all.dedup();
+    let all: std::collections::BTreeSet<&String> = got.values().map(|(k, _)| k).collect();
     assert_eq!(all.len() as u32, cores, "one core each: {got:?}");
 
     // Unbound: every cpu of the daemon's, and said so.

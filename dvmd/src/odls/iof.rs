@@ -142,7 +142,8 @@ pub(super) async fn pump(
     // Read, counted outstanding, not sent yet: the end of a line still being written.
     let mut carry: Vec<u8> = Vec::new();
     use std::sync::atomic::Ordering::Relaxed;
-    let send = |carry: &mut Vec<u8>, flush: bool, since: u64| {
+    // Sends what is whole; returns how many bytes went.
+    let send = |carry: &mut Vec<u8>, flush: bool, since: u64| -> usize {
         let n = cut_at_line(carry, flush, CHUNK.min(window.size));
         if n > 0 {
             window.held_back.fetch_sub(n, Relaxed);
@@ -150,11 +151,12 @@ pub(super) async fn pump(
             let read_at_us = if stamp { since } else { 0 };
             let _ = events.send(OdlsEvent::Output { jobid, rank, stream, data, read_at_us });
         }
+        n
     };
     loop {
         if !carry.is_empty() && tokio::time::timeout(LINE_WAIT, rx.readable()).await.is_err() {
             // Nothing more for a while: the writer paused mid-line (a prompt).
-            send(&mut carry, true, since);
+            let _ = send(&mut carry, true, since);
         }
         if let Err(e) = rx.readable().await {
             debug!(jobid, rank, ?stream, "output pipe failed: {e}");
@@ -162,7 +164,7 @@ pub(super) async fn pump(
         }
         if !carry.is_empty() && window.starved() {
             // The window is full of held-back line ends, which no ack will ever return.
-            send(&mut carry, true, since);
+            let _ = send(&mut carry, true, since);
         }
         // Held-back line ends are never what the window waits on for long: pumps run on
         // several threads, so `starved` may miss a moment; after `LINE_WAIT` without credit
@@ -173,7 +175,7 @@ pub(super) async fn pump(
             match tokio::time::timeout(LINE_WAIT, window.take()).await {
                 Ok(c) => c,
                 Err(_) => {
-                    send(&mut carry, true, since);
+                    let _ = send(&mut carry, true, since);
                     window.take().await
                 }
             }
@@ -197,9 +199,9 @@ pub(super) async fn pump(
                     since = now_us();
                 }
                 carry.extend_from_slice(&buf[..n]);
-                send(&mut carry, false, since);
-                if stamp && !carry.is_empty() {
-                    // What is left (a line's start) was read by this read.
+                if send(&mut carry, false, since) > 0 && stamp && !carry.is_empty() {
+                    // What is left (a line's start) was read by this read; a line still
+                    // unfinished keeps the time of its first bytes.
                     since = now_us();
                 }
             }
@@ -215,7 +217,7 @@ pub(super) async fn pump(
     if window.is_closed() {
         window.held_back.fetch_sub(carry.len(), Relaxed);
     } else {
-        send(&mut carry, true, since);
+        let _ = send(&mut carry, true, since);
     }
     let _ = events.send(OdlsEvent::OutputClosed { jobid, rank, stream });
 }

@@ -456,6 +456,7 @@ fn proc_places(proc_map: &[Vec<u32>], places: &[wire::ProcPlace]) -> Vec<pmix_sh
     if places.is_empty() {
         return Vec::new();
     }
+    let by_rank: std::collections::HashMap<u32, &wire::ProcPlace> = places.iter().map(|p| (p.rank, p)).collect();
     let mut out = Vec::new();
     for ranks in proc_map {
         for (i, &rank) in ranks.iter().enumerate() {
@@ -465,7 +466,7 @@ fn proc_places(proc_map: &[Vec<u32>], places: &[wire::ProcPlace]) -> Vec<pmix_sh
                 Info::new(key_str(sys::PMIX_LOCAL_RANK), InfoValue::U16(local)),
                 Info::new(key_str(sys::PMIX_NODE_RANK), InfoValue::U16(local)),
             ];
-            if let Some(p) = places.iter().find(|p| p.rank == rank) {
+            if let Some(p) = by_rank.get(&rank) {
                 data.push(Info::new(key_str(sys::PMIX_CPUSET), InfoValue::String(p.cpuset.clone())));
                 data.push(Info::new(key_str(sys::PMIX_LOCALITY_STRING), InfoValue::String(p.locality.clone())));
             }

@@ -418,9 +418,10 @@ impl Parser<'_> {
 
     /// The user's MCA parameter files, as Open MPI, PRRTE and PMIx read them
     /// (`$HOME/.openmpi/mca-params.conf`, `.prte/`, `.pmix/`; lines `name = value`, `#`
-    /// comments): each parameter not given on the command line (`--mca`, `-x`) nor in prun's
-    /// environment goes to the ranks as its environment variable, so every node sees the same
-    /// settings whatever its home directory holds.
+    /// comments): each parameter not given on the command line (`--mca`, `-x`) goes to the
+    /// ranks as its environment variable, with prun's own value of that variable if it has one
+    /// (as Open MPI ranks the sources), so every node sees the same settings whatever its home
+    /// directory holds.
     fn mca_files(&mut self) -> Result<(), CliError> {
         let Some(home) = (self.env)("HOME").filter(|h| !h.is_empty()) else { return Ok(()) };
         for (dir, prefix) in [(".openmpi", "OMPI_MCA_"), (".prte", "PRTE_MCA_"), (".pmix", "PMIX_MCA_")] {
@@ -439,10 +440,12 @@ impl Parser<'_> {
                     return Err(bad(&format!("'{name}' is not a parameter name (letters, digits and '_')")));
                 }
                 let var = format!("{prefix}{name}");
-                if self.global.env.iter().any(|(k, _)| *k == var) || (self.env)(&var).is_some() {
+                if self.global.env.iter().any(|(k, _)| *k == var) {
                     continue;
                 }
-                self.global.env.push((var, value.to_string()));
+                // prun's environment wins over the file, and is what the ranks get.
+                let value = (self.env)(&var).unwrap_or_else(|| value.to_string());
+                self.global.env.push((var, value));
             }
         }
         Ok(())

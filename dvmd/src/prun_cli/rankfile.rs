@@ -28,6 +28,7 @@ pub(super) fn read(path: &Path) -> Result<Vec<RankfileEntry>, CliError> {
 /// Parse a rankfile's text.
 pub(super) fn parse(text: &str) -> Result<Vec<RankfileEntry>, String> {
     let mut out: Vec<RankfileEntry> = Vec::new();
+    let mut line_of: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = (i + 1) as u32;
         let content = raw.split('#').next().unwrap_or_default().trim();
@@ -47,9 +48,10 @@ pub(super) fn parse(text: &str) -> Result<Vec<RankfileEntry>, String> {
             (Some(s), None) if !s.is_empty() => s.to_string(),
             _ => return Err(bad("the host is followed by one 'slot=SPEC'")),
         };
-        if let Some(first) = out.iter().find(|e| e.rank == rank) {
-            return Err(format!("line {line}: rank {rank} is already placed on line {}", first.line));
+        if let Some(first) = line_of.get(&rank) {
+            return Err(format!("line {line}: rank {rank} is already placed on line {first}"));
         }
+        line_of.insert(rank, line);
         if out.len() == MAX_RANKS {
             return Err(format!("line {line}: more than {MAX_RANKS} ranks"));
         }

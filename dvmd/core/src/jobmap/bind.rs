@@ -261,14 +261,35 @@ pub fn place_node(
         bound.push(Some((b, pus)));
     }
     // 4. Overload: procs bound to one set of PUs, times their cpus, against the cpus it has.
-    if !plan.overload_allowed && plan.bind != Bind::Default {
-        let mut held: BTreeMap<&[u32], u32> = BTreeMap::new();
+    // Bound to cpus (a unit, or PE of them): no cpu may be held twice, whichever sets hold it.
+    if !plan.overload_allowed && plan.bind != Bind::Default && level.is_some_and(|b| b <= unit || pe > 1) {
+        let mut per_unit: BTreeMap<u32, u32> = BTreeMap::new();
         for (_, pus) in bound.iter().flatten() {
-            *held.entry(pus.as_slice()).or_insert(0) += pe;
+            let units: BTreeSet<u32> = pus.iter().filter_map(|&p| topo.object_of(p, unit)).collect();
+            for u in units {
+                let n = per_unit.entry(u).or_insert(0);
+                *n += 1;
+                if *n > 1 {
+                    let b = level.expect("bound");
+                    let o = topo.pus_of(unit, u).first().and_then(|&p| topo.object_of(p, b)).unwrap_or(0);
+                    let units_in = |o: u32| {
+                        topo.pus_of(b, o).iter().filter_map(|&p| topo.object_of(p, unit)).collect::<BTreeSet<_>>()
+                    };
+                    let cpus = units_in(o).len() as u32;
+                    let (level, obj, held) = (b, o.to_string(), *n);
+                    return Err(BindError::Overload { host: host.into(), procs: nlocal, level, obj, held, cpus, unit });
+                }
+            }
+        }
+    }
+    if !plan.overload_allowed && plan.bind != Bind::Default {
+        let mut held: BTreeMap<&[u32], u64> = BTreeMap::new();
+        for (_, pus) in bound.iter().flatten() {
+            *held.entry(pus.as_slice()).or_insert(0) += pe as u64;
         }
         for (pus, n) in held {
             let cpus = pus.iter().filter_map(|&p| topo.object_of(p, unit)).collect::<BTreeSet<_>>().len() as u32;
-            if n > cpus {
+            if n > cpus as u64 {
                 let b = level.expect("bound");
                 let objs: BTreeSet<u32> = pus.iter().filter_map(|&p| topo.object_of(p, b)).collect();
                 let obj = super::topo::list_text(&objs.into_iter().collect::<Vec<_>>());
@@ -277,7 +298,7 @@ pub fn place_node(
                     procs: nlocal,
                     level: b,
                     obj,
-                    held: n / pe,
+                    held: (n / pe as u64) as u32,
                     cpus,
                     unit,
                 });
@@ -287,17 +308,23 @@ pub fn place_node(
     // 5. Ranking: local rank i takes the i-th proc in rank order.
     let placed: Vec<Placed> = containers.into_iter().zip(bound).map(|(obj, bound)| Placed { obj, bound }).collect();
     let Some(r) = plan.rank_obj.filter(|&r| r != Level::Node && topo.count(r) > 0) else { return Ok(placed) };
-    let key = |p: &Placed| -> u32 {
+    // Where a proc sits, as finely as known: its mapped object when that is within an object of
+    // `r`, else its bound cpus, else the node's cpus in mapping order.
+    let key = |j: usize, p: &Placed| -> u32 {
         let first = match (&p.bound, p.obj) {
+            (_, Some((m, i))) if m <= r => topo.pus_of(m, i)[0],
             (Some((_, pus)), _) if !pus.is_empty() => pus[0],
             (_, Some((m, i))) => topo.pus_of(m, i)[0],
-            _ => 0,
+            _ => {
+                let k = topo.count(unit).max(1);
+                topo.pus_of(unit, j as u32 % k).first().copied().unwrap_or(0)
+            }
         };
         topo.object_of(first, r).unwrap_or(0)
     };
     let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (j, p) in placed.iter().enumerate() {
-        groups.entry(key(p)).or_default().push(j);
+        groups.entry(key(j, p)).or_default().push(j);
     }
     let mut order = Vec::with_capacity(placed.len());
     for round in 0.. {

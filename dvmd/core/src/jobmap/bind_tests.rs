@@ -89,6 +89,25 @@ fn overload_is_refused_unless_allowed() {
 }
 
 #[test]
+fn pe_sets_that_wrap_onto_a_held_cpu_are_an_overload() {
+    let t = topo("package:1 core:3 pu:1");
+    let p = Plan { pe: 2, ..plan(Some(Level::Core), Bind::To(Level::Core)) };
+    let e = place(&t, &p, 2).unwrap_err();
+    assert!(matches!(e, BindError::Overload { held: 2, .. }), "{e}");
+    assert_eq!(cpus(&place(&t, &Plan { overload_allowed: true, ..p }, 2).unwrap()), ["0-1", "0,2"]);
+}
+
+#[test]
+fn rank_by_an_object_uses_the_mapped_object_within_it() {
+    let t = topo("package:1 numa:2 core:2 pu:1");
+    // Bound to the package: ranks still dealt over the NUMA nodes of the mapped cores.
+    let p = Plan { rank_obj: Some(Level::Numa), ..plan(Some(Level::Core), Bind::To(Level::Package)) };
+    let got = place(&t, &p, 4).unwrap();
+    let objs: Vec<Option<(Level, u32)>> = got.iter().map(|p| p.obj).collect();
+    assert_eq!(objs, [Some((Level::Core, 0)), Some((Level::Core, 2)), Some((Level::Core, 1)), Some((Level::Core, 3))]);
+}
+
+#[test]
 fn missing_objects_are_named_or_skipped_if_supported() {
     let t = topo("package:1 core:2 pu:1");
     let e = place(&t, &plan(Some(Level::L3), Bind::Default), 1).unwrap_err();

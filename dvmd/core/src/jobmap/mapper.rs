@@ -196,6 +196,11 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
                 };
                 objs.push(t.count(obj) as u64);
             }
+            if let Some(i) = objs.iter().position(|&c| c == 0) {
+                let (host, has) =
+                    (usable[i].host.clone(), usable[i].topo.as_ref().map_or(String::new(), |t| t.describe()));
+                return Err(MapError::Bind(super::bind::BindError::NoObject { host, level: obj, has }));
+            }
             let k: u64 = objs.iter().sum::<u64>().max(1);
             let mut before = 0u64;
             let mut picked = Vec::new();

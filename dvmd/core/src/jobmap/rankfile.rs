@@ -24,12 +24,18 @@ fn entries<'a>(
     nodes: &'a [NodeSlots],
     np: u32,
 ) -> Result<Vec<(&'a RankfileEntry, &'a NodeSlots)>, MapError> {
+    // One line per rank: checked before anything is sized by `np` (a user's -n).
+    if np as usize != spec.rankfile.len() {
+        let why = format!("it places {} ranks, but the job has {np} processes", spec.rankfile.len());
+        return Err(refuse(spec, 0, why));
+    }
+    let by_host: std::collections::HashMap<&str, &NodeSlots> = nodes.iter().map(|n| (n.host.as_str(), n)).collect();
     let mut by_rank: Vec<Option<(&RankfileEntry, &NodeSlots)>> = vec![None; np as usize];
     for e in &spec.rankfile {
         let Some(slot) = by_rank.get_mut(e.rank as usize) else {
             return Err(refuse(spec, e.line, format!("rank {} is beyond the job's {np} processes", e.rank)));
         };
-        let node = nodes.iter().find(|n| n.host == e.host).ok_or_else(|| {
+        let node = by_host.get(e.host.as_str()).copied().ok_or_else(|| {
             let known: Vec<&str> = nodes.iter().take(8).map(|n| n.host.as_str()).collect();
             refuse(spec, e.line, format!("host '{}' is not a node of the DVM (its nodes: {})", e.host, known.join(",")))
         })?;
@@ -191,5 +197,10 @@ mod tests {
             let e = map_job(&spec(&lines), &nodes()).unwrap_err().to_string();
             assert!(e.starts_with(&format!("cannot map the job: rankfile {want}")), "{lines:?}: {e}");
         }
+        // -n is never what sizes the check: a file of 1 line against -n 4000000000.
+        let mut s = spec(&[(0, "n0", "0")]);
+        s.apps[0].np = 4_000_000_000;
+        let e = map_job(&s, &nodes()).unwrap_err().to_string();
+        assert!(e.contains("rankfile rf: it places 1 ranks, but the job has 4000000000 processes"), "{e}");
     }
 }

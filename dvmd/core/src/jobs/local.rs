@@ -335,7 +335,10 @@ impl LocalJobs {
         }
         let busy: BTreeSet<u32> =
             self.cpus_of.iter().filter(|((j, _), _)| *j != jobid).flat_map(|(_, c)| c.iter().copied()).collect();
-        let placed = place_node(topo, &plan, n, &busy, node)?;
+        // Busy cpus only reorder choices; where that order overloads an object the HNP's did
+        // not (objects of unequal size), the HNP's own placement is taken.
+        let placed =
+            place_node(topo, &plan, n, &busy, node).or_else(|_| place_node(topo, &plan, n, &BTreeSet::new(), node))?;
         Ok(placed.into_iter().map(|p| p.bound.map(|(l, pus)| (l, topo.os_set(&pus)))).collect())
     }
 

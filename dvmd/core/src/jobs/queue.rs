@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use dvm_proto::control::{job_event, JobEnded, JobInfo, JobQueued, JobStarted};
 use dvm_proto::job::{BindTo, JobSpec};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::hnp::JobTable;
 use super::{event, ClientId};
@@ -298,10 +298,14 @@ impl JobTable {
         self.tell(client, event(job_event::Event::Started(started)));
         if !spec.rankfile.is_empty() {
             // The cpus each line names, on the node's hardware (checked when it was mapped).
-            if let Ok(cpus) = jobmap::rankfile_cpus(&spec, &Self::candidate_nodes(r), placement.nprocs()) {
-                for e in &mut spec.rankfile {
-                    e.cpus = cpus.get(e.rank as usize).map(|c| jobmap::topo::list_text(c)).unwrap_or_default();
+            match jobmap::rankfile_cpus(&spec, &Self::candidate_nodes(r), placement.nprocs()) {
+                Ok(cpus) => {
+                    for e in &mut spec.rankfile {
+                        e.cpus = cpus.get(e.rank as usize).map(|c| jobmap::topo::list_text(c)).unwrap_or_default();
+                    }
                 }
+                // A node lost between the check and now: its ranks are placed by the plan.
+                Err(e) => warn!(jobid, "rankfile cpus no longer resolve: {e}"),
             }
         }
         no_implicit_binding_on_shared_machines(r, &mut spec, &placement);
