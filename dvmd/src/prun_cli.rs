@@ -24,7 +24,9 @@
 
 mod appfile;
 mod command;
+mod mcafile;
 mod options;
+mod output;
 mod parser;
 mod placement;
 mod rankfile;

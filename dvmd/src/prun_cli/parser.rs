@@ -7,14 +7,15 @@
 
 use std::path::{Path, PathBuf};
 
-use dvm_proto::job::{AppContext, ArraySpec, BindTo, HwObj, JobSpec, MapBy, RankBy, RankfileEntry, StdinTarget};
+use dvm_proto::job::{AppContext, ArraySpec, JobSpec, StdinTarget};
 
 use crate::hostfile;
 
 use super::appfile;
 use super::command::{CliError, OneShot, PrunCommand};
 use super::options::{clean, lookup, positive, set_once, utf8, Kind};
-use super::placement::{parse_bind_to, parse_map_by, parse_rank_by, BindSpec, MapSpec};
+use super::output::Item;
+use super::placement::{PlaceError, Placement};
 
 #[derive(Default)]
 struct AppDraft {
@@ -30,14 +31,8 @@ struct Parser<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     global: AppDraft,
     apps: Vec<AppDraft>,
-    map_by: Option<(String, MapSpec)>,
-    per_node: Option<(String, u32)>,
-    rank_by: Option<(String, (RankBy, HwObj))>,
-    bind_to: Option<(String, BindSpec)>,
-    cpus_per_rank: Option<(String, u32)>,
-    use_hwthread_cpus: bool,
+    place: Placement,
     timestamp_output: bool,
-    rankfile: Option<(String, PathBuf, Vec<RankfileEntry>)>,
     oversubscribe: bool,
     host: Option<(String, String, Vec<String>)>,
     hostfile: Option<(String, PathBuf, Vec<String>)>,
@@ -75,14 +70,8 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         env,
         global: AppDraft::default(),
         apps: vec![AppDraft::default()],
-        map_by: None,
-        per_node: None,
-        rank_by: None,
-        bind_to: None,
-        cpus_per_rank: None,
-        use_hwthread_cpus: false,
+        place: Placement::default(),
         timestamp_output: false,
-        rankfile: None,
         oversubscribe: false,
         host: None,
         hostfile: None,
@@ -236,52 +225,20 @@ impl Parser<'_> {
                 let scope = if app == 1 { &mut self.global } else { &mut self.apps[app - 1] };
                 set_once(&mut scope.wdir, dir, twice)?;
             }
-            Kind::PerNode => {
-                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
-                if let Some((first, ..)) = &self.map_by {
-                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
-                }
-                set_once(&mut self.per_node, (opt.to_string(), n), twice)?;
+            Kind::PerNode | Kind::MapBy | Kind::RankBy | Kind::BindTo | Kind::CpusPerRank | Kind::UseHwthreadCpus => {
+                self.oversubscribe |= self.place.apply(kind, opt, &value).map_err(|e| match e {
+                    PlaceError::Bad(p) => bad(&p),
+                    PlaceError::Twice => twice(),
+                    PlaceError::Conflict(first, second) => CliError::Conflict { first, second },
+                })?;
             }
-            Kind::MapBy => {
-                let m = parse_map_by(&value).map_err(|p| bad(&p))?;
-                if let Some((first, _)) = &self.per_node {
-                    return Err(CliError::Conflict { first: first.clone(), second: opt.to_string() });
-                }
-                if m.pe > 0 {
-                    if let Some((first, _)) = &self.cpus_per_rank {
-                        return Err(CliError::Conflict { first: first.clone(), second: format!("{opt} ...:PE") });
-                    }
-                }
-                self.oversubscribe |= m.oversubscribe;
-                self.use_hwthread_cpus |= m.hwt_cpus;
-                set_once(&mut self.map_by, (opt.to_string(), m), twice)?;
-            }
-            Kind::RankBy => {
-                let r = parse_rank_by(&value).map_err(|p| bad(&p))?;
-                set_once(&mut self.rank_by, (opt.to_string(), r), twice)?;
-            }
-            Kind::BindTo => {
-                let b = parse_bind_to(&value).map_err(|p| bad(&p))?;
-                set_once(&mut self.bind_to, (opt.to_string(), b), twice)?;
-            }
-            Kind::CpusPerRank => {
-                let n = positive(&value).ok_or_else(|| bad("not a positive integer"))?;
-                if let Some((first, m)) = &self.map_by {
-                    if m.pe > 0 {
-                        return Err(CliError::Conflict { first: format!("{first} ...:PE"), second: opt.to_string() });
-                    }
-                }
-                set_once(&mut self.cpus_per_rank, (opt.to_string(), n), twice)?;
-            }
-            Kind::UseHwthreadCpus => self.use_hwthread_cpus = true,
             Kind::Rankfile => {
                 if value.is_empty() {
                     return Err(bad("not a file path"));
                 }
                 let path = clean(&self.cwd.join(&value));
                 let entries = super::rankfile::read(&path)?;
-                set_once(&mut self.rankfile, (opt.to_string(), path, entries), twice)?;
+                set_once(&mut self.place.rankfile, (opt.to_string(), path, entries), twice)?;
             }
             Kind::Oversubscribe => self.oversubscribe = true,
             Kind::Host => {
@@ -307,35 +264,16 @@ impl Parser<'_> {
             }
             Kind::Output => {
                 set_once(&mut self.output, value.clone(), twice)?;
-                for item in value.split(',') {
+                for item in super::output::parse(&value).map_err(bad)? {
                     match item {
-                        "tag" => self.tag_output = true,
-                        "timestamp" => self.timestamp_output = true,
-                        "merge-stderr-to-stdout" => self.merge_stderr = true,
-                        _ if item.starts_with("dir=") => {
-                            let (dir, nocopy) = match item["dir=".len()..].strip_suffix(":nocopy") {
-                                Some(d) => (d, true),
-                                None => (&item["dir=".len()..], false),
-                            };
-                            if dir.is_empty() {
-                                return Err(bad("dir= needs a directory"));
-                            }
-                            set_once(&mut self.output_dir, (clean(&self.cwd.join(dir)), nocopy), twice)?;
+                        Item::Tag => self.tag_output = true,
+                        Item::Timestamp => self.timestamp_output = true,
+                        Item::Merge => self.merge_stderr = true,
+                        Item::Dir(d, nocopy) => {
+                            set_once(&mut self.output_dir, (clean(&self.cwd.join(d)), nocopy), twice)?
                         }
-                        _ if item.starts_with("file=") => {
-                            let (file, nocopy) = match item["file=".len()..].strip_suffix(":nocopy") {
-                                Some(f) => (f, true),
-                                None => (&item["file=".len()..], false),
-                            };
-                            if file.is_empty() || file.ends_with('/') {
-                                return Err(bad("file= needs a file name prefix"));
-                            }
-                            set_once(&mut self.output_file, (clean(&self.cwd.join(file)), nocopy), twice)?;
-                        }
-                        _ => {
-                            return Err(bad(
-                                "expected tag, timestamp, merge-stderr-to-stdout, dir=DIR[:nocopy], file=PREFIX[:nocopy], or several separated by ','",
-                            ))
+                        Item::File(f, nocopy) => {
+                            set_once(&mut self.output_file, (clean(&self.cwd.join(f)), nocopy), twice)?
                         }
                     }
                 }
@@ -416,35 +354,11 @@ impl Parser<'_> {
         Ok(())
     }
 
-    /// The user's MCA parameter files, as Open MPI, PRRTE and PMIx read them
-    /// (`$HOME/.openmpi/mca-params.conf`, `.prte/`, `.pmix/`; lines `name = value`, `#`
-    /// comments): each parameter not given on the command line (`--mca`, `-x`) goes to the
-    /// ranks as its environment variable, with prun's own value of that variable if it has one
-    /// (as Open MPI ranks the sources), so every node sees the same settings whatever its home
-    /// directory holds.
+    /// The user's MCA parameter files ([`super::mcafile`]): each parameter not given on the
+    /// command line (`--mca`, `-x`) goes to the ranks as its environment variable.
     fn mca_files(&mut self) -> Result<(), CliError> {
-        let Some(home) = (self.env)("HOME").filter(|h| !h.is_empty()) else { return Ok(()) };
-        for (dir, prefix) in [(".openmpi", "OMPI_MCA_"), (".prte", "PRTE_MCA_"), (".pmix", "PMIX_MCA_")] {
-            let path = Path::new(&home).join(dir).join("mca-params.conf");
-            let Ok(text) = std::fs::read_to_string(&path) else { continue };
-            let shown = path.display().to_string();
-            for (n, raw) in text.lines().enumerate() {
-                let line = raw.split('#').next().unwrap_or_default().trim();
-                if line.is_empty() {
-                    continue;
-                }
-                let bad = |why: &str| CliError::McaFile { path: shown.clone(), line: n + 1, why: why.to_string() };
-                let (name, value) = line.split_once('=').ok_or_else(|| bad("expected 'name = value'"))?;
-                let (name, value) = (name.trim(), value.trim());
-                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    return Err(bad(&format!("'{name}' is not a parameter name (letters, digits and '_')")));
-                }
-                let var = format!("{prefix}{name}");
-                if self.global.env.iter().any(|(k, _)| *k == var) {
-                    continue;
-                }
-                // prun's environment wins over the file, and is what the ranks get.
-                let value = (self.env)(&var).unwrap_or_else(|| value.to_string());
+        for (var, value) in super::mcafile::read(self.env)? {
+            if !self.global.env.iter().any(|(k, _)| *k == var) {
                 self.global.env.push((var, value));
             }
         }
@@ -508,7 +422,7 @@ impl Parser<'_> {
                 AppContext {
                     argv: a.argv,
                     // An array's element is one process unless -n says otherwise.
-                    np: a.np.unwrap_or(if self.array.is_some() && self.per_node.is_none() { 1 } else { 0 }),
+                    np: a.np.unwrap_or(if self.array.is_some() && self.place.per_node.is_none() { 1 } else { 0 }),
                     env,
                     wdir: a.wdir.or_else(|| global.wdir.clone()).unwrap_or_default(),
                 }
@@ -521,24 +435,15 @@ impl Parser<'_> {
                 return Err(CliError::StdinRankOutOfRange { rank: stdin_rank, nprocs });
             }
         }
-        let (map_by, ppr, map_obj, pe, span, no_over) = match (&self.map_by, self.per_node) {
-            (Some((_, m)), _) => (m.policy, m.ppr, m.obj, m.pe, m.span, m.no_oversubscribe),
-            (None, Some((_, n))) => (MapBy::Ppr, n, HwObj::None, 0, false, false),
-            (None, None) => (MapBy::Slot, 0, HwObj::None, 0, false, false),
-        };
-        let pe = self.cpus_per_rank.as_ref().map_or(pe, |(_, n)| *n);
-        let (rank_by, rank_obj) = self.rank_by.as_ref().map_or((RankBy::Default, HwObj::None), |(_, r)| *r);
-        let bind = self.bind_to.as_ref().map(|(_, b)| *b);
         let (host_list, hosts) = match (self.host, &self.hostfile) {
             (Some((_, list, names)), _) => (Some(list), names),
             (None, Some((_, _, names))) => (None, names.clone()),
             (None, None) => (None, Vec::new()),
         };
-        let spec = JobSpec {
+        let no_over = self.place.no_oversubscribe();
+        let mut spec = JobSpec {
             command: command_line(&apps),
             apps,
-            map_by: map_by as i32,
-            ppr,
             oversubscribe: self.oversubscribe && !no_over,
             hosts,
             tag_output: self.tag_output,
@@ -556,20 +461,10 @@ impl Parser<'_> {
             detach: self.detach.is_some(),
             uid: 0,
             array: self.array.map(|(_, first, last)| ArraySpec { first, last }),
-            map_obj: map_obj as i32,
-            cpus_per_rank: pe,
-            rank_by: rank_by as i32,
-            rank_obj: rank_obj as i32,
-            bind_to: bind.map_or(BindTo::Default, |b| b.to) as i32,
-            bind_obj: bind.map_or(HwObj::None, |b| b.obj) as i32,
-            bind_overload_allowed: bind.is_some_and(|b| b.overload_allowed),
-            bind_if_supported: bind.is_some_and(|b| b.if_supported),
-            use_hwthread_cpus: self.use_hwthread_cpus,
-            map_span: span,
-            rankfile_name: self.rankfile.as_ref().map(|(_, p, _)| p.display().to_string()).unwrap_or_default(),
-            rankfile: self.rankfile.map(|(_, _, e)| e).unwrap_or_default(),
             timestamp_output: self.timestamp_output,
+            ..Default::default()
         };
+        self.place.fill(&mut spec);
         Ok(PrunCommand {
             spec,
             dvm_uri: self.dvm_uri.map(|(_, u)| u),

@@ -2,9 +2,9 @@
 //! values with their qualifiers. Each refusal is one sentence naming the part that was wrong.
 
 use dvm_core::jobmap::Level;
-use dvm_proto::job::{BindTo, HwObj, MapBy, RankBy};
+use dvm_proto::job::{BindTo, HwObj, JobSpec, MapBy, RankBy};
 
-use super::options::positive;
+use super::options::{positive, Kind};
 
 const OBJECTS: &str = "hwthread, core, l3cache, numa, package or socket";
 
@@ -145,6 +145,113 @@ pub(super) fn parse_bind_to(value: &str) -> Result<BindSpec, String> {
         }
     }
     Ok(spec)
+}
+
+/// Why a placement option was refused (the parser words it).
+pub(super) enum PlaceError {
+    /// The value's problem.
+    Bad(String),
+    Twice,
+    /// (first given, second given).
+    Conflict(String, String),
+}
+
+/// The placement options of a job, each with the spelling it was given with.
+#[derive(Default)]
+pub(super) struct Placement {
+    map_by: Option<(String, MapSpec)>,
+    pub per_node: Option<(String, u32)>,
+    rank_by: Option<(String, (RankBy, HwObj))>,
+    bind_to: Option<(String, BindSpec)>,
+    cpus_per_rank: Option<(String, u32)>,
+    use_hwthread_cpus: bool,
+    pub rankfile: Option<(String, std::path::PathBuf, Vec<dvm_proto::job::RankfileEntry>)>,
+}
+
+fn once<T>(slot: &mut Option<T>, value: T) -> Result<(), PlaceError> {
+    match slot {
+        Some(_) => Err(PlaceError::Twice),
+        None => {
+            *slot = Some(value);
+            Ok(())
+        }
+    }
+}
+
+impl Placement {
+    /// Take `-N`, `--map-by`, `--rank-by`, `--bind-to`, `--cpus-per-rank` or
+    /// `--use-hwthread-cpus`; true when it asks to oversubscribe.
+    pub(super) fn apply(&mut self, kind: Kind, opt: &str, value: &str) -> Result<bool, PlaceError> {
+        let conflict = |first: &str, second: String| PlaceError::Conflict(first.to_string(), second);
+        match kind {
+            Kind::PerNode => {
+                let n = positive(value).ok_or_else(|| PlaceError::Bad("not a positive integer".into()))?;
+                if let Some((first, _)) = &self.map_by {
+                    return Err(conflict(first, opt.to_string()));
+                }
+                once(&mut self.per_node, (opt.to_string(), n))?;
+            }
+            Kind::MapBy => {
+                let m = parse_map_by(value).map_err(PlaceError::Bad)?;
+                if let Some((first, _)) = &self.per_node {
+                    return Err(conflict(first, opt.to_string()));
+                }
+                if let (true, Some((first, _))) = (m.pe > 0, &self.cpus_per_rank) {
+                    return Err(conflict(first, format!("{opt} ...:PE")));
+                }
+                self.use_hwthread_cpus |= m.hwt_cpus;
+                let over = m.oversubscribe;
+                once(&mut self.map_by, (opt.to_string(), m))?;
+                return Ok(over);
+            }
+            Kind::RankBy => once(&mut self.rank_by, (opt.to_string(), parse_rank_by(value).map_err(PlaceError::Bad)?))?,
+            Kind::BindTo => once(&mut self.bind_to, (opt.to_string(), parse_bind_to(value).map_err(PlaceError::Bad)?))?,
+            Kind::CpusPerRank => {
+                let n = positive(value).ok_or_else(|| PlaceError::Bad("not a positive integer".into()))?;
+                if let Some((first, m)) = &self.map_by {
+                    if m.pe > 0 {
+                        return Err(conflict(&format!("{first} ...:PE"), opt.to_string()));
+                    }
+                }
+                once(&mut self.cpus_per_rank, (opt.to_string(), n))?;
+            }
+            Kind::UseHwthreadCpus => self.use_hwthread_cpus = true,
+            _ => unreachable!("not a placement option: {kind:?}"),
+        }
+        Ok(false)
+    }
+
+    /// `:nooversubscribe` was given.
+    pub(super) fn no_oversubscribe(&self) -> bool {
+        self.map_by.as_ref().is_some_and(|(_, m)| m.no_oversubscribe)
+    }
+
+    /// The placement fields of `spec`.
+    pub(super) fn fill(self, spec: &mut JobSpec) {
+        let (map_by, ppr, map_obj, pe, span) = match (&self.map_by, self.per_node) {
+            (Some((_, m)), _) => (m.policy, m.ppr, m.obj, m.pe, m.span),
+            (None, Some((_, n))) => (MapBy::Ppr, n, HwObj::None, 0, false),
+            (None, None) => (MapBy::Slot, 0, HwObj::None, 0, false),
+        };
+        let (rank_by, rank_obj) = self.rank_by.as_ref().map_or((RankBy::Default, HwObj::None), |(_, r)| *r);
+        let bind = self.bind_to.as_ref().map(|(_, b)| *b);
+        spec.map_by = map_by as i32;
+        spec.ppr = ppr;
+        spec.map_obj = map_obj as i32;
+        spec.map_span = span;
+        spec.cpus_per_rank = self.cpus_per_rank.as_ref().map_or(pe, |(_, n)| *n);
+        spec.rank_by = rank_by as i32;
+        spec.rank_obj = rank_obj as i32;
+        spec.bind_to = bind.map_or(BindTo::Default, |b| b.to) as i32;
+        spec.bind_obj = bind.map_or(HwObj::None, |b| b.obj) as i32;
+        spec.bind_overload_allowed = bind.is_some_and(|b| b.overload_allowed);
+        spec.bind_if_supported = bind.is_some_and(|b| b.if_supported);
+        spec.use_hwthread_cpus = self.use_hwthread_cpus;
+        if let Some((_, path, entries)) = self.rankfile {
+            spec.rankfile_name = path.display().to_string();
+            spec.rankfile = entries;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! rank's stream goes on to the terminal only.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -29,35 +29,27 @@ impl RankFiles {
 
     /// Append `data` of (job, rank, stream); false when it could not be written.
     pub(super) fn write(&mut self, job: u32, rank: u32, stream: u32, data: &[u8]) -> bool {
-        let dir = &self.dir;
-        if self.prefix {
-            // One file per rank, shared by the streams and by an array's elements.
-            let first = !self.open.contains_key(&(0, rank, 0));
-            let f = self.open.entry((0, rank, 0)).or_insert_with(|| {
+        // file=PREFIX: one file per rank, shared by the streams and by an array's elements.
+        let key = if self.prefix { (0, rank, 0) } else { (job, rank, stream) };
+        let first = !self.open.contains_key(&key);
+        let (dir, prefix) = (&self.dir, self.prefix);
+        let f = self.open.entry(key).or_insert_with(|| {
+            let path = if prefix {
                 let mut name = dir.clone().into_os_string();
                 name.push(format!(".{rank}"));
-                let path = PathBuf::from(name);
-                let opened = path
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|()| std::fs::OpenOptions::new().create(true).write(true).truncate(first).open(&path));
-                match opened {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        eprintln!(
-                            "prun: cannot write {}: {e}; rank {rank}'s output goes to the terminal only",
-                            path.display()
-                        );
-                        None
-                    }
-                }
-            });
-            return f.as_mut().is_some_and(|file| file.write_all(data).is_ok());
-        }
-        let f = self.open.entry((job, rank, stream)).or_insert_with(|| {
-            let d = dir.join(job.to_string()).join(format!("rank.{rank}"));
-            let path = d.join(if stream == 2 { "stderr" } else { "stdout" });
-            match std::fs::create_dir_all(&d).and_then(|()| File::create(&path)) {
+                PathBuf::from(name)
+            } else {
+                dir.join(job.to_string()).join(format!("rank.{rank}")).join(if stream == 2 {
+                    "stderr"
+                } else {
+                    "stdout"
+                })
+            };
+            let opened = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| OpenOptions::new().create(true).write(true).truncate(first).open(&path));
+            match opened {
                 Ok(f) => Some(f),
                 Err(e) => {
                     eprintln!(
@@ -68,9 +60,6 @@ impl RankFiles {
                 }
             }
         });
-        match f {
-            Some(file) => file.write_all(data).is_ok(),
-            None => false,
-        }
+        f.as_mut().is_some_and(|file| file.write_all(data).is_ok())
     }
 }
