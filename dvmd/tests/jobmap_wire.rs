@@ -315,7 +315,7 @@ proptest! {
         first in prop_oneof![0u32..6, Just(u32::MAX)],
         count in prop_oneof![0u32..6, Just(u32::MAX)],
         each in prop_oneof![0u32..6, Just(u32::MAX)],
-        layout in 0u8..3,
+        layout in 0u8..4,
         counts in prop::collection::vec(prop_oneof![0u32..6, Just(u32::MAX)], 0..5),
         afr in prop::collection::vec(prop_oneof![0u32..8, Just(u32::MAX)], 0..3),
         me in 0u32..8,
@@ -328,7 +328,9 @@ proptest! {
         pm.layout = Some(match layout {
             0 => proc_map::Layout::Block(proc_map::Block { each }),
             1 => proc_map::Layout::PerNode(proc_map::PerNode { count: counts }),
-            _ => proc_map::Layout::RoundRobin(proc_map::RoundRobin {}),
+            2 => proc_map::Layout::RoundRobin(proc_map::RoundRobin {}),
+            // An explicit layout: the same values read as a node per rank.
+            _ => proc_map::Layout::Explicit(proc_map::Explicit { node: counts }),
         });
         if let Ok(p) = Placement::from_job_map(&map) {
             // Self-consistency: each node's ranks map back to it, and they partition the job.

@@ -105,6 +105,39 @@ fn suite(radix: u32) {
     lines.sort();
     assert_eq!(lines, [format!("0 1 {last}"), "1 0 0".to_string()], "{out}");
 
+    // Ranks interleaved over the daemons (0 and 3 on daemon 0, 1 and 2 on daemon 1): each rank
+    // where its line says, and an Open MPI ring over them completes.
+    let rf4 = dvm.root.join("rankfile4");
+    let lines4 = format!(
+        "rank 0={host}-0 slot=0\nrank 1={host}-1 slot=0\nrank 2={host}-1 slot={last}\nrank 3={host}-0 slot={last}\n"
+    );
+    std::fs::write(&rf4, lines4).unwrap();
+    let rf4_arg = rf4.to_str().unwrap();
+    let o = dvm.prun(&["--oversubscribe", "--rankfile", rf4_arg, "sh", "-c", script]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{}", dvm.log());
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    let want = ["0 0 0".to_string(), "1 1 0".to_string(), format!("2 1 {last}"), format!("3 0 {last}")];
+    assert_eq!(lines, want, "{out}");
+    let o = dvm.prun(&["--oversubscribe", "--rankfile", rf4_arg, &mpi_bin("ring")]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("ring token 12 want 12 ok"), "{out}{err}\n{}", dvm.log());
+
+    // Ranks dealt over the packages of both daemons: one package each here, so rank r on
+    // daemon r mod 2; the same ranks by package without span fill daemon 0 first.
+    let where_ = "echo \"$DVM_RANK $DVM_DAEMON\"";
+    for (rank_by, want) in [("package:span", ["0 0", "1 1", "2 0", "3 1"]), ("package", ["0 0", "1 0", "2 1", "3 1"])] {
+        let o = dvm.prun(&["--oversubscribe", "--rank-by", rank_by, "-n", "4", "--map-by", "slot", "sh", "-c", where_]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{rank_by}: {err}\n{}", dvm.log());
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort();
+        if cores >= 2 || rank_by.ends_with("span") {
+            assert_eq!(lines, want, "--rank-by {rank_by}: {out}");
+        }
+    }
+
     // Refusals: one sentence naming what was wrong, nothing started.
     std::fs::write(dvm.root.join("rf-bad"), format!("rank 0={host}-0 slot=0\nrank one={host}-0 slot=0\n")).unwrap();
     std::fs::write(dvm.root.join("rf-host"), "rank 0=elsewhere slot=0\n").unwrap();

@@ -38,8 +38,10 @@ Job options (before the first EXE):
                              slots, each node's procs round-robin over its objects; ppr:N:OBJ:
                              N per object (or node); PE=n: n cpus per process; span: spread
                              over the objects of all nodes
-  --rank-by slot|node|OBJ    rank in mapping order (default; node for --map-by node), dealt
-                             over the nodes, or dealt over each node's objects
+  --rank-by slot|node|OBJ[:span]
+                             rank in mapping order (default; node for --map-by node), dealt
+                             over the nodes, or dealt over each node's objects (span: over
+                             the objects of all nodes)
   --bind-to none|hwthread|core|l3cache|numa|package|socket[:overload-allowed][:if-supported]
                              bind each process (default: core for 2 processes or fewer,
                              package above, nothing on an oversubscribed node)

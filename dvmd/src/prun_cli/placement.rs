@@ -95,21 +95,25 @@ pub(super) fn parse_map_by(value: &str) -> Result<MapSpec, String> {
     Ok(spec)
 }
 
-/// `slot|node|OBJ` (any case): the policy and its object.
-pub(super) fn parse_rank_by(value: &str) -> Result<(RankBy, HwObj), String> {
+/// `slot|node|OBJ[:span|:fill]` (any case): the policy, its object, and whether ranks are
+/// dealt over the objects of all nodes (`:span`) instead of node by node (`:fill`, the default).
+pub(super) fn parse_rank_by(value: &str) -> Result<(RankBy, HwObj, bool), String> {
     let lower = value.to_ascii_lowercase();
     let mut parts = lower.split(':');
     let first = parts.next().unwrap_or_default();
-    if let Some(q) = parts.next() {
-        return Err(format!(
-            "unknown qualifier '{q}' (ranks are dealt within each node; expected slot, node or {OBJECTS})"
-        ));
+    let mut span = false;
+    for q in parts {
+        match q {
+            "span" => span = true,
+            "fill" => span = false,
+            _ => return Err(format!("unknown qualifier '{q}' (expected :span or :fill)")),
+        }
     }
     match first {
-        "slot" | "fill" => Ok((RankBy::Slot, HwObj::None)),
-        "node" => Ok((RankBy::Node, HwObj::None)),
+        "slot" | "fill" => Ok((RankBy::Slot, HwObj::None, false)),
+        "node" => Ok((RankBy::Node, HwObj::None, false)),
         o => match object(o) {
-            Some(obj) => Ok((RankBy::Obj, obj)),
+            Some(obj) => Ok((RankBy::Obj, obj, span)),
             None => Err(format!("unknown policy '{o}' (expected slot, node or {OBJECTS})")),
         },
     }
@@ -161,7 +165,7 @@ pub(super) enum PlaceError {
 pub(super) struct Placement {
     map_by: Option<(String, MapSpec)>,
     pub per_node: Option<(String, u32)>,
-    rank_by: Option<(String, (RankBy, HwObj))>,
+    rank_by: Option<(String, (RankBy, HwObj, bool))>,
     bind_to: Option<(String, BindSpec)>,
     cpus_per_rank: Option<(String, u32)>,
     use_hwthread_cpus: bool,
@@ -233,7 +237,8 @@ impl Placement {
             (None, Some((_, n))) => (MapBy::Ppr, n, HwObj::None, 0, false),
             (None, None) => (MapBy::Slot, 0, HwObj::None, 0, false),
         };
-        let (rank_by, rank_obj) = self.rank_by.as_ref().map_or((RankBy::Default, HwObj::None), |(_, r)| *r);
+        let (rank_by, rank_obj, rank_span) =
+            self.rank_by.as_ref().map_or((RankBy::Default, HwObj::None, false), |(_, r)| *r);
         let bind = self.bind_to.as_ref().map(|(_, b)| *b);
         spec.map_by = map_by as i32;
         spec.ppr = ppr;
@@ -242,6 +247,7 @@ impl Placement {
         spec.cpus_per_rank = self.cpus_per_rank.as_ref().map_or(pe, |(_, n)| *n);
         spec.rank_by = rank_by as i32;
         spec.rank_obj = rank_obj as i32;
+        spec.rank_span = rank_span;
         spec.bind_to = bind.map_or(BindTo::Default, |b| b.to) as i32;
         spec.bind_obj = bind.map_or(HwObj::None, |b| b.obj) as i32;
         spec.bind_overload_allowed = bind.is_some_and(|b| b.overload_allowed);
@@ -281,9 +287,12 @@ mod tests {
 
     #[test]
     fn rank_by_and_bind_to_values() {
-        assert_eq!(parse_rank_by("Package"), Ok((RankBy::Obj, HwObj::Package)));
-        assert_eq!(parse_rank_by("node"), Ok((RankBy::Node, HwObj::None)));
-        assert!(parse_rank_by("core:span").unwrap_err().starts_with("unknown qualifier 'span'"));
+        assert_eq!(parse_rank_by("Package"), Ok((RankBy::Obj, HwObj::Package, false)));
+        assert_eq!(parse_rank_by("node"), Ok((RankBy::Node, HwObj::None, false)));
+        assert_eq!(parse_rank_by("core:SPAN"), Ok((RankBy::Obj, HwObj::Core, true)));
+        assert_eq!(parse_rank_by("numa:span:fill"), Ok((RankBy::Obj, HwObj::Numa, false)));
+        assert_eq!(parse_rank_by("node:span"), Ok((RankBy::Node, HwObj::None, false)));
+        assert_eq!(parse_rank_by("core:x").unwrap_err(), "unknown qualifier 'x' (expected :span or :fill)");
         let b = parse_bind_to("core:overload-allowed:if-supported").unwrap();
         assert_eq!((b.to, b.obj, b.overload_allowed, b.if_supported), (BindTo::Obj, HwObj::Core, true, true));
         assert_eq!(parse_bind_to("none").unwrap().to, BindTo::None);

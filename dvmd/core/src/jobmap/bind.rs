@@ -307,7 +307,34 @@ pub fn place_node(
     }
     // 5. Ranking: local rank i takes the i-th proc in rank order.
     let placed: Vec<Placed> = containers.into_iter().zip(bound).map(|(obj, bound)| Placed { obj, bound }).collect();
-    let Some(r) = plan.rank_obj.filter(|&r| r != Level::Node && topo.count(r) > 0) else { return Ok(placed) };
+    let Some(groups) = rank_groups(topo, plan, &placed) else { return Ok(placed) };
+    let mut order = Vec::with_capacity(placed.len());
+    for round in 0.. {
+        let before = order.len();
+        order.extend(groups.iter().filter_map(|g| g.get(round).copied()));
+        if order.len() == before {
+            break;
+        }
+    }
+    let mut slots: Vec<Option<Placed>> = placed.into_iter().map(Some).collect();
+    Ok(order.into_iter().map(|j| slots[j].take().expect("each proc once")).collect())
+}
+
+/// How many of a node's `nlocal` procs each round of `--rank-by OBJ` ranks (one per object
+/// that has procs left): the node's share of each pass of `:span`, which deals ranks over the
+/// objects of all nodes. Without a rank object, one proc per round.
+pub fn rank_rounds(topo: &NodeTopo, plan: &Plan, nlocal: u32, host: &str) -> Result<Vec<u32>, BindError> {
+    let placed = place_node(topo, plan, nlocal, &BTreeSet::new(), host)?;
+    let Some(groups) = rank_groups(topo, plan, &placed) else { return Ok(vec![1; nlocal as usize]) };
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    Ok((0..longest).map(|round| groups.iter().filter(|g| g.len() > round).count() as u32).collect())
+}
+
+/// The procs (in mapping order) grouped by the object of the rank level each sits on, objects
+/// in order; `None` when the plan ranks by no object (or the node has none).
+fn rank_groups(topo: &NodeTopo, plan: &Plan, placed: &[Placed]) -> Option<Vec<Vec<usize>>> {
+    let r = plan.rank_obj.filter(|&r| r != Level::Node && topo.count(r) > 0)?;
+    let unit = plan.unit(topo);
     // Where a proc sits, as finely as known: its mapped object when that is within an object of
     // `r`, else its bound cpus, else the node's cpus in mapping order.
     let key = |j: usize, p: &Placed| -> u32 {
@@ -326,14 +353,5 @@ pub fn place_node(
     for (j, p) in placed.iter().enumerate() {
         groups.entry(key(j, p)).or_default().push(j);
     }
-    let mut order = Vec::with_capacity(placed.len());
-    for round in 0.. {
-        let before = order.len();
-        order.extend(groups.values().filter_map(|g| g.get(round).copied()));
-        if order.len() == before {
-            break;
-        }
-    }
-    let mut slots: Vec<Option<Placed>> = placed.into_iter().map(Some).collect();
-    Ok(order.into_iter().map(|j| slots[j].take().expect("each proc once")).collect())
+    Some(groups.into_values().collect())
 }

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 use super::bind::{place_node, Bind, BindError, Placed, Plan};
 use super::topo::{Level, NodeTopo};
-use super::{map_job, MapError, NodeSlots};
+use super::{map_job, plan_of, Layout, MapError, NodeSlots};
 
 fn topo(desc: &str) -> NodeTopo {
     NodeTopo::synthetic(desc).unwrap()
@@ -186,16 +186,28 @@ fn mapper_refuses_what_a_node_cannot_bind_before_launch() {
     );
 }
 
+fn nodes_of(p: &crate::jobmap::Placement) -> Vec<u32> {
+    (0..p.nprocs()).map(|r| p.node_of(r).unwrap()).collect()
+}
+
 #[test]
-fn rank_by_node_deals_ranks_or_says_why_not() {
+fn rank_by_node_deals_ranks_skipping_full_nodes() {
     let nodes = [node(0, 2, "core:2"), node(1, 2, "core:2")];
     let s = JobSpec { rank_by: RankBy::Node as i32, ..spec(4) };
     let p = map_job(&s, &nodes).unwrap();
     assert_eq!(p.node_of(1), Some(1));
-    let e = map_job(&JobSpec { apps: spec(3).apps, ..s.clone() }, &[node(0, 2, "core:2"), node(1, 1, "core:1")]);
-    assert!(e.is_ok(), "2+1 is a dealt shape");
-    let e = map_job(&JobSpec { apps: spec(3).apps, ..s }, &[node(0, 1, "core:1"), node(1, 2, "core:2")]);
-    assert!(matches!(e, Err(MapError::RankByNodeUneven { .. })), "{e:?}");
+    assert_eq!(p.layout(), &Layout::RoundRobin);
+    let p = map_job(&JobSpec { apps: spec(3).apps, ..s.clone() }, &[node(0, 2, "core:2"), node(1, 1, "core:1")]);
+    assert_eq!(p.unwrap().layout(), &Layout::RoundRobin, "2+1 is a dealt shape");
+    // 1 + 3 slots, 4 procs: node 0 is full after the first pass, node 1 takes the rest.
+    let p = map_job(&JobSpec { apps: spec(4).apps, ..s }, &[node(0, 1, "core:1"), node(1, 3, "core:3")]).unwrap();
+    assert_eq!(nodes_of(&p), [0, 1, 1, 1]);
+    let odd = [node(0, 3, "core:3"), node(1, 1, "core:1"), node(2, 3, "core:3")];
+    let s = JobSpec { rank_by: RankBy::Node as i32, ..spec(7) };
+    let p = map_job(&s, &odd).unwrap();
+    assert_eq!(nodes_of(&p), [0, 1, 2, 0, 2, 0, 2]);
+    assert!(matches!(p.layout(), Layout::Explicit { .. }));
+    assert_eq!((p.local_rank(5), p.procs_on(2).iter().collect::<Vec<_>>()), (Some(2), vec![2, 4, 6]));
     // map-by node, rank-by slot: the dealt counts, ranks contiguous per node.
     let s = JobSpec { map_by: MapBy::Node as i32, rank_by: RankBy::Slot as i32, ..spec(3) };
     let p = map_job(&s, &nodes).unwrap();
@@ -204,6 +216,50 @@ fn rank_by_node_deals_ranks_or_says_why_not() {
 
 /// Objects to map or rank by. (Mapping by hwthread and binding to core puts the hwthreads of
 /// one core's procs on it: an overload, refused, as it should be.)
+/// `--rank-by OBJ:span`: pass after pass, each node ranks one proc per object that has procs
+/// left, nodes in order (ranks 0..3 on the four packages of the DVM, then again).
+#[test]
+fn rank_by_object_span_deals_over_the_objects_of_all_nodes() {
+    let nodes = [node(0, 4, "package:2 core:2"), node(1, 4, "package:2 core:2")];
+    let s = JobSpec {
+        rank_by: RankBy::Obj as i32,
+        rank_obj: HwObj::Package as i32,
+        rank_span: true,
+        bind_to: BindTo::Obj as i32,
+        bind_obj: HwObj::Core as i32,
+        ..spec(8)
+    };
+    let p = map_job(&s, &nodes).unwrap();
+    assert_eq!(nodes_of(&p), [0, 0, 1, 1, 0, 0, 1, 1]);
+    // Each node ranks its procs over its packages: local ranks 0..3 on packages 0,1,0,1, so
+    // ranks 0 and 4 share node 0's package 0, ranks 2 and 6 node 1's.
+    let plan = plan_of(&s, 8);
+    let placed = place_node(nodes[0].topo.as_ref().unwrap(), &plan, 4, &BTreeSet::new(), "n0").unwrap();
+    let pkg = |pl: &Placed| nodes[0].topo.as_ref().unwrap().object_of(pl.bound.as_ref().unwrap().1[0], Level::Package);
+    let pkgs: Vec<_> = placed.iter().map(pkg).collect();
+    assert_eq!(pkgs, [Some(0), Some(1), Some(0), Some(1)]);
+    // Without span, ranks fill node by node.
+    let p = map_job(&JobSpec { rank_span: false, ..s.clone() }, &nodes).unwrap();
+    assert_eq!(nodes_of(&p), [0, 0, 0, 0, 1, 1, 1, 1]);
+    // Uneven hardware: node 1 has one package, so it takes one rank per pass.
+    let nodes = [node(0, 4, "package:2 core:2"), node(1, 4, "package:1 core:4")];
+    let p = map_job(&s, &nodes).unwrap();
+    assert_eq!(nodes_of(&p), [0, 0, 1, 0, 0, 1, 1, 1]);
+    // The launch carries the node of each rank, and every daemon decodes the same placement.
+    let (map, residuals) = crate::jobmap::encode(7, &s, &p);
+    let back = crate::jobmap::Placement::from_job_map(&map).unwrap();
+    assert_eq!(back, p);
+    for (d, r) in &residuals {
+        let mine: Vec<u32> = back.local_procs(7, r, *d).unwrap().iter().map(|l| l.rank).collect();
+        assert_eq!(mine, p.procs_on(*d).iter().collect::<Vec<_>>());
+    }
+    // A node that did not report its hardware cannot be ranked by its objects.
+    let blind = [node(0, 4, "package:2 core:2"), NodeSlots::new(1, "n1", 4)];
+    let s = JobSpec { bind_to: BindTo::None as i32, ..s };
+    let e = map_job(&s, &blind).unwrap_err().to_string();
+    assert_eq!(e, "cannot map the job with --rank-by package:span: host n1 (daemon 1) did not report its hardware");
+}
+
 #[test]
 fn span_spreads_over_the_objects_of_all_nodes() {
     let nodes = [node(0, 8, "package:2 core:4"), node(1, 8, "package:1 core:4"), node(2, 8, "package:1 core:4")];

@@ -219,7 +219,7 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
             }
             let chosen: Vec<u32> = picked.iter().map(|&(i, _)| daemons[i]).collect();
             let counts: Vec<u32> = picked.iter().map(|&(_, c)| c).collect();
-            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts)?;
+            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts, &usable)?;
             check_binding(spec, &p, &usable)?;
             return Ok(p);
         }
@@ -293,19 +293,20 @@ pub fn map_job(spec: &JobSpec, nodes: &[NodeSlots]) -> Result<Placement, MapErro
             }
             let chosen: Vec<u32> = picked.iter().map(|&(i, _)| daemons[i]).collect();
             let counts: Vec<u32> = picked.iter().map(|&(_, c)| c).collect();
-            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts)?;
+            let p = ranked(spec, policy, nprocs, app_first_rank, &chosen, &counts, &usable)?;
             check_binding(spec, &p, &usable)?;
             return Ok(p);
         }
     };
-    let p = ranked(spec, policy, nprocs, app_first_rank, &daemons[..counts.len()], &counts)?;
+    let p = ranked(spec, policy, nprocs, app_first_rank, &daemons[..counts.len()], &counts, &usable)?;
     check_binding(spec, &p, &usable)?;
     Ok(p)
 }
 
 /// The placement of per-node `counts` on `daemons` with the job's ranking: contiguous ranks
-/// per node (`--rank-by slot`, or an object within the node), or dealt round-robin over the
-/// nodes (`--rank-by node`, the default of `--map-by node`).
+/// per node (`--rank-by slot`, or an object within the node), dealt round-robin over the
+/// nodes (`--rank-by node`, the default of `--map-by node`; a node that is full is skipped),
+/// or dealt over the objects of all nodes (`--rank-by OBJ:span`).
 fn ranked(
     spec: &JobSpec,
     policy: MapBy,
@@ -313,25 +314,67 @@ fn ranked(
     app_first_rank: Vec<u32>,
     daemons: &[u32],
     counts: &[u32],
+    usable: &[&NodeSlots],
 ) -> Result<Placement, MapError> {
-    let by_node = match RankBy::try_from(spec.rank_by) {
+    let rank_by = RankBy::try_from(spec.rank_by);
+    let by_node = match rank_by {
         Ok(RankBy::Node) => true,
         Ok(RankBy::Default) => policy == MapBy::Node,
         _ => false,
     };
-    if !by_node {
+    let span = rank_by == Ok(RankBy::Obj) && spec.rank_span;
+    if !by_node && !span {
         return Ok(block(nprocs, app_first_rank, daemons, counts));
     }
-    // Dealing ranks over the nodes gives node i ranks i, i+k, ...: the counts must be the
-    // dealt ones (equal, or one more on the first nodes).
-    let k = counts.len() as u32;
-    let dealt = (0..k).all(|i| counts[i as usize] == nprocs / k + u32::from(i < nprocs % k));
-    if !dealt {
-        let shown = counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
-        return Err(MapError::RankByNodeUneven { counts: shown });
+    // Each node's share of each pass: one proc per pass by node; by object, one per object
+    // of the node that still has procs.
+    let mut rounds: Vec<Vec<u32>> = Vec::with_capacity(counts.len());
+    let plan = plan_of(spec, nprocs);
+    for (&d, &c) in daemons.iter().zip(counts) {
+        if by_node {
+            rounds.push(vec![1; c as usize]);
+            continue;
+        }
+        let n = usable.iter().find(|n| n.daemon == d).expect("a mapped node is usable");
+        let Some(t) = n.topo.as_ref() else {
+            let what = format!("--rank-by {}:span", plan.rank_obj.map_or("object", |l| l.name()));
+            return Err(MapError::NoHardware { host: n.host.clone(), daemon: d, what });
+        };
+        rounds.push(super::bind::rank_rounds(t, &plan, c, &n.host)?);
     }
-    Ok(Placement::new(nprocs, app_first_rank, ranges(daemons), Layout::RoundRobin)
-        .expect("the mapper builds a valid round-robin placement"))
+    let node_of = deal(&rounds, nprocs);
+    Ok(Placement::new(nprocs, app_first_rank, ranges(daemons), layout_of(node_of, counts))
+        .expect("the mapper builds a valid placement"))
+}
+
+/// Ranks dealt in passes: in pass p, node i takes `rounds[i][p]` consecutive ranks, nodes in
+/// order; a node whose passes are over is skipped. The node index of each rank.
+fn deal(rounds: &[Vec<u32>], nprocs: u32) -> Vec<u32> {
+    let mut node_of = Vec::with_capacity(nprocs as usize);
+    let mut active: Vec<usize> = (0..rounds.len()).collect();
+    let mut pass = 0;
+    while !active.is_empty() {
+        active.retain(|&i| pass < rounds[i].len());
+        for &i in &active {
+            node_of.extend(std::iter::repeat_n(i as u32, rounds[i][pass] as usize));
+        }
+        pass += 1;
+    }
+    node_of
+}
+
+/// The most compact layout giving node `node_of[r]` to rank `r` (`counts`: procs per node):
+/// round-robin when dealt one by one, blocks when ranks never go back to an earlier node, else
+/// the explicit list.
+pub(super) fn layout_of(node_of: Vec<u32>, counts: &[u32]) -> Layout {
+    let k = counts.len() as u32;
+    if node_of.iter().enumerate().all(|(r, &i)| i == r as u32 % k) {
+        Layout::RoundRobin
+    } else if node_of.windows(2).all(|w| w[1] >= w[0]) {
+        block_layout(counts)
+    } else {
+        Layout::Explicit { node_of }
+    }
 }
 
 /// Refuse before launch a binding some node cannot honour (each node placed as its daemon
@@ -377,12 +420,18 @@ fn ranges(daemons: &[u32]) -> Vec<(u32, u32)> {
     out
 }
 
-/// A block placement from per-node counts (all >= 1): uniform when every node but the last
-/// holds the same count and the last no more.
+/// A block placement from per-node counts (all >= 1).
 fn block(nprocs: u32, app_first_rank: Vec<u32>, daemons: &[u32], counts: &[u32]) -> Placement {
+    Placement::new(nprocs, app_first_rank, ranges(daemons), block_layout(counts))
+        .expect("the mapper builds a valid block placement")
+}
+
+/// Blocks of `counts`: uniform when every node but the last holds the same count and the last
+/// no more, else per node.
+fn block_layout(counts: &[u32]) -> Layout {
     let each = counts[0];
     let (last, body) = counts.split_last().expect("at least one node");
-    let layout = if body.iter().all(|&c| c == each) && *last <= each {
+    if body.iter().all(|&c| c == each) && *last <= each {
         Layout::Block { each }
     } else {
         let mut first_rank = Vec::with_capacity(counts.len() + 1);
@@ -393,8 +442,7 @@ fn block(nprocs: u32, app_first_rank: Vec<u32>, daemons: &[u32], counts: &[u32])
             first_rank.push(r);
         }
         Layout::PerNode { first_rank }
-    };
-    Placement::new(nprocs, app_first_rank, ranges(daemons), layout).expect("the mapper builds a valid block placement")
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
 //! Mapping a job onto the DVM's nodes, and the compact launch message.
 //!
-//! Owns: the mapping policies (`--map-by slot|node|ppr:N:node`, `-N`, `:oversubscribe`,
+//! Owns: the mapping and ranking policies (`--map-by`, `--rank-by`, `-N`, rankfiles,
 //! `--host` subsets, MPMD apps), the placement they produce, its wire form (`JobMap`, broadcast
 //! to every daemon, plus one `Residual` per hosting daemon, scattered) and the decoding every
 //! daemon runs to find its procs.
 //! Never: I/O, clocks or tokio. Pure functions of their inputs, so every daemon derives the
 //! same placement from the same bytes.
-//! Invariants: a [`Placement`] is O(nodes) — ranges of daemons plus a layout (uniform block,
-//! per-node block counts, or round-robin) — and never holds per-proc arrays; every node in a
-//! placement hosts at least one proc; ranks of an app are contiguous; local rank = node rank =
-//! index among the procs on that node in rank order.
+//! Invariants: a regular [`Placement`] is O(nodes) — ranges of daemons plus a layout (uniform
+//! block, per-node block counts, or round-robin); only an order none of those can say
+//! (`--rank-by OBJ:span`, rank-by node over uneven nodes, an interleaving rankfile) carries a
+//! node per rank. Every node in a placement hosts at least one proc; ranks of an app are
+//! contiguous; local rank = node rank = index among the procs on that node in rank order.
 //! Traps: `JobMap` and `Residual` come from the network. [`Placement::from_job_map`] and
 //! [`local_procs`] validate them (no panic, no allocation sized by an unchecked count); the
 //! mapper's [`Placement`] goes through the same validation, so the HNP and the daemons agree.
@@ -21,7 +22,7 @@ mod rankfile;
 pub mod topo;
 mod wire;
 
-pub use bind::{place_node, Bind, BindError, Placed, Plan};
+pub use bind::{place_node, rank_rounds, Bind, BindError, Placed, Plan};
 pub use mapper::{map_job, plan_of, NodeSlots};
 pub use placement::{Layout, Placement, ProcInfo, Ranks};
 pub use rankfile::rankfile_cpus;
@@ -63,8 +64,6 @@ pub enum MapError {
     PeExceedsSlots { pe: u32, most: u32 },
     #[error("cannot map the job with {what}: host {host} (daemon {daemon}) did not report its hardware")]
     NoHardware { host: String, daemon: u32, what: String },
-    #[error("cannot rank by node: the nodes hold {counts} processes, which dealing ranks round-robin cannot give; use --map-by node or --rank-by slot")]
-    RankByNodeUneven { counts: String },
     #[error("{0}")]
     Bind(#[from] BindError),
     #[error("cannot map the job: rankfile {file}{}: {why}", if *.line > 0 { format!(":{line}") } else { String::new() })]

@@ -3,37 +3,62 @@
 //! queries answer from the compact form (O(1) or O(log nodes)); nothing lists procs.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-/// A set of ranks: `first`, `first + stride`, ..., `count` of them, in increasing order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ranks {
-    pub first: u32,
-    pub count: u32,
-    /// Always >= 1 (1: a contiguous range).
-    pub stride: u32,
+/// A set of ranks in increasing order: `first`, `first + stride`, ... (`count` of them), or
+/// a list (a node's ranks under an explicit layout, shared with the placement).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranks(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    /// `stride` is always >= 1 (1: a contiguous range).
+    Strided { first: u32, count: u32, stride: u32 },
+    /// Sorted, distinct.
+    Listed(Arc<[u32]>),
 }
 
 impl Ranks {
-    pub const EMPTY: Ranks = Ranks { first: 0, count: 0, stride: 1 };
+    pub const EMPTY: Ranks = Ranks(Repr::Strided { first: 0, count: 0, stride: 1 });
+
+    /// `first`, `first + stride`, ...: `count` ranks (a stride of 0 is taken as 1).
+    pub fn strided(first: u32, count: u32, stride: u32) -> Ranks {
+        Ranks(Repr::Strided { first, count, stride: stride.max(1) })
+    }
+
+    fn listed(ranks: Arc<[u32]>) -> Ranks {
+        Ranks(Repr::Listed(ranks))
+    }
 
     pub fn len(&self) -> u32 {
-        self.count
+        match &self.0 {
+            Repr::Strided { count, .. } => *count,
+            Repr::Listed(l) => l.len() as u32,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.len() == 0
     }
 
     /// The `i`-th rank of the set.
     pub fn get(&self, i: u32) -> Option<u32> {
-        (i < self.count).then(|| self.first + i * self.stride)
+        match &self.0 {
+            Repr::Strided { first, count, stride } => (i < *count).then(|| first + i * stride),
+            Repr::Listed(l) => l.get(i as usize).copied(),
+        }
     }
 
     /// Position of `rank` in the set: for a node's ranks, its local rank.
     pub fn index_of(&self, rank: u32) -> Option<u32> {
-        let off = rank.checked_sub(self.first)?;
-        let i = off / self.stride;
-        (off % self.stride == 0 && i < self.count).then_some(i)
+        match &self.0 {
+            Repr::Strided { first, count, stride } => {
+                let off = rank.checked_sub(*first)?;
+                let i = off / stride;
+                (off % stride == 0 && i < *count).then_some(i)
+            }
+            Repr::Listed(l) => l.binary_search(&rank).ok().map(|i| i as u32),
+        }
     }
 
     pub fn contains(&self, rank: u32) -> bool {
@@ -41,7 +66,29 @@ impl Ranks {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.count).map(move |i| self.first + i * self.stride)
+        (0..self.len()).map(move |i| self.get(i).expect("index below len"))
+    }
+
+    /// The set as maximal runs of evenly spaced ranks `(first, count, stride)`: one run for a
+    /// strided set, as few as a greedy split finds for a list.
+    pub fn runs(&self) -> Vec<(u32, u32, u32)> {
+        match &self.0 {
+            Repr::Strided { first, count, stride } => vec![(*first, *count, *stride)],
+            Repr::Listed(l) => {
+                let mut out: Vec<(u32, u32, u32)> = Vec::new();
+                for &r in l.iter() {
+                    match out.last_mut() {
+                        Some((f, c, s)) if *c == 1 => {
+                            *s = r - *f;
+                            *c = 2;
+                        }
+                        Some((f, c, s)) if *f as u64 + *c as u64 * *s as u64 == r as u64 => *c += 1,
+                        _ => out.push((r, 1, 1)),
+                    }
+                }
+                out
+            }
+        }
     }
 }
 
@@ -55,6 +102,15 @@ pub enum Layout {
     PerNode { first_rank: Vec<u32> },
     /// Rank `r` on node `r mod k`.
     RoundRobin,
+    /// Rank `r` on node `node_of[r]` (nprocs entries): any order the others cannot say.
+    Explicit { node_of: Vec<u32> },
+}
+
+/// An explicit layout's answers, derived once: each node's ranks and each rank's local rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Listed {
+    per_node: Vec<Arc<[u32]>>,
+    local: Vec<u32>,
 }
 
 /// Everything a daemon knows about one proc, derived from the placement.
@@ -144,6 +200,7 @@ pub struct Placement {
     app_first_rank: Vec<u32>,
     nodes: Nodes,
     layout: Layout,
+    listed: Option<Listed>,
 }
 
 impl Placement {
@@ -198,8 +255,28 @@ impl Placement {
                 }
             }
             Layout::RoundRobin => {}
+            Layout::Explicit { node_of } => {
+                if node_of.len() as u64 != nprocs as u64 {
+                    return Err(format!("{} per-rank nodes for {nprocs} procs", node_of.len()));
+                }
+                let mut per_node: Vec<Vec<u32>> = vec![Vec::new(); k as usize];
+                let mut local = Vec::with_capacity(node_of.len());
+                for (r, &n) in node_of.iter().enumerate() {
+                    let Some(on) = per_node.get_mut(n as usize) else {
+                        return Err(format!("rank {r} is on node {n}, but the job has {k} nodes"));
+                    };
+                    local.push(on.len() as u32);
+                    on.push(r as u32);
+                }
+                if let Some(i) = per_node.iter().position(Vec::is_empty) {
+                    return Err(format!("node {i} (daemon {}) has no procs", nodes.daemon_at(i as u32).unwrap()));
+                }
+                let per_node = per_node.into_iter().map(Arc::from).collect();
+                let listed = Some(Listed { per_node, local });
+                return Ok(Placement { nprocs, app_first_rank, nodes, layout, listed });
+            }
         }
-        Ok(Placement { nprocs, app_first_rank, nodes, layout })
+        Ok(Placement { nprocs, app_first_rank, nodes, layout, listed: None })
     }
 
     pub fn nprocs(&self) -> u32 {
@@ -261,16 +338,17 @@ impl Placement {
         match &self.layout {
             Layout::Block { each } => {
                 let first = node * each;
-                Ranks { first, count: (*each).min(self.nprocs - first), stride: 1 }
+                Ranks::strided(first, (*each).min(self.nprocs - first), 1)
             }
             Layout::PerNode { first_rank } => {
                 let (a, b) = (first_rank[node as usize], first_rank[node as usize + 1]);
-                Ranks { first: a, count: b - a, stride: 1 }
+                Ranks::strided(a, b - a, 1)
             }
             Layout::RoundRobin => {
                 let count = self.nprocs / k + u32::from(node < self.nprocs % k);
-                Ranks { first: node, count, stride: k }
+                Ranks::strided(node, count, k)
             }
+            Layout::Explicit { .. } => Ranks::listed(self.listed().per_node[node as usize].clone()),
         }
     }
 
@@ -288,7 +366,12 @@ impl Placement {
             Layout::Block { each } => rank / each,
             Layout::PerNode { first_rank } => (first_rank.partition_point(|&f| f <= rank) - 1) as u32,
             Layout::RoundRobin => rank % self.nodes.k,
+            Layout::Explicit { node_of } => node_of[rank as usize],
         })
+    }
+
+    fn listed(&self) -> &Listed {
+        self.listed.as_ref().expect("an explicit layout has its lists")
     }
 
     /// Daemon hosting `rank`.
@@ -303,6 +386,7 @@ impl Placement {
             Layout::Block { each } => rank % each,
             Layout::PerNode { first_rank } => rank - first_rank[n as usize],
             Layout::RoundRobin => rank / self.nodes.k,
+            Layout::Explicit { .. } => self.listed().local[rank as usize],
         })
     }
 
@@ -343,7 +427,7 @@ mod tests {
     #[test]
     fn ranks_index_of_inverts_get() {
         for (first, count, stride) in [(0, 0, 1), (3, 5, 1), (2, 4, 7), (0, 1, 1000)] {
-            let r = Ranks { first, count, stride };
+            let r = Ranks::strided(first, count, stride);
             let listed: Vec<u32> = r.iter().collect();
             assert_eq!(listed.len() as u32, r.len());
             for rank in 0..first + count * stride + 2 {

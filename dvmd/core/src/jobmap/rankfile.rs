@@ -1,6 +1,6 @@
-//! A rankfile's placement: each rank on the host and cpus its line names. The ranks of a host
-//! must be contiguous (a block per node, in any node order) or dealt round-robin over the
-//! hosts, so the launch message stays a layout; the cpus travel in each daemon's residual.
+//! A rankfile's placement: each rank on the host and cpus its line names. Blocks per host (in
+//! any host order) or ranks dealt round-robin keep the launch message a compact layout; any
+//! other order carries a node per rank. The cpus travel in each daemon's residual.
 //!
 //! Never: I/O. Every refusal names the file and the line.
 
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use dvm_proto::job::{JobSpec, RankfileEntry};
 
 use super::mapper::NodeSlots;
-use super::placement::{Layout, Placement};
+use super::placement::Placement;
 use super::topo::{parse_list, Level, NodeTopo};
 use super::MapError;
 
@@ -65,31 +65,10 @@ pub fn map_rankfile(
         }
         *count.entry(n.daemon).or_insert(0) += 1;
     }
-    let k = order.len() as u32;
     let node_idx: BTreeMap<u32, u32> = order.iter().enumerate().map(|(i, &d)| (d, i as u32)).collect();
     let idx: Vec<u32> = placed.iter().map(|(_, n)| node_idx[&n.daemon]).collect();
     let counts: Vec<u32> = order.iter().map(|d| count[d]).collect();
-    let layout = if idx.windows(2).all(|w| w[1] >= w[0]) {
-        let mut first_rank = vec![0];
-        for c in &counts {
-            first_rank.push(first_rank.last().unwrap() + c);
-        }
-        Layout::PerNode { first_rank }
-    } else if idx.iter().enumerate().all(|(r, &i)| i == r as u32 % k) {
-        Layout::RoundRobin
-    } else {
-        let (r, (e, _)) = placed
-            .iter()
-            .enumerate()
-            .skip(1)
-            .find(|(r, _)| idx[*r] < idx[r - 1] && idx[*r] != *r as u32 % k)
-            .unwrap_or((0, &placed[0]));
-        let why = format!(
-            "rank {r} on {} interleaves with other hosts' ranks; give each host a block of consecutive ranks, or deal them round-robin",
-            e.host
-        );
-        return Err(refuse(spec, e.line, why));
-    };
+    let layout = super::mapper::layout_of(idx, &counts);
     let ranges = order.iter().map(|&d| (d, 1)).collect();
     Placement::new(np, app_first_rank, ranges, layout).map_err(|why| refuse(spec, 0, why))
 }
@@ -146,7 +125,7 @@ mod tests {
     use dvm_proto::job::AppContext;
 
     use super::*;
-    use crate::jobmap::map_job;
+    use crate::jobmap::{map_job, Layout};
 
     fn spec(lines: &[(u32, &str, &str)]) -> JobSpec {
         let rankfile = lines
@@ -181,7 +160,19 @@ mod tests {
         let cpus = rankfile_cpus(&s, &nodes(), 4).unwrap();
         assert_eq!(cpus, vec![vec![0, 1], vec![6, 7], (0..8).collect(), vec![6, 7]]);
         let dealt = spec(&[(0, "n0", "0"), (1, "n1", "0"), (2, "n0", "1"), (3, "n1", "1")]);
-        assert_eq!(map_job(&dealt, &nodes()).unwrap().node_of(2), Some(0));
+        assert_eq!(map_job(&dealt, &nodes()).unwrap().layout(), &Layout::RoundRobin);
+        // Any other order: a node per rank, each node's ranks in rank order.
+        let mixed = spec(&[(0, "n0", "0"), (1, "n1", "0"), (2, "n1", "1"), (3, "n0", "1"), (4, "n2", "0")]);
+        let p = map_job(&mixed, &nodes()).unwrap();
+        assert!(matches!(p.layout(), Layout::Explicit { .. }));
+        assert_eq!(p.procs_on(0).iter().collect::<Vec<_>>(), [0, 3]);
+        assert_eq!((p.local_rank(3), p.local_rank(2), p.node_of(4)), (Some(1), Some(1), Some(2)));
+        let (map, residuals) = crate::jobmap::encode(3, &mixed, &p);
+        assert_eq!(residuals[0].1.ranks.len(), 1, "ranks 0 and 3: one run of stride 3");
+        for (d, r) in &residuals {
+            let mine: Vec<u32> = crate::jobmap::local_procs(&map, r, *d).unwrap().iter().map(|l| l.rank).collect();
+            assert_eq!(mine, p.procs_on(*d).iter().collect::<Vec<_>>());
+        }
     }
 
     #[test]
@@ -192,7 +183,6 @@ mod tests {
             (vec![(0, "n0", "4:0")], "rf:1: slot=4:0 on host n0: package 4 does not exist (the node has 2)"),
             (vec![(0, "n0", "x")], "rf:1: slot=x on host n0: 'x' is not a list of cores like 0-3,6"),
             (vec![(1, "n0", "0")], "rf:1: rank 1 is beyond the job's 1 processes"),
-            (vec![(0, "n0", "0"), (1, "n1", "0"), (2, "n1", "1"), (3, "n0", "1")], "rf:4: rank 3 on n0 interleaves"),
         ] {
             let e = map_job(&spec(&lines), &nodes()).unwrap_err().to_string();
             assert!(e.starts_with(&format!("cannot map the job: rankfile {want}")), "{lines:?}: {e}");

@@ -23,8 +23,11 @@ pub struct LocalProc {
     pub node_rank: u32,
 }
 
-fn rank_range(r: Ranks) -> RankRange {
-    RankRange { first: r.first, count: r.count, stride: if r.stride == 1 { 0 } else { r.stride } }
+fn rank_ranges(r: &Ranks) -> Vec<RankRange> {
+    r.runs()
+        .into_iter()
+        .map(|(first, count, stride)| RankRange { first, count, stride: if stride == 1 { 0 } else { stride } })
+        .collect()
 }
 
 impl Placement {
@@ -37,6 +40,7 @@ impl Placement {
                 count: first_rank.windows(2).map(|w| w[1] - w[0]).collect(),
             }),
             Layout::RoundRobin => proc_map::Layout::RoundRobin(proc_map::RoundRobin {}),
+            Layout::Explicit { node_of } => proc_map::Layout::Explicit(proc_map::Explicit { node: node_of.clone() }),
         };
         ProcMap { nodes, layout: Some(layout) }
     }
@@ -49,6 +53,7 @@ impl Placement {
         let layout = match pm.layout.as_ref().ok_or_else(|| bad("no layout".into()))? {
             proc_map::Layout::Block(b) => Layout::Block { each: b.each },
             proc_map::Layout::RoundRobin(_) => Layout::RoundRobin,
+            proc_map::Layout::Explicit(e) => Layout::Explicit { node_of: e.node.clone() },
             proc_map::Layout::PerNode(p) => {
                 let mut first_rank = Vec::with_capacity(p.count.len() + 1);
                 let mut r: u64 = 0;
@@ -99,7 +104,7 @@ impl Placement {
                 return Err(LaunchError::BadResidual { daemon: me, job, reason });
             }
             // Stops at the first rank that is not ours or repeated: at most |mine| + 1 steps.
-            for rank in (Ranks { first: rr.first, count: rr.count, stride }).iter() {
+            for rank in Ranks::strided(rr.first, rr.count, stride).iter() {
                 let Some(idx) = mine.index_of(rank) else {
                     let placed = match self.node_of(rank) {
                         Some(d) => format!("places on daemon {d}"),
@@ -174,7 +179,7 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
             } else {
                 ranks.iter().map(|k| pinned.get(&k).copied().unwrap_or_default().to_string()).collect()
             };
-            (daemon, Residual { jobid, ranks: vec![rank_range(ranks)], cpus })
+            (daemon, Residual { jobid, ranks: rank_ranges(&ranks), cpus })
         })
         .collect();
     (map, residuals)

@@ -13,12 +13,31 @@ use crate::Core;
 
 /// `0-3`, `0,2,4`, `5`: a set of ranks as a person writes it.
 pub fn ranks_text(r: &Ranks) -> String {
-    match (r.count, r.stride) {
-        (0, _) => "none".into(),
-        (1, _) => r.first.to_string(),
-        (n, 1) => format!("{}-{}", r.first, r.first + n - 1),
-        (n, _) if n <= 8 => r.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),
-        (n, s) => format!("{},{},...,{} (every {s})", r.first, r.first + s, r.first + (n - 1) * s),
+    let runs = r.runs();
+    match runs.as_slice() {
+        [] | [(_, 0, _)] => "none".into(),
+        [(first, 1, _)] => first.to_string(),
+        [(first, n, 1)] => format!("{first}-{}", first + n - 1),
+        _ if r.len() <= 8 => r.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(","),
+        [(first, n, s)] => format!("{first},{},...,{} (every {s})", first + s, first + (n - 1) * s),
+        _ => {
+            // Runs of consecutive ranks as ranges, at most 8 of them shown.
+            let mut parts: Vec<String> = Vec::new();
+            let mut it = r.iter().peekable();
+            while let Some(a) = it.next() {
+                let mut b = a;
+                while it.peek() == Some(&(b + 1)) {
+                    b = it.next().expect("peeked");
+                }
+                parts.push(if a == b { a.to_string() } else { format!("{a}-{b}") });
+            }
+            if parts.len() > 8 {
+                let more = parts.len() - 8;
+                parts.truncate(8);
+                parts.push(format!("... ({more} more ranges)"));
+            }
+            parts.join(",")
+        }
     }
 }
 
@@ -38,12 +57,12 @@ impl JobTable {
             let mut t = format!("job {jobid} map: {} processes on {} nodes", p.nprocs(), p.num_nodes());
             for (i, d) in p.daemons().enumerate() {
                 let ranks = p.ranks_at(i as u32);
-                let plural = if ranks.count == 1 { "" } else { "s" };
+                let plural = if ranks.len() == 1 { "" } else { "s" };
                 let _ = write!(
                     t,
                     "\n  {} (daemon {d}): {} rank{plural}: {}",
                     r.host_of(d),
-                    ranks.count,
+                    ranks.len(),
                     ranks_text(&ranks)
                 );
                 t.push_str(&objects_text(r, spec, p, d, &ranks));
