@@ -113,9 +113,11 @@ fn suite(radix: u32) {
     );
     std::fs::write(&rf4, lines4).unwrap();
     let rf4_arg = rf4.to_str().unwrap();
-    let o = dvm.prun(&["--oversubscribe", "--rankfile", rf4_arg, "sh", "-c", script]);
+    let o = dvm.prun(&["--oversubscribe", "--display", "map", "--rankfile", rf4_arg, "sh", "-c", script]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}\n{}", dvm.log());
+    assert!(err.contains(&format!("prun:   {host}-0 (daemon 0): 2 ranks: 0,3\n")), "{err}");
+    assert!(err.contains(&format!("prun:   {host}-1 (daemon 1): 2 ranks: 1-2\n")), "{err}");
     let mut lines: Vec<&str> = out.lines().collect();
     lines.sort();
     let want = ["0 0 0".to_string(), "1 1 0".to_string(), format!("2 1 {last}"), format!("3 0 {last}")];

@@ -287,7 +287,8 @@ fn lost_daemon(name: &str, place: Place, radix: u32) {
         let errs = drain(stderr);
         let stdout = seen.join("\n");
         let all = format!("{stdout}\n{}", errs.join("\n"));
-        assert_eq!(status.code(), Some(1), "run {i}: {all}\n{}", dvm.log());
+        // A lost node is a failure of its own (not "could not run the job").
+        assert_eq!(status.code(), Some(dvmd::jobs::LOST_EXIT), "run {i}: {all}\n{}", dvm.log());
         let affected = lost.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let survivors: BTreeSet<u32> = (0..RANKS).filter(|r| !lost.contains(r)).collect();
         let mut told: BTreeMap<u32, Vec<String>> = BTreeMap::new();

@@ -78,11 +78,40 @@ async fn bench_on(c: &mut Client, kind: BenchKind, count: u64, bytes: u64, movem
     let r = c
         .bench(BenchRequest { kind: kind as i32, count, bytes, fence_movement, bcast_movement })
         .await
-        .with_context(|| format!("{} benchmark ({bytes} bytes)", kind.as_str_name()))?;
+        .with_context(|| format!("{} benchmark ({bytes} bytes)", kind_name(kind)))?;
     if r.errors > 0 {
-        bail!("{} benchmark: {} wrong results; first: {}", kind.as_str_name(), r.errors, r.first_error);
+        bail!("{}", failure_text(kind, &r));
     }
     Ok(r)
+}
+
+/// What a benchmark of `kind` runs, for a person.
+fn kind_name(kind: BenchKind) -> &'static str {
+    match kind {
+        BenchKind::Barrier => "barrier",
+        BenchKind::Modex => "modex",
+        BenchKind::Alternate => "alternating barrier/modex",
+        BenchKind::Xcast => "xcast",
+        BenchKind::Ping => "ping",
+        BenchKind::Unspecified => "unspecified",
+    }
+}
+
+/// "alternating barrier/modex benchmark failed: 14 operations failed (daemons lost: daemon 1 on
+/// host vm-1, daemon 2 on host vm-2); first: ...": failures and wrong results told apart.
+fn failure_text(kind: BenchKind, r: &BenchReply) -> String {
+    let wrong = r.errors.saturating_sub(r.failed);
+    let mut parts = Vec::new();
+    if r.failed > 0 {
+        let s = if r.failed == 1 { "" } else { "s" };
+        parts.push(format!("{} operation{s} failed", r.failed));
+    }
+    if wrong > 0 {
+        let s = if wrong == 1 { "" } else { "s" };
+        parts.push(format!("{wrong} wrong result{s}"));
+    }
+    let lost = if r.lost.is_empty() { String::new() } else { format!(" (daemons lost: {})", r.lost) };
+    format!("{} benchmark failed: {}{lost}; first: {}", kind_name(kind), parts.join(", "), r.first_error)
 }
 
 async fn run(args: Args) -> Result<()> {

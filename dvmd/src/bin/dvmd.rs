@@ -80,6 +80,11 @@ struct Args {
     /// Heartbeats missed before a silent peer is declared lost.
     #[arg(long, default_value_t = 5)]
     heartbeat_misses: u32,
+    /// How ranks are scheduled against their daemon, so that the daemon goes first when they
+    /// spin on every core: `idle` (SCHED_IDLE), `nice:N` (N nicer, 1-19) or `same` (as the
+    /// daemon). A job may choose its own with `-x DVM_RANK_PRIORITY=...` (docs/liveness.md).
+    #[arg(long, default_value_t = dvmd::odls::RankPriority::DEFAULT, value_name = "idle|nice:N|same")]
+    rank_priority: dvmd::odls::RankPriority,
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
@@ -352,6 +357,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         format!("--hnp={hnp_addr}"),
         format!("--heartbeat-ms={}", args.heartbeat_ms),
         format!("--heartbeat-misses={}", args.heartbeat_misses),
+        format!("--rank-priority={}", args.rank_priority),
         format!("--pmix-start={}", args.pmix_start),
         format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
         format!("--max-message={}", args.max_message),

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::{access, AccessFlags};
 
+use super::priority::ChildPriority;
 use super::{ProcSpec, TIMER_SLACK_VAR};
 
 /// What `execvp` searches when the proc's environment has no PATH (glibc's default).
@@ -32,7 +33,7 @@ pub(super) struct Launched {
 /// it runs on its own stack in the daemon's memory until it execs, so starting a proc costs
 /// neither a copy of the daemon's page tables nor the copy-on-write faults a fork leaves the
 /// daemon with afterwards. (`posix_spawn` itself cannot set `PR_SET_PDEATHSIG`.)
-pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
+pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launched, String> {
     let argv0 = spec.argv.first().filter(|a| !a.is_empty()).ok_or("the command line is empty")?;
     let wdir = checked_wdir(&spec.wdir)?;
     let program = resolve(argv0, &spec.env, &wdir)?;
@@ -61,6 +62,7 @@ pub(super) fn launch(spec: &ProcSpec) -> Result<Launched, String> {
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
         timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
+        priority,
         failed: None,
     };
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
@@ -178,6 +180,8 @@ struct ChildArgs<'a> {
     fd_limit: libc::c_int,
     /// 0: the kernel's default (inherited).
     timer_slack_ns: libc::c_ulong,
+    /// Its scheduling against the daemon (only ever lower: that needs no privilege).
+    priority: ChildPriority,
     /// The step that failed before exec, and its errno; None if the child exec'd.
     failed: Option<(Step, i32)>,
 }
@@ -261,6 +265,21 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
             return fail(args, Step::Setup("set its timer slack"));
+        }
+        // This thread only (the child has no other): what the proc's threads inherit.
+        if let Some(nice) = args.priority.nice {
+            if libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
+                return fail(args, Step::Setup("lower its priority (setpriority)"));
+            }
+        }
+        if args.priority.idle {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                return fail(
+                    args,
+                    Step::Setup("run it under SCHED_IDLE (DVM_RANK_PRIORITY=same runs it as the daemon)"),
+                );
+            }
         }
         if let Some(set) = args.affinity {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {

@@ -28,6 +28,7 @@
 
 mod exec;
 mod iof;
+mod priority;
 mod reap;
 mod stacks;
 
@@ -42,6 +43,7 @@ use tracing::{debug, warn};
 
 use iof::IofWindow;
 pub use iof::CHUNK as IOF_CHUNK;
+pub use priority::{RankPriority, RANK_PRIORITY_VAR};
 use reap::Life;
 
 pub use dvm_core::jobs::{ExitKind, ProcEvent as OdlsEvent, ProcSpec, Stream, TIMER_SLACK_VAR};
@@ -63,6 +65,10 @@ pub struct Odls {
     events: mpsc::UnboundedSender<OdlsEvent>,
     iof_window: usize,
     jobs: HashMap<u32, Job>,
+    /// How procs run against this daemon (`--rank-priority`), unless a job says otherwise.
+    priority: RankPriority,
+    /// This daemon's nice value, read once.
+    own_nice: i32,
 }
 
 impl Odls {
@@ -70,7 +76,15 @@ impl Odls {
     /// output bytes each job may have emitted and not yet acknowledged.
     pub fn new(node: String, events: mpsc::UnboundedSender<OdlsEvent>, iof_window: usize) -> Odls {
         assert!(iof_window > 0, "node {node}: the IOF window must be at least 1 byte");
-        Odls { node, events, iof_window, jobs: HashMap::new() }
+        let (priority, own_nice) = (RankPriority::DEFAULT, priority::own_nice());
+        Odls { node, events, iof_window, jobs: HashMap::new(), priority, own_nice }
+    }
+
+    /// How procs run against this daemon: when they spin on every core, its heartbeats,
+    /// fences and launches still get the cpu first. Among themselves the procs keep equal
+    /// shares, so an idle daemon costs them nothing.
+    pub fn set_rank_priority(&mut self, p: RankPriority) {
+        self.priority = p;
     }
 
     /// Start a proc. Sends `Started` (before any of its other events) or `LaunchFailed`.
@@ -92,7 +106,8 @@ impl Odls {
             let _ = self.events.send(fail("that rank is already running here".into()));
             return;
         }
-        let launched = match exec::launch(&spec) {
+        let launched = match self.priority.for_proc(&spec.env).and_then(|p| exec::launch(&spec, p.child(self.own_nice)))
+        {
             Ok(l) => l,
             Err(why) => {
                 debug!(jobid, rank, "launch failed: {why}");

@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use super::queue::{ArrayState, Waiting};
 use super::stacks::StackQuery;
 use super::tools::{EndedJob, Kept};
-use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, TERMINATED_EXIT, TIMEOUT_EXIT};
+use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, LOST_EXIT, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::dataserver::DataServer;
 use crate::jobmap::{self, NodeSlots, Placement};
 use crate::timer::Timer;
@@ -506,16 +506,24 @@ impl JobTable {
                 self.daemon_lost_events(r, d, &lost);
             }
         }
+        // One sentence per job naming every daemon it lost here; a loss under a job that a
+        // loss already failed is told too, so no lost daemon goes unnamed.
+        let mut by_job: BTreeMap<u32, Vec<(Rank, Vec<u32>)>> = BTreeMap::new();
         for (jobid, d, ranks) in hits {
-            let host = r.host_of(d);
-            let why = format!("daemon {d} on node {host} was lost with ranks {ranks:?} of job {jobid}");
+            by_job.entry(jobid).or_default().push((d, ranks));
+        }
+        for (jobid, lost) in by_job {
+            let why = lost_sentence(r, jobid, &lost);
+            let failing = self.jobs.get(&jobid).and_then(|j| j.first_failure.as_ref()).map(|(c, _)| *c);
             if self.recovers(jobid) {
-                self.survive(jobid, 1, why);
+                self.survive(jobid, LOST_EXIT, why);
+            } else if failing == Some(LOST_EXIT) {
+                self.notice(jobid, format!("{why} (too)"));
             } else {
-                self.fail_job(r, jobid, 1, why);
+                self.fail_job(r, jobid, LOST_EXIT, why);
             }
             if let Some(job) = self.jobs.get_mut(&jobid) {
-                job.reported.extend(ranks);
+                job.reported.extend(lost.into_iter().flat_map(|(_, ranks)| ranks));
             }
             self.maybe_end(r, jobid);
         }
@@ -575,4 +583,20 @@ impl JobTable {
 /// Warn about a command the HNP did not expect (it changes nothing).
 pub(crate) fn unexpected(origin: Rank, body: &daemon_cmd::Body) {
     warn!(origin, "unexpected daemon command {body:?}");
+}
+
+/// "daemon 3 on node n3 was lost with ranks [3] of job 1", or for several daemons "daemons 1
+/// on node n1 (ranks [1]) and 2 on node n2 (ranks [2]) were lost with job 1" (up to 8 named).
+fn lost_sentence(r: &Core, jobid: u32, lost: &[(Rank, Vec<u32>)]) -> String {
+    const SHOWN: usize = 8;
+    if let [(d, ranks)] = lost {
+        return format!("daemon {d} on node {} was lost with ranks {ranks:?} of job {jobid}", r.host_of(*d));
+    }
+    let mut parts: Vec<String> =
+        lost.iter().take(SHOWN).map(|(d, ranks)| format!("{d} on node {} (ranks {ranks:?})", r.host_of(*d))).collect();
+    if lost.len() > SHOWN {
+        parts.push(format!("{} more", lost.len() - SHOWN));
+    }
+    let last = parts.pop().expect("two or more");
+    format!("daemons {} and {last} were lost with job {jobid}", parts.join(", "))
 }

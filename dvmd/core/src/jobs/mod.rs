@@ -33,6 +33,9 @@ pub const ABORT_GRACE_NS: u64 = 2_000_000_000;
 pub const TERMINATE_GRACE_NS: u64 = KILL_GRACE_NS + 2_000_000_000;
 /// Exit status of a job ended by `--timeout`.
 pub const TIMEOUT_EXIT: i32 = 124;
+/// Exit status of a job that lost a node (its daemon died or was declared lost) with ranks
+/// still running there.
+pub const LOST_EXIT: i32 = 123;
 /// Exit status of a job the DVM ended under: terminated (`pterm`) while it ran, or (in prun)
 /// the head process lost.
 pub const TERMINATED_EXIT: i32 = 125;

@@ -6,7 +6,7 @@ use dvm_proto::job::{AppContext, JobSpec};
 
 use super::{Control, Reply};
 use crate::harness::{job, Net, Program};
-use crate::jobs::{TERMINATED_EXIT, TIMEOUT_EXIT};
+use crate::jobs::{LOST_EXIT, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::{pmixdef, Exit, Input};
 
 const S: u64 = 1_000_000_000;
@@ -74,13 +74,36 @@ fn a_lost_daemon_fails_its_jobs_naming_daemon_node_and_ranks_and_spares_other_jo
     net.kill(3);
     net.run();
     let (code, why) = net.ended(c).expect("the job ended");
-    assert_eq!(code, 1);
+    assert_eq!(code, LOST_EXIT);
     assert_eq!(why, "daemon 3 on node n3 was lost with ranks [3] of job 1");
     assert!(net.shells[0].said.iter().any(|s| s.starts_with("dvmd: daemon 3 on host n3 was lost")));
     // The DVM goes on: the next job runs on the survivors.
     let c2 = net.launch(job(6, exit(0, 1)));
     net.run();
     assert_eq!(net.ended(c2), Some((0, String::new())));
+    assert_clean(&net);
+}
+
+/// Two daemons killed together: the job's one sentence names both, each with its node and
+/// ranks, never only the first.
+#[test]
+fn daemons_lost_together_are_all_named() {
+    let mut net = Net::boot(7, 2, 1);
+    let c = net.launch(job(7, hang()));
+    net.run();
+    net.kill(2);
+    net.kill(5);
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended");
+    assert_eq!(code, LOST_EXIT);
+    let told = format!("{why}\n{}", net.shells[0].notices(c).join("\n"));
+    for (d, host, rank) in [(2, "n2", 2), (5, "n5", 5)] {
+        assert!(
+            told.contains(&format!("{d} on node {host} (ranks [{rank}])"))
+                || told.contains(&format!("daemon {d} on node {host} was lost with ranks [{rank}]")),
+            "daemon {d} unnamed: {told}"
+        );
+    }
     assert_clean(&net);
 }
 
@@ -199,7 +222,7 @@ fn a_spawn_takes_free_slots_answers_once_started_and_ends_with_its_parent() {
     // The parent's failure takes the spawned job with it; prun hears one end.
     net.kill(3);
     net.run();
-    assert_eq!(net.ended(c).map(|e| e.0), Some(1));
+    assert_eq!(net.ended(c).map(|e| e.0), Some(LOST_EXIT));
     assert_eq!(net.live_procs(), 0);
     assert_clean(&net);
 }
@@ -225,7 +248,7 @@ fn a_job_whose_launch_lost_a_relay_still_ends_and_starts_nothing_after_its_kill(
         net.kill(victim);
         net.run();
         let (code, why) = net.ended(c).expect("the job ended");
-        assert_eq!(code, 1);
+        assert_eq!(code, LOST_EXIT);
         assert!(why.starts_with(&format!("daemon {victim} on node n{victim} was lost")), "{why}");
         assert_clean(&net);
     }

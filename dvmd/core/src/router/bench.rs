@@ -38,6 +38,7 @@ pub struct DaemonBench {
     bytes: u64,
     next: u64,
     errors: u64,
+    failed: u64,
     first_error: String,
     sig: FenceSignature,
     participants: Vec<Rank>,
@@ -58,7 +59,10 @@ pub struct HnpBench {
     started_at: Option<u64>,
     done: BTreeSet<Rank>,
     errors: u64,
+    failed: u64,
     first_error: String,
+    /// The daemons alive when it started: those gone at its end were lost during it.
+    live_at_start: Vec<Rank>,
     issued: u64,
     /// The daemon a ping benchmark talks to.
     ping_peer: Option<Rank>,
@@ -168,6 +172,8 @@ impl Core {
             hnp.next_bench += 1;
             hnp.next_bench - 1
         };
+        let live_at_start = self.g.topology().live_ranks().collect();
+        let Some(hnp) = self.hnp.as_mut() else { return };
         hnp.bench = Some(HnpBench {
             id,
             kind,
@@ -177,7 +183,9 @@ impl Core {
             started_at: None,
             done: BTreeSet::new(),
             errors: 0,
+            failed: 0,
             first_error: String::new(),
+            live_at_start,
             issued: 0,
             ping_peer: None,
             bcast_movement,
@@ -239,6 +247,7 @@ impl Core {
             bytes: b.bytes,
             next: 0,
             errors: 0,
+            failed: 0,
             first_error: String::new(),
             sig,
             participants,
@@ -261,6 +270,7 @@ impl Core {
                 completed: b.next,
                 errors: b.errors,
                 first_error: b.first_error.clone(),
+                failed: b.failed,
             };
             let sig = b.sig.clone();
             self.bench = None;
@@ -302,6 +312,9 @@ impl Core {
             return;
         };
         let i = b.next - 1;
+        if result.is_err() {
+            b.failed += 1;
+        }
         let err = match result {
             Err(e) => Some(format!(
                 "daemon {me}: fence {i} of {} failed: {}",
@@ -342,6 +355,7 @@ impl Core {
             b.first_error = d.first_error;
         }
         b.errors += d.errors;
+        b.failed += d.failed;
         b.done.insert(d.rank);
         self.check_bench_done();
     }
@@ -415,6 +429,7 @@ impl Core {
             completed: 0,
             errors: 1,
             first_error,
+            failed: 0,
         }));
     }
 
@@ -457,6 +472,7 @@ impl Core {
         let topo = self.g.topology();
         let (daemons, radix, depth) = (topo.live_count(), topo.radix(), topo.height());
         let Some(b) = self.hnp.as_mut().and_then(|h| h.bench.take()) else { return };
+        let gone: Vec<Rank> = b.live_at_start.iter().copied().filter(|&r| !topo.is_alive(r)).collect();
         let reply = BenchReply {
             latencies_ns: b.latencies,
             errors: b.errors,
@@ -464,6 +480,8 @@ impl Core {
             daemons,
             radix,
             depth,
+            failed: b.failed,
+            lost: self.describe(&gone),
         };
         if b.internal {
             self.on_calibration_run(Ok(reply));

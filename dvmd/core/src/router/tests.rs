@@ -209,6 +209,8 @@ fn a_fence_storm_that_loses_a_daemon_ends_with_its_name_and_the_next_one_passes(
         assert_eq!(replies.len(), 1, "victim {victim}: the benchmark must answer exactly once");
         let r = replies[0].as_ref().expect("a benchmark reply");
         assert!(r.errors > 0, "victim {victim}: a storm that lost a daemon cannot be clean");
+        assert_eq!(r.failed, r.errors, "victim {victim}: failed fences are failures, not wrong results");
+        assert_eq!(r.lost, format!("daemon {victim} on host n{victim}"));
         assert!(
             r.first_error.contains(&format!("lost daemon {victim} on host n{victim}")),
             "victim {victim}: error does not name it: {}",

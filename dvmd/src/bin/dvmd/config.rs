@@ -82,6 +82,7 @@ pub(super) fn dial_via_from_env() -> Result<Option<(Rank, SocketAddr)>> {
 /// unless spawned there later, and a server would only take CPU from the boot.
 pub(super) fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
     daemon.set_session_dir(session);
+    daemon.set_rank_priority(args.rank_priority);
     daemon.set_pmix_settings(pmix_settings(session, args));
     if eager_pmix(args, slots) {
         daemon.start_pmix_background();

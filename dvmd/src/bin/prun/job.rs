@@ -275,8 +275,12 @@ pub(super) async fn run_job(
                     forward_signal(uri, j, libc::SIGTERM).await;
                 }
             }
-            // Quiet once stdout is closed: the job ends because prun's reader went away.
-            Some(job_event::Event::Notice(n)) if !out.stdout_closed => eprintln!("prun: {}", n.text),
+            // Quiet once stdout is closed: the job ends because prun's reader went away. Every
+            // line of a notice (a map, a node's bindings) carries the prefix, for grep.
+            Some(job_event::Event::Notice(n)) if !out.stdout_closed => {
+                let text: String = n.text.lines().map(|l| format!("prun: {l}\n")).collect();
+                eprint!("{text}");
+            }
             Some(job_event::Event::Ended(e)) => {
                 out.finish();
                 if out.stdout_closed {

@@ -1,0 +1,136 @@
+//! How a daemon's procs are scheduled against the daemon itself: when ranks spin on every
+//! core, the daemon's heartbeats, fences and launches must still get the cpu at once.
+//!
+//! Owns: the `--rank-priority` policy, its per-job override (`DVM_RANK_PRIORITY` in the proc's
+//! environment) and what the child sets before exec. Never: raising a proc above its daemon
+//! (that would need privilege and would be the opposite of the point).
+//! The default is `idle` (SCHED_IDLE): chosen by `scripts/bench_spin.py` (docs/liveness.md).
+//! Under SCHED_IDLE a waking daemon preempts a spinning rank at once; a nicer SCHED_OTHER rank
+//! only gives the daemon a larger share, and it still waits for the rank's slice to end.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The environment variable with which a job chooses its procs' policy (`-x DVM_RANK_PRIORITY=same`).
+pub const RANK_PRIORITY_VAR: &str = "DVM_RANK_PRIORITY";
+
+/// How procs run relative to their daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankPriority {
+    /// SCHED_IDLE: procs share the cpus among themselves as usual, and give way at once to the
+    /// daemon (and to any other ordinary process of the node).
+    Idle,
+    /// SCHED_OTHER, this much nicer than the daemon (1-19).
+    Nice(u8),
+    /// As the daemon: nothing changed.
+    Same,
+}
+
+impl RankPriority {
+    pub const DEFAULT: RankPriority = RankPriority::Idle;
+}
+
+impl fmt::Display for RankPriority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankPriority::Idle => f.write_str("idle"),
+            RankPriority::Nice(n) => write!(f, "nice:{n}"),
+            RankPriority::Same => f.write_str("same"),
+        }
+    }
+}
+
+impl FromStr for RankPriority {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RankPriority, String> {
+        let bad = || format!("'{s}' is not a rank priority (expected idle, same, or nice:N with N from 1 to 19)");
+        match s.trim().to_ascii_lowercase().as_str() {
+            "idle" => Ok(RankPriority::Idle),
+            "same" | "nice:0" => Ok(RankPriority::Same),
+            other => {
+                let n = other.strip_prefix("nice:").ok_or_else(bad)?;
+                match n.parse::<u8>() {
+                    Ok(n @ 1..=19) => Ok(RankPriority::Nice(n)),
+                    _ => Err(bad()),
+                }
+            }
+        }
+    }
+}
+
+/// What the child sets before exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ChildPriority {
+    /// Switch to SCHED_IDLE.
+    pub idle: bool,
+    /// Set this nice value (absolute).
+    pub nice: Option<i32>,
+}
+
+impl RankPriority {
+    /// The policy of a proc whose environment is `env` (the last `DVM_RANK_PRIORITY` wins)
+    /// on a daemon whose default is `self`.
+    pub(super) fn for_proc(self, env: &[(String, String)]) -> Result<RankPriority, String> {
+        match env.iter().rev().find(|(k, _)| k == RANK_PRIORITY_VAR) {
+            None => Ok(self),
+            Some((_, v)) => v.parse().map_err(|e| format!("{RANK_PRIORITY_VAR}: {e}")),
+        }
+    }
+
+    /// What the child does, given the daemon's own nice value.
+    pub(super) fn child(self, own_nice: i32) -> ChildPriority {
+        match self {
+            RankPriority::Idle => ChildPriority { idle: true, nice: None },
+            RankPriority::Nice(n) => ChildPriority { idle: false, nice: Some((own_nice + n as i32).min(19)) },
+            RankPriority::Same => ChildPriority { idle: false, nice: None },
+        }
+    }
+}
+
+/// This process's nice value.
+pub(super) fn own_nice() -> i32 {
+    // SAFETY: getpriority reads this process's value; -1 is also a valid answer, so errno is
+    // cleared first and checked after.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let n = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if n == -1 && *libc::__errno_location() != 0 {
+            0
+        } else {
+            n
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse_and_print_back() {
+        for (text, want) in
+            [("idle", RankPriority::Idle), ("SAME", RankPriority::Same), ("nice:7", RankPriority::Nice(7))]
+        {
+            let p: RankPriority = text.parse().unwrap();
+            assert_eq!(p, want);
+            assert_eq!(p.to_string().parse::<RankPriority>().unwrap(), want);
+        }
+        assert_eq!("nice:0".parse::<RankPriority>(), Ok(RankPriority::Same));
+        for bad in ["", "nice", "nice:20", "nice:-1", "fast"] {
+            let e = bad.parse::<RankPriority>().unwrap_err();
+            assert!(e.contains(&format!("'{bad}' is not a rank priority")), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_job_may_choose_its_own_and_nice_is_capped() {
+        let env = |v: &str| vec![(RANK_PRIORITY_VAR.to_string(), v.to_string())];
+        assert_eq!(RankPriority::Idle.for_proc(&[]), Ok(RankPriority::Idle));
+        assert_eq!(RankPriority::Idle.for_proc(&env("same")), Ok(RankPriority::Same));
+        let e = RankPriority::Idle.for_proc(&env("x")).unwrap_err();
+        assert!(e.starts_with("DVM_RANK_PRIORITY: 'x' is not a rank priority"), "{e}");
+        assert_eq!(RankPriority::Nice(10).child(15), ChildPriority { idle: false, nice: Some(19) });
+        assert_eq!(RankPriority::Idle.child(0), ChildPriority { idle: true, nice: None });
+    }
+}
