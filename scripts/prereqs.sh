@@ -11,8 +11,9 @@ set -euo pipefail
 build=(gcc libc6-dev ca-certificates pkg-config make libpmix-dev libclang-dev openmpi-bin libopenmpi-dev)
 case "${1:-}" in
   build) want=("${build[@]}") ;;
-  # gdb: stack traces of a job's ranks (pps --stacks, prun --get-stack-traces).
-  test) want=("${build[@]}" iproute2 python3 python3-mpi4py mmdebstrap gdb) ;;
+  # gdb: stack traces of a job's ranks (pps --stacks, prun --get-stack-traces);
+  # python3-matplotlib: the benchmarks' and the swarm sweep's plots.
+  test) want=("${build[@]}" iproute2 python3 python3-mpi4py python3-matplotlib mmdebstrap gdb) ;;
   *)
     echo "usage: scripts/prereqs.sh build|test" >&2
     exit 2

@@ -11,7 +11,8 @@
 #
 #   contrib/dockerswarm/faults.sh [--nodes 8] [--heartbeat-ms 1000] [--heartbeat-misses 5] [--out DIR]
 #
-# Writes OUT/faults.csv and OUT/faults.log (default docs/scaletest). Exits 1 if any check failed.
+# Writes OUT/faults.csv and OUT/faults.log (default ${TMPDIR:-/tmp}/dvm-scaletest, outside the
+# tree; --out docs/scaletest to record a run). Exits 1 if any check failed.
 set -euo pipefail
 DS_TOOL=faults.sh
 # shellcheck source=lib.sh
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 4 ] || ds_die "--nodes $nodes: the three faults need at least 4 nodes."
-out=${out:-$DS_REPO/docs/scaletest}
+out=${out:-${TMPDIR:-/tmp}/dvm-scaletest}
 bound_ms=$((hb_ms * hb_misses + 2000)) # heartbeat bound plus 2 s for reporting and teardown
 
 ds_preflight

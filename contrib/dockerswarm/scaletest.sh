@@ -37,7 +37,8 @@ usage: scaletest.sh [--nodes LIST] [--ppn LIST] [--radix LIST] [--sizes LIST] [-
   --mpi-max-ranks  run the MPI programs only on jobs of at most this many ranks (default 32:
               more polling ranks than that on a 2-core host made dockerd reschedule every task)
   --name      file name stem (default sweep; --quick: quick)
-  --out       output directory (default docs/scaletest of this tree)
+  --out       output directory (default \${TMPDIR:-/tmp}/dvm-scaletest, outside the tree; give
+              --out docs/scaletest to record a run there)
   --dvmd-args more dvmd options for every DVM, e.g. '--heartbeat-ms 3000 --heartbeat-misses 10'
 EOF
 }
@@ -76,7 +77,7 @@ JOBS=${opt[jobs]:-1}
 WARMUP=${opt[warmup]:-0}
 MPI_MAX=${opt[mpi-max-ranks]:-32}
 NAME=${opt[name]:-$def_name}
-OUT=${opt[out]:-$DS_REPO/docs/scaletest}
+OUT=${opt[out]:-${TMPDIR:-/tmp}/dvm-scaletest}
 
 posint() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || ds_die "$1 value '$2' is not a positive integer."; }
 for v in "${NODES[@]}"; do posint --nodes "$v"; done
