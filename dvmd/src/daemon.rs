@@ -117,7 +117,23 @@ pub struct Daemon {
     exit: Option<Exit>,
 }
 
+/// What woke the loop.
+enum Woke {
+    Transport(Option<TransportEvent>),
+    Control(ControlCmd),
+    Input(Input),
+    Proc(crate::odls::OdlsEvent),
+    Pmix(u64, crate::pmix::HostEvent),
+    Prun(PrunEvent),
+    Timer,
+}
+
 impl Daemon {
+    /// Warn when the loop runs late by a quarter of the heartbeat bound (heartbeat × misses).
+    pub fn set_heartbeat_bound(&mut self, bound: Duration) {
+        self.pending().host.meter.set_bound(bound);
+    }
+
     pub fn new(me: Rank, host: String, topo: Topology, t: Transport, epoch: u64, hnp: Option<Hnp>) -> Daemon {
         Daemon::with_grpcomm(me, host, topo, t, epoch, hnp, Config::default())
     }
@@ -257,40 +273,50 @@ impl Daemon {
             if let Some(exit) = self.exit.take() {
                 break exit;
             }
+            // The node's next timer, or the meter's probe: lateness is sampled even when
+            // nothing is due.
             let deadline = self.node().poll_timeout();
-            let sleep =
-                deadline.map_or(Duration::from_secs(3600), |at| Duration::from_nanos(at.saturating_sub(self.now())));
-            tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(ev) => self.on_transport(ev),
-                    None => {
-                        let why = format!("daemon {} on host {}: its transport closed", self.me, self.host);
-                        self.exit = Some(Exit::LostHnp(why));
-                    }
-                },
-                Some(cmd) = control.recv() => self.on_control(cmd),
-                Some(inp) = inputs.recv() => self.on_input(inp),
-                Some(ev) = odls_rx.recv() => {
-                    let now = self.now();
-                    self.node_mut().handle_proc(now, ev);
+            let probe = self.now().saturating_add(crate::loopmeter::PROBE.as_nanos() as u64);
+            let due = deadline.map_or(probe, |at| at.min(probe));
+            let sleep = Duration::from_nanos(due.saturating_sub(self.now()));
+            let woke = tokio::select! {
+                ev = events.recv() => Woke::Transport(ev),
+                Some(cmd) = control.recv() => Woke::Control(cmd),
+                Some(inp) = inputs.recv() => Woke::Input(inp),
+                Some(ev) = odls_rx.recv() => Woke::Proc(ev),
+                Some((gen, ev)) = pmix_rx.recv() => Woke::Pmix(gen, ev),
+                Some(ev) = prun_rx.recv() => Woke::Prun(ev),
+                _ = tokio::time::sleep(sleep) => Woke::Timer,
+            };
+            // One step: the input handled and everything it caused carried out.
+            let began = Instant::now();
+            let now = self.now();
+            match woke {
+                Woke::Transport(Some(ev)) => self.on_transport(ev),
+                Woke::Transport(None) => {
+                    let why = format!("daemon {} on host {}: its transport closed", self.me, self.host);
+                    self.exit = Some(Exit::LostHnp(why));
                 }
-                Some((gen, ev)) = pmix_rx.recv() => {
-                    let now = self.now();
-                    self.node_mut().handle_pmix(now, |h| h.pmix.on_event(gen, ev));
-                }
-                Some(ev) = prun_rx.recv() => {
+                Woke::Control(cmd) => self.on_control(cmd),
+                Woke::Input(inp) => self.on_input(inp),
+                Woke::Proc(ev) => self.node_mut().handle_proc(now, ev),
+                Woke::Pmix(gen, ev) => self.node_mut().handle_pmix(now, |h| h.pmix.on_event(gen, ev)),
+                Woke::Prun(ev) => {
                     if let PrunEvent::Closed(c) = &ev {
                         self.clients.remove(&c.0);
                     }
-                    let now = self.now();
                     self.node_mut().handle_prun(now, ev);
                 }
-                _ = tokio::time::sleep(sleep), if deadline.is_some() => {
-                    let now = self.now();
-                    self.node_mut().handle_timeout(now);
+                Woke::Timer => {
+                    let due_at = self.start + Duration::from_nanos(due);
+                    self.node_mut().host_mut().meter.timer_fired(due_at, began);
+                    if deadline.is_some_and(|at| at <= now) {
+                        self.node_mut().handle_timeout(now);
+                    }
                 }
             }
             self.drain();
+            self.node_mut().host_mut().meter.step(began.elapsed(), began);
         };
         // Nothing this daemon started outlives it.
         self.odls.kill_all();

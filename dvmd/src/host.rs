@@ -17,6 +17,8 @@ use crate::pmix::PmixHost;
 /// What the node calls synchronously.
 pub struct ShellHost {
     pub pmix: PmixHost,
+    /// How the daemon's loop keeps time (fed by `Daemon::run`).
+    pub meter: crate::loopmeter::LoopMeter,
     /// HNP: the daemons the boot started (host, what they print).
     pub launched: BTreeMap<Rank, (String, OutputTail)>,
     /// HNP: the step that started every other daemon (its description, what it prints).
@@ -25,7 +27,7 @@ pub struct ShellHost {
 
 impl ShellHost {
     pub fn new(pmix: PmixHost) -> ShellHost {
-        ShellHost { pmix, launched: BTreeMap::new(), launch_step: None }
+        ShellHost { pmix, meter: Default::default(), launched: BTreeMap::new(), launch_step: None }
     }
 }
 
@@ -33,6 +35,9 @@ impl Host for ShellHost {
     fn rss_kib(&mut self) -> u64 {
         // The daemon and its PMIx worker: what the node pays for this daemon.
         crate::sys::rss_kib() + self.pmix.worker_rss_kib()
+    }
+    fn loop_stats(&mut self) -> dvm_core::LoopStats {
+        self.meter.stats()
     }
     fn launched(&mut self, daemon: Rank) -> Option<(String, String)> {
         self.launched.get(&daemon).map(|(h, out)| (h.clone(), out.text()))

@@ -27,6 +27,7 @@ pub(crate) mod host;
 pub mod hostfile;
 pub mod hwtopo;
 pub mod launch;
+pub mod loopmeter;
 pub mod odls;
 pub mod pmix;
 pub mod prun_cli;

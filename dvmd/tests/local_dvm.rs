@@ -203,6 +203,10 @@ async fn boot_and_exercise(radix: u32) {
         assert_eq!(v.parent, hnp_view.parent, "daemon {} parent", v.rank);
         assert_eq!(v.children, hnp_view.children, "daemon {} children", v.rank);
         assert_eq!(v.children, expected_children(v.rank, radix, n), "daemon {} children vs formula", v.rank);
+        // Each daemon measures its loop: it has taken steps (check-in, wireup), and its
+        // timer lateness figures are ordered.
+        assert!(v.longest_step_us > 0, "daemon {}: no step measured: {v:?}", v.rank);
+        assert!(v.late_p50_us <= v.late_p99_us && v.late_p99_us <= v.late_max_us, "daemon {}: {v:?}", v.rank);
         for &ch in &v.children {
             assert_eq!(views[ch as usize].parent, v.rank);
         }

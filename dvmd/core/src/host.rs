@@ -29,10 +29,25 @@ pub struct JobStart<'a> {
     pub bound: Vec<(u32, String, String)>,
 }
 
+/// How well the daemon's loop keeps time (µs), as its shell measures it: how late its timers
+/// fire and the longest single step. Zero where nothing measures (the simulator).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopStats {
+    pub late_p50_us: u64,
+    pub late_p99_us: u64,
+    pub late_max_us: u64,
+    pub longest_step_us: u64,
+    pub samples: u64,
+}
+
 /// The daemon's process as the core sees it.
 pub trait Host {
     /// Resident memory of the daemon and what it runs for the DVM (its PMIx worker), KiB.
     fn rss_kib(&mut self) -> u64;
+    /// How its loop keeps time.
+    fn loop_stats(&mut self) -> LoopStats {
+        LoopStats::default()
+    }
     /// HNP: the host a daemon was started on and what its process printed (its last lines),
     /// if the boot started it.
     fn launched(&mut self, daemon: Rank) -> Option<(String, String)>;

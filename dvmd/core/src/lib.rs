@@ -33,7 +33,7 @@ pub mod pmixdef;
 mod router;
 pub mod timer;
 
-pub use host::{Host, JobStart};
+pub use host::{Host, JobStart, LoopStats};
 pub use node::Node;
 pub use router::{bench, dtags, probe, Core, CoreConfig, Effect, Exit, FenceOwner, Input, XcastOwner};
 pub use router::{Rank, Route, Topology};

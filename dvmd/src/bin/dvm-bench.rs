@@ -43,6 +43,10 @@ struct Args {
     /// ABBA order on this DVM, REPS times, and the table gives paired ratios (lateral/tree).
     #[arg(long, value_name = "REPS")]
     compare_movements: Option<u32>,
+    /// Print the routing tree instead: each daemon's parent, memory, fences in flight and how
+    /// its loop keeps time (timer lateness p50/p99/max, the longest single step).
+    #[arg(long, conflicts_with_all = ["check_fences", "check_xcast", "compare_movements"])]
+    tree: bool,
 }
 
 fn main() -> ExitCode {
@@ -85,6 +89,31 @@ async fn bench_on(c: &mut Client, kind: BenchKind, count: u64, bytes: u64, movem
     Ok(r)
 }
 
+/// The tree views as a table, one daemon per line, in rank order.
+fn tree_text(views: &[dvm_proto::control::TreeView]) -> String {
+    let ms = |us: u64| format!("{:.1}", us as f64 / 1000.0);
+    let mut t = String::from(
+        "rank parent host                 pid      rss_mib fences late_p50_ms late_p99_ms late_max_ms longest_step_ms\n",
+    );
+    for v in views {
+        let parent = if v.parent == u32::MAX { "-".to_string() } else { v.parent.to_string() };
+        t.push_str(&format!(
+            "{:<4} {:<6} {:<20} {:<8} {:<7.1} {:<6} {:<11} {:<11} {:<11} {}\n",
+            v.rank,
+            parent,
+            v.host,
+            v.pid,
+            v.rss_kib as f64 / 1024.0,
+            v.fences_in_flight,
+            ms(v.late_p50_us),
+            ms(v.late_p99_us),
+            ms(v.late_max_us),
+            ms(v.longest_step_us)
+        ));
+    }
+    t
+}
+
 /// What a benchmark of `kind` runs, for a person.
 fn kind_name(kind: BenchKind) -> &'static str {
     match kind {
@@ -123,6 +152,10 @@ async fn run(args: Args) -> Result<()> {
     }
     let uri = DvmUri::resolve(args.dvm_uri.as_deref())?;
     let mut c = Client::connect(uri).await?;
+    if args.tree {
+        print!("{}", tree_text(&c.tree_views().await?.views));
+        return Ok(());
+    }
     let forced = args.movement.clone().unwrap_or_default();
     let check = match (args.check_fences, args.check_xcast) {
         (Some(n), _) => Some((BenchKind::Alternate, n, 64, "alternating barrier/modex fences".to_string())),

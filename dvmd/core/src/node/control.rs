@@ -298,6 +298,7 @@ impl<H: Host> Node<H> {
     /// Every daemon's answer to a tree query: this daemon's view, to the HNP.
     pub(super) fn tree_view(&mut self, payload: Bytes) {
         let query = u64::from_le_bytes(payload.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default());
+        let stats = self.host.loop_stats();
         let topo = self.router.topology();
         let view = TreeView {
             query,
@@ -309,6 +310,10 @@ impl<H: Host> Node<H> {
             pid: self.pid,
             rss_kib: self.host.rss_kib(),
             fences_in_flight: self.router.fences_in_flight() as u64,
+            late_p50_us: stats.late_p50_us,
+            late_p99_us: stats.late_p99_us,
+            late_max_us: stats.late_max_us,
+            longest_step_us: stats.longest_step_us,
         };
         self.inbox.push_back(Input::Cmd { dst: 0, body: daemon_cmd::Body::TreeView(view) });
     }
@@ -342,6 +347,10 @@ impl<H: Host> Node<H> {
                 pid: v.pid,
                 rss_kib: v.rss_kib,
                 fences_in_flight: v.fences_in_flight,
+                late_p50_us: v.late_p50_us,
+                late_p99_us: v.late_p99_us,
+                late_max_us: v.late_max_us,
+                longest_step_us: v.longest_step_us,
             })
             .collect();
         self.reply(token, Reply::TreeViews(Ok(TreeViewsReply { views })));

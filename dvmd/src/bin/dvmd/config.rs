@@ -83,6 +83,7 @@ pub(super) fn dial_via_from_env() -> Result<Option<(Rank, SocketAddr)>> {
 pub(super) fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
     daemon.set_session_dir(session);
     daemon.set_rank_priority(args.rank_priority);
+    daemon.set_heartbeat_bound(std::time::Duration::from_millis(args.heartbeat_ms) * args.heartbeat_misses.max(1));
     daemon.set_pmix_settings(pmix_settings(session, args));
     if eager_pmix(args, slots) {
         daemon.start_pmix_background();
