@@ -91,7 +91,7 @@ async fn bench_on(c: &mut Client, kind: BenchKind, count: u64, bytes: u64, movem
 
 /// The tree views as a table, one daemon per line, in rank order.
 fn tree_text(views: &[dvm_proto::control::TreeView]) -> String {
-    let ms = |us: u64| format!("{:.1}", us as f64 / 1000.0);
+    let ms = |us: u64| format!("{:.2}", us as f64 / 1000.0);
     let mut t = String::from(
         "rank parent host                 pid      rss_mib fences late_p50_ms late_p99_ms late_max_ms longest_step_ms\n",
     );
