@@ -108,8 +108,11 @@ fn forced_fence_movement_mismatch_is_named_on_every_participant() {
         let out = wait_output(&mut b, Duration::from_secs(120), "fences with a movement mismatch");
         let (o, e) = text(&out);
         assert!(!out.status.success(), "radix {radix}: fences with a mismatch succeeded: {o}");
-        // Each daemon fails its first fence and reports it: one wrong result per daemon.
-        assert!(e.contains(&format!("{daemons} wrong results")), "radix {radix}: not every participant failed: {e}");
+        // Each daemon fails its first fence and reports it: one failed fence per daemon.
+        assert!(
+            e.contains(&format!("{daemons} operations failed")),
+            "radix {radix}: not every participant failed: {e}"
+        );
         assert!(e.contains("movement"), "radix {radix}: the error does not name the movements: {e}");
         dvm.assert_up();
         dvm.stop();
