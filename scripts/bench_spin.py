@@ -86,12 +86,12 @@ def one(args, prio, rep):
     slots = -(-(args.spin + 4) // args.daemons)
     start = [f"{b}/dvmd", "--local", str(args.daemons), "--slots", str(slots), "--report-uri", uri, "--daemonize"]
     start += ["--rank-priority", prio]
-    r = run(start, env=env, timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"dvmd failed: {r.stderr.strip()}")
     dvm = ["--dvm-uri", f"file:{uri}"]
     spinner = None
     try:
+        r = run(start, env=env, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"dvmd failed: {r.stderr.strip()}")
         def work():
             f = timed([f"{b}/dvm-bench", *dvm, "--check-fences", str(args.fences)])
             t0 = time.monotonic()

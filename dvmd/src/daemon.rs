@@ -239,12 +239,12 @@ impl Daemon {
         self.pending().cfg.local.topo = topo.map(std::sync::Arc::new);
     }
 
-    /// This daemon's session directory (per-daemon scratch for its ranks).
     /// How procs run against this daemon (see [`crate::odls::Odls::set_rank_priority`]).
     pub fn set_rank_priority(&mut self, p: crate::odls::RankPriority) {
         self.odls.set_rank_priority(p);
     }
 
+    /// This daemon's session directory (per-daemon scratch for its ranks).
     pub fn set_session_dir(&mut self, dir: &std::path::Path) {
         self.pending().cfg.local.session_dir = Some(dir.display().to_string());
     }

@@ -110,7 +110,7 @@ fn forced_fence_movement_mismatch_is_named_on_every_participant() {
         assert!(!out.status.success(), "radix {radix}: fences with a mismatch succeeded: {o}");
         // Each daemon fails its first fence and reports it: one failed fence per daemon.
         assert!(
-            e.contains(&format!("{daemons} operations failed")),
+            e.contains(&format!("failed on {daemons} daemons")),
             "radix {radix}: not every participant failed: {e}"
         );
         assert!(e.contains("movement"), "radix {radix}: the error does not name the movements: {e}");

@@ -11,11 +11,20 @@ use common::{text, Dvm, Nodes};
 const OTHER: u32 = 0;
 const IDLE: u32 = 5;
 
-/// (policy, nice) of every rank of a job run with `args`, in rank order.
-fn policies(dvm: &Dvm, args: &[&str]) -> Vec<(u32, i32)> {
+/// (policy, nice) of every rank of a job run with `args`, in rank order. The daemon lowers a
+/// proc's priority once it has exec'd, so a rank that expects a change waits for it (up to
+/// 10 s) instead of racing the daemon; one that expects none reads at once.
+fn policies(dvm: &Dvm, args: &[&str], expect_change: bool) -> Vec<(u32, i32)> {
     let mut a = args.to_vec();
     // Fields 19 (nice) and 41 (policy) of the shell's own stat (its name has no space).
-    a.extend_from_slice(&["sh", "-c", "echo $DVM_RANK $(cut -d' ' -f19,41 /proc/$$/stat)"]);
+    let read = "s=$(cut -d' ' -f19,41 /proc/$$/stat)";
+    let script = if expect_change {
+        format!("{read}; i=0; while [ \"$s\" = \"$1\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); {read}; done; echo $DVM_RANK $s")
+    } else {
+        format!("{read}; echo $DVM_RANK $s")
+    };
+    let initial = format!("{} 0", own_nice());
+    a.extend_from_slice(&["sh", "-c", &script, "sh", &initial]);
     let o = dvm.prun(&a);
     let (out, err) = text(&o);
     assert!(o.status.success(), "prun {args:?}: {err}\n{}", dvm.log());
@@ -38,10 +47,10 @@ fn own_nice() -> i32 {
 fn suite(name: &str, radix: u32) {
     let dvm = Dvm::start(name, Nodes::Local { daemons: 2, slots: 2 }, radix, &[]);
     let base = own_nice();
-    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"]), vec![(IDLE, base); 2], "the default");
-    let same = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=same", "-n", "2"]);
+    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"], true), vec![(IDLE, base); 2], "the default");
+    let same = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=same", "-n", "2"], false);
     assert_eq!(same, vec![(OTHER, base); 2]);
-    let nicer = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=nice:7", "-n", "2"]);
+    let nicer = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=nice:7", "-n", "2"], true);
     assert_eq!(nicer, vec![(OTHER, (base + 7).min(19)); 2]);
     // A malformed value: the launch fails naming it, and nothing runs.
     let marker = dvm.root.join("started");
@@ -73,7 +82,7 @@ fn a_dvm_may_choose_another_policy() {
         &["--rank-priority", "nice:3"],
     );
     let base = own_nice();
-    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"]), vec![(OTHER, (base + 3).min(19)); 2]);
-    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "1"]), vec![(IDLE, base)]);
+    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"], true), vec![(OTHER, (base + 3).min(19)); 2]);
+    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "1"], true), vec![(IDLE, base)]);
     dvm.stop();
 }

@@ -126,14 +126,15 @@ fn kind_name(kind: BenchKind) -> &'static str {
     }
 }
 
-/// "alternating barrier/modex benchmark failed: 14 operations failed (daemons lost: daemon 1 on
+/// "alternating barrier/modex benchmark failed: failed on 14 daemons (daemons lost: daemon 1 on
 /// host vm-1, daemon 2 on host vm-2); first: ...": failures and wrong results told apart.
 fn failure_text(kind: BenchKind, r: &BenchReply) -> String {
     let wrong = r.errors.saturating_sub(r.failed);
     let mut parts = Vec::new();
     if r.failed > 0 {
+        // Each daemon stops at its first failed fence: one per daemon that saw one.
         let s = if r.failed == 1 { "" } else { "s" };
-        parts.push(format!("{} operation{s} failed", r.failed));
+        parts.push(format!("failed on {} daemon{s}", r.failed));
     }
     if wrong > 0 {
         let s = if wrong == 1 { "" } else { "s" };

@@ -62,11 +62,11 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
         timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
-        priority,
         failed: None,
     };
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
     let Some((step, errno)) = args.failed else {
+        lower_priority(pid, priority);
         return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr });
     };
     // The child exited without exec'ing (it wrote why first): reap it here.
@@ -82,6 +82,31 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
             dvm_core::jobmap::topo::list_text(spec.cpus.as_deref().unwrap_or_default())
         ),
     })
+}
+
+/// The proc runs below its daemon: set from here, once it has exec'd, never in the vfork child.
+/// The daemon's thread waits for the child's exec; a child already under SCHED_IDLE on cpus
+/// an ordinary process keeps busy would hold the daemon's loop (and its heartbeats) with it.
+/// The proc is then in its loader: it has no other thread yet to miss the change.
+fn lower_priority(pid: libc::pid_t, p: ChildPriority) {
+    if let Some(more) = p.nicer {
+        // SAFETY: getpriority/setpriority on this thread and on our own child.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let own = libc::getpriority(libc::PRIO_PROCESS, 0);
+            let own = if own == -1 && *libc::__errno_location() != 0 { 0 } else { own };
+            if libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, (own + more).min(19)) != 0 {
+                tracing::warn!(pid, "cannot lower the priority of proc {pid}: {}", io::Error::last_os_error());
+            }
+        }
+    }
+    if p.idle {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler on our own child with a valid parameter.
+        if unsafe { libc::sched_setscheduler(pid, libc::SCHED_IDLE, &param) } != 0 {
+            tracing::warn!(pid, "cannot run proc {pid} under SCHED_IDLE: {}", io::Error::last_os_error());
+        }
+    }
 }
 
 /// The affinity mask of `cpus` (OS indices), prepared before the child exists.
@@ -180,8 +205,6 @@ struct ChildArgs<'a> {
     fd_limit: libc::c_int,
     /// 0: the kernel's default (inherited).
     timer_slack_ns: libc::c_ulong,
-    /// Its scheduling against the daemon (only ever lower: that needs no privilege).
-    priority: ChildPriority,
     /// The step that failed before exec, and its errno; None if the child exec'd.
     failed: Option<(Step, i32)>,
 }
@@ -265,21 +288,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
             return fail(args, Step::Setup("set its timer slack"));
-        }
-        // This thread only (the child has no other): what the proc's threads inherit.
-        if let Some(nice) = args.priority.nice {
-            if libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
-                return fail(args, Step::Setup("lower its priority (setpriority)"));
-            }
-        }
-        if args.priority.idle {
-            let param = libc::sched_param { sched_priority: 0 };
-            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-                return fail(
-                    args,
-                    Step::Setup("run it under SCHED_IDLE (DVM_RANK_PRIORITY=same runs it as the daemon)"),
-                );
-            }
         }
         if let Some(set) = args.affinity {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {

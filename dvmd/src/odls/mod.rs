@@ -67,8 +67,6 @@ pub struct Odls {
     jobs: HashMap<u32, Job>,
     /// How procs run against this daemon (`--rank-priority`), unless a job says otherwise.
     priority: RankPriority,
-    /// This daemon's nice value, read once.
-    own_nice: i32,
 }
 
 impl Odls {
@@ -76,8 +74,7 @@ impl Odls {
     /// output bytes each job may have emitted and not yet acknowledged.
     pub fn new(node: String, events: mpsc::UnboundedSender<OdlsEvent>, iof_window: usize) -> Odls {
         assert!(iof_window > 0, "node {node}: the IOF window must be at least 1 byte");
-        let (priority, own_nice) = (RankPriority::DEFAULT, priority::own_nice());
-        Odls { node, events, iof_window, jobs: HashMap::new(), priority, own_nice }
+        Odls { node, events, iof_window, jobs: HashMap::new(), priority: RankPriority::DEFAULT }
     }
 
     /// How procs run against this daemon: when they spin on every core, its heartbeats,
@@ -106,8 +103,7 @@ impl Odls {
             let _ = self.events.send(fail("that rank is already running here".into()));
             return;
         }
-        let launched = match self.priority.for_proc(&spec.env).and_then(|p| exec::launch(&spec, p.child(self.own_nice)))
-        {
+        let launched = match self.priority.for_proc(&spec.env).and_then(|p| exec::launch(&spec, p.child())) {
             Ok(l) => l,
             Err(why) => {
                 debug!(jobid, rank, "launch failed: {why}");

@@ -2,7 +2,8 @@
 //! core, the daemon's heartbeats, fences and launches must still get the cpu at once.
 //!
 //! Owns: the `--rank-priority` policy, its per-job override (`DVM_RANK_PRIORITY` in the proc's
-//! environment) and what the child sets before exec. Never: raising a proc above its daemon
+//! environment) and what the daemon sets on the proc once it has exec'd (never in the vfork
+//! child: the daemon waits for that child's exec). Never: raising a proc above its daemon
 //! (that would need privilege and would be the opposite of the point).
 //! The default is `idle` (SCHED_IDLE): chosen by `scripts/bench_spin.py` (docs/liveness.md).
 //! Under SCHED_IDLE a waking daemon preempts a spinning rank at once; a nicer SCHED_OTHER rank
@@ -59,13 +60,13 @@ impl FromStr for RankPriority {
     }
 }
 
-/// What the child sets before exec.
+/// What the daemon sets on a proc once it has exec'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ChildPriority {
     /// Switch to SCHED_IDLE.
     pub idle: bool,
-    /// Set this nice value (absolute).
-    pub nice: Option<i32>,
+    /// This much nicer than the launching thread (capped at 19).
+    pub nicer: Option<i32>,
 }
 
 impl RankPriority {
@@ -78,27 +79,12 @@ impl RankPriority {
         }
     }
 
-    /// What the child does, given the daemon's own nice value.
-    pub(super) fn child(self, own_nice: i32) -> ChildPriority {
+    /// What is set on the proc.
+    pub(super) fn child(self) -> ChildPriority {
         match self {
-            RankPriority::Idle => ChildPriority { idle: true, nice: None },
-            RankPriority::Nice(n) => ChildPriority { idle: false, nice: Some((own_nice + n as i32).min(19)) },
-            RankPriority::Same => ChildPriority { idle: false, nice: None },
-        }
-    }
-}
-
-/// This process's nice value.
-pub(super) fn own_nice() -> i32 {
-    // SAFETY: getpriority reads this process's value; -1 is also a valid answer, so errno is
-    // cleared first and checked after.
-    unsafe {
-        *libc::__errno_location() = 0;
-        let n = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if n == -1 && *libc::__errno_location() != 0 {
-            0
-        } else {
-            n
+            RankPriority::Idle => ChildPriority { idle: true, nicer: None },
+            RankPriority::Nice(n) => ChildPriority { idle: false, nicer: Some(n as i32) },
+            RankPriority::Same => ChildPriority { idle: false, nicer: None },
         }
     }
 }
@@ -124,13 +110,13 @@ mod tests {
     }
 
     #[test]
-    fn a_job_may_choose_its_own_and_nice_is_capped() {
+    fn a_job_may_choose_its_own() {
         let env = |v: &str| vec![(RANK_PRIORITY_VAR.to_string(), v.to_string())];
         assert_eq!(RankPriority::Idle.for_proc(&[]), Ok(RankPriority::Idle));
         assert_eq!(RankPriority::Idle.for_proc(&env("same")), Ok(RankPriority::Same));
         let e = RankPriority::Idle.for_proc(&env("x")).unwrap_err();
         assert!(e.starts_with("DVM_RANK_PRIORITY: 'x' is not a rank priority"), "{e}");
-        assert_eq!(RankPriority::Nice(10).child(15), ChildPriority { idle: false, nice: Some(19) });
-        assert_eq!(RankPriority::Idle.child(0), ChildPriority { idle: true, nice: None });
+        assert_eq!(RankPriority::Nice(10).child(), ChildPriority { idle: false, nicer: Some(10) });
+        assert_eq!(RankPriority::Idle.child(), ChildPriority { idle: true, nicer: None });
     }
 }

@@ -214,8 +214,6 @@ fn rank_by_node_deals_ranks_skipping_full_nodes() {
     assert_eq!((p.node_of(0), p.node_of(1), p.node_of(2)), (Some(0), Some(0), Some(1)));
 }
 
-/// Objects to map or rank by. (Mapping by hwthread and binding to core puts the hwthreads of
-/// one core's procs on it: an overload, refused, as it should be.)
 /// `--rank-by OBJ:span`: pass after pass, each node ranks one proc per object that has procs
 /// left, nodes in order (ranks 0..3 on the four packages of the DVM, then again).
 #[test]
@@ -269,6 +267,8 @@ fn span_spreads_over_the_objects_of_all_nodes() {
     assert_eq!(counts, [4, 1, 1], "4 packages: 2, 2, 1, 1 procs");
 }
 
+/// Objects to map or rank by. (Mapping by hwthread and binding to core puts the hwthreads of
+/// one core's procs on it: an overload, refused, as it should be.)
 fn level() -> impl Strategy<Value = Option<Level>> {
     prop_oneof![Just(None), Just(Some(Level::Core)), Just(Some(Level::Numa)), Just(Some(Level::Package)),]
 }

@@ -326,6 +326,12 @@ fn ranked(
     if !by_node && !span {
         return Ok(block(nprocs, app_first_rank, daemons, counts));
     }
+    let k = counts.len() as u32;
+    if by_node && (0..k).all(|i| counts[i as usize] == nprocs / k + u32::from(i < nprocs % k)) {
+        // The dealt counts (equal, or one more on the first nodes): round-robin, no list.
+        return Ok(Placement::new(nprocs, app_first_rank, ranges(daemons), Layout::RoundRobin)
+            .expect("the mapper builds a valid round-robin placement"));
+    }
     // Each node's share of each pass: one proc per pass by node; by object, one per object
     // of the node that still has procs.
     let mut rounds: Vec<Vec<u32>> = Vec::with_capacity(counts.len());

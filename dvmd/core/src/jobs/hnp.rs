@@ -514,11 +514,16 @@ impl JobTable {
         }
         for (jobid, lost) in by_job {
             let why = lost_sentence(r, jobid, &lost);
-            let failing = self.jobs.get(&jobid).and_then(|j| j.first_failure.as_ref()).map(|(c, _)| *c);
+            let (failing, array) =
+                self.jobs.get(&jobid).map_or((false, false), |j| (j.first_failure.is_some(), j.array.is_some()));
             if self.recovers(jobid) {
                 self.survive(jobid, LOST_EXIT, why);
-            } else if failing == Some(LOST_EXIT) {
-                self.notice(jobid, format!("{why} (too)"));
+            } else if failing {
+                // Its first failure keeps the job's status; the loss is still said (an array
+                // element tells only its first failure, with its end).
+                if !array {
+                    self.notice(jobid, format!("{why} (too)"));
+                }
             } else {
                 self.fail_job(r, jobid, LOST_EXIT, why);
             }
