@@ -20,12 +20,11 @@ mod process;
 mod protocol;
 mod reply;
 
-use std::io::{BufReader, BufWriter};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dvm_proto::pmixworker::{self as wire, worker_cmd::Body as Cmd};
@@ -126,8 +125,14 @@ impl Worker {
                 return Err(WorkerError::Spawn(e));
             }
         };
-        let link =
-            Arc::new(WorkerLink { pid, io: Mutex::new(Some((BufReader::new(reader), BufWriter::new(cmd_ours)))) });
+        let link = match WorkerLink::new(pid, reader, cmd_ours) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                proc.kill();
+                let _ = proc.wait();
+                return Err(WorkerError::Spawn(e));
+            }
+        };
         let events_link = link.clone();
         let thread = std::thread::Builder::new()
             .name(format!("pmix-worker-{gen}"))
