@@ -24,49 +24,16 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     scripts/prereqs.sh build
     cargo build --release -p dvmd --bins -p dvm-tests --example fake_cluster
 fi
-FC=${FC_BIN:-$BIN/examples/fake_cluster}
 rm -rf "$OUT" && mkdir -p "$OUT"
 export DVM_TMPDIR=$OUT/tmp
 mkdir -p "$DVM_TMPDIR"
 
-coproc FCP { "$FC" "$N" 1 "$OUT/hosts"; }
-fc_pid=$FCP_PID
-hnp_pid=
-cleanup() {
-    [ -n "$hnp_pid" ] && kill "$hnp_pid" 2>/dev/null && wait "$hnp_pid" 2>/dev/null || true
-    # Closing the cluster's stdin tears it down (and kills anything left inside the nodes).
-    exec {FCP[1]}>&- 2>/dev/null || true
-    wait "$fc_pid" 2>/dev/null || true
-}
-trap cleanup EXIT
-declare -A fact
-while read -r line <&"${FCP[0]}"; do
-    [ "$line" = ready ] && break
-    case $line in node=*) ;; *=*) fact[${line%%=*}]=${line#*=} ;; esac
-done
-k=${fact[k]}
-[ -n "$k" ] || { echo "bench_movements.sh: the fake cluster did not start" >&2; exit 1; }
-
-# Every link of every node at RATE, both ways: the node's eth0 (egress) and its switch port
-# (the node's ingress), and the head's link the same.
-limit() { tc "$@" root tbf rate "$RATE" burst 256kb latency 50ms; }
-for ((i = 0; i < N; i++)); do
-    limit -n "dvm${k}n$i" qdisc add dev eth0
-    limit -n "dvm${k}sw" qdisc add dev "v$i"
-done
-limit qdisc add dev "dvm${k}hd"
-limit -n "dvm${k}sw" qdisc add dev hd
+source scripts/netns_cluster.sh
+trap netns_cluster_down EXIT
+netns_cluster_up bench_movements.sh "$N" 1 "$OUT"
+netns_limit "$N" "$RATE"
 echo "# $N nodes, links limited to $RATE each way (tbf), radix $RADIX, $(git rev-parse --short HEAD)"
-
-"$BIN/dvmd" --hostfile "$OUT/hosts" --launch-agent "${fact[agent]}" --bind-address "${fact[head]}" \
-    --radix "$RADIX" --report-uri "$OUT/uri" >"$OUT/dvmd.out" 2>"$OUT/dvmd.log" &
-hnp_pid=$!
-for _ in $(seq 600); do
-    [ -s "$OUT/uri" ] && break
-    kill -0 "$hnp_pid" 2>/dev/null || { echo "bench_movements.sh: dvmd exited:" >&2; cat "$OUT/dvmd.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -s "$OUT/uri" ] || { echo "bench_movements.sh: no DVM after 60 s" >&2; exit 1; }
+netns_dvm bench_movements.sh "$OUT" --radix "$RADIX"
 if [ -n "${CHECK_FENCES:-}" ]; then
     "$BIN/dvm-bench" --dvm-uri "file:$OUT/uri" --modex-bytes "${MODEX%%,*}" --check-fences "$CHECK_FENCES" \
         --movement "${MOVEMENT:-auto}"

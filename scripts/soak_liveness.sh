@@ -29,50 +29,23 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     scripts/prereqs.sh build
     cargo build --release -p dvmd --bins -p dvm-tests --example fake_cluster
 fi
-FC=${FC_BIN:-$BIN/examples/fake_cluster}
 rm -rf "$OUT" && mkdir -p "$OUT"
 export DVM_TMPDIR=$OUT/tmp
 mkdir -p "$DVM_TMPDIR"
 gcc -O2 -o "$OUT/scaletest" contrib/dockerswarm/scaletest.c $(pkg-config --cflags --libs pmix)
 
-coproc FCP { "$FC" "$N" "$SLOTS" "$OUT/hosts"; }
-fc_pid=$FCP_PID
-hnp_pid=
+source scripts/netns_cluster.sh
 loops=()
 cleanup() {
     for p in "${loops[@]}"; do kill "$p" 2>/dev/null || true; done
-    [ -n "$hnp_pid" ] && kill "$hnp_pid" 2>/dev/null && wait "$hnp_pid" 2>/dev/null || true
-    exec {FCP[1]}>&- 2>/dev/null || true
-    wait "$fc_pid" 2>/dev/null || true
+    netns_cluster_down
 }
 trap cleanup EXIT
-declare -A fact
-while read -r line <&"${FCP[0]}"; do
-    [ "$line" = ready ] && break
-    case $line in node=*) ;; *=*) fact[${line%%=*}]=${line#*=} ;; esac
-done
-k=${fact[k]:-}
-[ -n "$k" ] || { echo "soak_liveness.sh: the fake cluster did not start" >&2; exit 1; }
-limit() { tc "$@" root tbf rate "$RATE" burst 256kb latency 50ms; }
-for ((i = 0; i < N; i++)); do
-    limit -n "dvm${k}n$i" qdisc add dev eth0
-    limit -n "dvm${k}sw" qdisc add dev "v$i"
-done
-limit qdisc add dev "dvm${k}hd"
-limit -n "dvm${k}sw" qdisc add dev hd
+netns_cluster_up soak_liveness.sh "$N" "$SLOTS" "$OUT"
+netns_limit "$N" "$RATE"
 echo "# soak: $N nodes x $SLOTS slots, radix $RADIX, links $RATE (tbf), heartbeat ${HB_MS} ms x $HB_MISSES," \
     "$DURATION s, $SPIN spinning ranks, $(nproc) cpus, $(git rev-parse --short HEAD)"
-
-"$BIN/dvmd" --hostfile "$OUT/hosts" --launch-agent "${fact[agent]}" --bind-address "${fact[head]}" \
-    --radix "$RADIX" --report-uri "$OUT/uri" --heartbeat-ms $HB_MS --heartbeat-misses $HB_MISSES \
-    >"$OUT/dvmd.out" 2>"$OUT/dvmd.log" &
-hnp_pid=$!
-for _ in $(seq 600); do
-    [ -s "$OUT/uri" ] && break
-    kill -0 "$hnp_pid" 2>/dev/null || { echo "soak_liveness.sh: dvmd exited:" >&2; cat "$OUT/dvmd.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -s "$OUT/uri" ] || { echo "soak_liveness.sh: no DVM after 60 s" >&2; exit 1; }
+netns_dvm soak_liveness.sh "$OUT" --radix "$RADIX" --heartbeat-ms $HB_MS --heartbeat-misses $HB_MISSES
 U=(--dvm-uri "file:$OUT/uri")
 end=$(($(date +%s) + DURATION))
 
@@ -81,7 +54,10 @@ loop() {
     local name=$1
     shift
     while [ "$(date +%s)" -lt "$end" ]; do
-        if out=$("$@" 2>&1); then echo ok; else echo "fail $(echo "$out" | tail -1)"; fi
+        # A failure's reason: the tool's own last sentence, not the job's last output line.
+        if out=$("$@" 2>&1); then echo ok; else
+            echo "fail $(echo "$out" | grep -E '^(prun|dvm-bench|scaletest)' | tail -1)"
+        fi
     done >"$OUT/$name.rounds"
 }
 # The spinners run until the end; a job that lost a node is started again.
