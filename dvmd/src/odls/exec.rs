@@ -66,7 +66,7 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
     };
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
     let Some((step, errno)) = args.failed else {
-        lower_priority(pid, priority);
+        lower_priority(pid, priority, spec);
         return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr });
     };
     // The child exited without exec'ing (it wrote why first): reap it here.
@@ -88,7 +88,8 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
 /// The daemon's thread waits for the child's exec; a child already under SCHED_IDLE on cpus
 /// an ordinary process keeps busy would hold the daemon's loop (and its heartbeats) with it.
 /// The proc is then in its loader: it has no other thread yet to miss the change.
-fn lower_priority(pid: libc::pid_t, p: ChildPriority) {
+fn lower_priority(pid: libc::pid_t, p: ChildPriority, spec: &ProcSpec) {
+    let (job, rank) = (spec.jobid, spec.rank);
     if let Some(more) = p.nicer {
         // SAFETY: getpriority/setpriority on this thread and on our own child.
         unsafe {
@@ -96,7 +97,8 @@ fn lower_priority(pid: libc::pid_t, p: ChildPriority) {
             let own = libc::getpriority(libc::PRIO_PROCESS, 0);
             let own = if own == -1 && *libc::__errno_location() != 0 { 0 } else { own };
             if libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, (own + more).min(19)) != 0 {
-                tracing::warn!(pid, "cannot lower the priority of proc {pid}: {}", io::Error::last_os_error());
+                let e = io::Error::last_os_error();
+                tracing::warn!(pid, "cannot lower the priority of rank {rank} of job {job} (pid {pid}): {e}");
             }
         }
     }
@@ -104,7 +106,8 @@ fn lower_priority(pid: libc::pid_t, p: ChildPriority) {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: sched_setscheduler on our own child with a valid parameter.
         if unsafe { libc::sched_setscheduler(pid, libc::SCHED_IDLE, &param) } != 0 {
-            tracing::warn!(pid, "cannot run proc {pid} under SCHED_IDLE: {}", io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            tracing::warn!(pid, "cannot run rank {rank} of job {job} (pid {pid}) under SCHED_IDLE: {e}");
         }
     }
 }
