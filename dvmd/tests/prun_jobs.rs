@@ -143,7 +143,9 @@ fn run_suite(radix: u32) {
     }
 
     // Launch sizes without launching: a few bytes per proc, nothing started.
-    let out = dvm.prun(&["--launch-sizes", "--map-by", "slot:oversubscribe", "-n", "8000", "sleep", "1000.5"]);
+    // The marker is this test's own: the other radix's prun may be running at the same moment.
+    let sizes_marker = format!("1000.{}{radix}5", std::process::id());
+    let out = dvm.prun(&["--launch-sizes", "--map-by", "slot:oversubscribe", "-n", "8000", "sleep", &sizes_marker]);
     assert!(out.status.success(), "{}", text(&out).1);
     let so = text(&out).0;
     let per_proc: f64 = so
@@ -153,7 +155,7 @@ fn run_suite(radix: u32) {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no per-proc figure in: {so}"));
     assert!(per_proc < 1.0, "{so}");
-    assert!(procs_with("1000.5").is_empty(), "--launch-sizes started processes");
+    assert!(procs_with(&sizes_marker).is_empty(), "--launch-sizes started processes");
     // A plan that does not map is the DVM's one sentence, not an RPC status.
     let out = dvm.prun(&["--launch-sizes", "-n", "100000", "true"]);
     let se = text(&out).1;
