@@ -74,6 +74,8 @@ pub struct Config {
     /// JOB_CONTROL or TERMINATE: they are small, and a tree change or a kill must not wait on
     /// a lateral exchange among the very daemons it concerns.
     pub bulk_tags: BTreeSet<u32>,
+    /// Tags whose payloads xcast never deflates (their owner compresses, or not, off the loop).
+    pub raw_tags: BTreeSet<u32>,
     /// Link costs for the broadcast choice (see [`LinkModel`]), and for the fence choice
     /// unless `fence_costs` is set.
     pub link: LinkModel,
@@ -99,6 +101,7 @@ impl Default for Config {
             fence_movement: FenceMovementMode::default(),
             bcast_movement: BcastMovementMode::default(),
             bulk_tags: [tags::LAUNCH].into_iter().collect(),
+            raw_tags: BTreeSet::new(),
             link: LinkModel::default(),
             fence_costs: None,
             relay_retry_ns: 1_000_000_000,

@@ -140,7 +140,11 @@ impl XcastState {
         self.sync_children(ctx);
         let local = self.next_local;
         self.next_local += 1;
-        let (payload, compressed) = compress::maybe_compress(payload, ctx.cfg.compress_threshold);
+        let (payload, compressed) = if ctx.cfg.raw_tags.contains(&tag) {
+            (payload, false)
+        } else {
+            compress::maybe_compress(payload, ctx.cfg.compress_threshold)
+        };
         let id = XcastId { origin: self.me, local };
         let bulk_capable = ctx.cfg.bulk_tags.contains(&tag) && !ctx.cfg.process_first.contains(&tag);
         let topo = &ctx.topo;

@@ -31,6 +31,7 @@ pub mod jobs;
 pub mod node;
 pub mod pmixdef;
 mod router;
+pub mod stage;
 pub mod timer;
 
 pub use host::{Host, JobStart, LoopStats};

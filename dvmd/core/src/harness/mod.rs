@@ -10,6 +10,7 @@
 //!
 //! Never: a socket, a thread or a clock.
 
+mod disk;
 mod net;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +27,7 @@ use crate::jobs::{ClientId, ExitKind, Forward, ProcCmd, ProcEvent, ProcSpec, Str
 use crate::node::{Effect, Reply, Transmit};
 use crate::{Exit, Input};
 
+pub use disk::SimDisk;
 pub use net::{contact, job, Net, LATENCY_NS};
 
 /// A PMIx host with no server: it registers what it is told, answers no upcall, and hands the
@@ -179,6 +181,8 @@ pub struct SimShell {
     /// With `keep_specs`, the spec of every proc started here, in order.
     pub keep_specs: bool,
     pub specs: Vec<ProcSpec>,
+    /// Staging's disk (answers collected in `disk.answers` for the driver to hand back).
+    pub disk: SimDisk,
     next_pid: u32,
 }
 
@@ -255,6 +259,7 @@ impl SimShell {
             Effect::Reply { token, reply } => self.replies.push((token, reply)),
             Effect::Ready => self.ready = true,
             Effect::Say(text) => self.said.push(text),
+            Effect::Stage(io) => self.disk.apply(me, io),
             Effect::Exit(e) => {
                 self.exit.get_or_insert(e);
                 self.procs.clear();

@@ -171,7 +171,25 @@ impl Net {
         let now = self.now;
         let Some(node) = self.nodes[r as usize].as_mut() else { return };
         f(node, now);
-        let (transmits, effects) = super::drain(node);
+        // Staging's disk answers at once, as the daemon's shell does.
+        let (mut transmits, mut effects) = (Vec::new(), Vec::new());
+        loop {
+            let (t, e) = super::drain(node);
+            transmits.extend(t);
+            for e in e {
+                match e {
+                    crate::node::Effect::Stage(io) => self.shells[r as usize].disk.apply(r, io),
+                    e => effects.push(e),
+                }
+            }
+            let answers = std::mem::take(&mut self.shells[r as usize].disk.answers);
+            if answers.is_empty() {
+                break;
+            }
+            for a in answers {
+                node.handle_stage(now, a);
+            }
+        }
         let timeout = node.poll_timeout();
         for t in transmits {
             match t {

@@ -72,6 +72,17 @@ pub(crate) enum JobOut {
         token: u64,
         reply: Result<StackTracesReply, String>,
     },
+    /// Copy the job's preload files to its nodes; the launch waits for the verdict.
+    Stage {
+        jobid: u32,
+        plan: crate::stage::StagePlan,
+        targets: BTreeSet<Rank>,
+    },
+    /// The job ended: its preloaded files go (or stay, when it asked to keep them).
+    Unstage {
+        jobid: u32,
+        keep: bool,
+    },
     /// The table became empty.
     AllEnded,
 }
@@ -136,6 +147,10 @@ pub(crate) struct HnpJob {
     pub stacks_on_timeout: bool,
     /// Ended by a cancel (listed as cancelled).
     pub cancelled: bool,
+    /// Its launch (map and residuals), held while its preload files are being copied.
+    pub(crate) pending_launch: Option<(Bytes, Vec<(Rank, Bytes)>)>,
+    /// It preloads files (removed when it ends unless `preload_keep`).
+    pub(crate) preload: Option<bool>,
 }
 
 impl HnpJob {
@@ -294,10 +309,15 @@ impl JobTable {
                 attached: false,
                 stacks_on_timeout: spec.get_stack_traces,
                 cancelled: false,
+                pending_launch: None,
+                preload: None,
             },
         );
-        self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: Bytes::from(map.encode_to_vec()) });
-        self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
+        let map = Bytes::from(map.encode_to_vec());
+        if !self.preload(jobid, spec, map.clone(), &slices) {
+            self.out.push(JobOut::Xcast { tag: tags::LAUNCH, payload: map });
+            self.out.push(JobOut::Scatter { tag: tags::LAUNCH_RESIDUALS, slices });
+        }
     }
 
     /// First failure of a job: remember why, tell prun, kill the rest. The failure of a
@@ -316,6 +336,9 @@ impl JobTable {
         self.fail_family(jobid, code, &why);
         if first {
             self.fail_peers(r, jobid, code, &why);
+        }
+        if self.never_launched(jobid) {
+            return self.maybe_end(r, jobid);
         }
         self.kill_job(jobid);
     }
@@ -449,6 +472,9 @@ impl JobTable {
             }
         }
         self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });
+        if let Some(keep) = job.preload {
+            self.out.push(JobOut::Unstage { jobid, keep });
+        }
         self.job_left(r, jobid, &job);
         if job.parent.is_none() && job.array.is_none() {
             let info = JobInfo {

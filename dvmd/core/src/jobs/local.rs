@@ -303,7 +303,14 @@ impl LocalJobs {
             self.out.push(LocalOut::Proc(ProcCmd::Spawn(ProcSpec {
                 jobid,
                 rank: p.rank,
-                argv: app.argv.clone(),
+                argv: match (&self.cfg.session_dir, app.preload_binary, app.argv.first()) {
+                    (Some(session), true, Some(argv0)) => {
+                        let mut argv = app.argv.clone();
+                        argv[0] = super::preload::binary_path(session, jobid, argv0);
+                        argv
+                    }
+                    _ => app.argv.clone(),
+                },
                 env: penv,
                 wdir: app.wdir.clone().into(),
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),

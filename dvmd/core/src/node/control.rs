@@ -44,6 +44,8 @@ pub enum Control {
     /// Follow a detached job (for a user); everything about it goes to `client` (no reply by
     /// token).
     Attach(u32, u32, ClientId),
+    /// Copy files to the daemons (the broadcast tool); answered once in place, or not.
+    Stage(crate::stage::StagePlan),
 }
 
 /// The answer to a control request.
@@ -58,6 +60,7 @@ pub enum Reply {
     Jobs(JobsReply),
     Cancel(CancelReply),
     StackTraces(Result<StackTracesReply, String>),
+    Stage(dvm_proto::control::StageReply),
 }
 
 /// HNP-only state of the control side.
@@ -91,7 +94,7 @@ impl HnpControl {
 }
 
 impl<H: Host> Node<H> {
-    fn reply(&mut self, token: u64, reply: Reply) {
+    pub(super) fn reply(&mut self, token: u64, reply: Reply) {
         self.effects.push_back(Effect::Reply { token, reply });
     }
 
@@ -116,6 +119,7 @@ impl<H: Host> Node<H> {
                     self.effects.push_back(Effect::ToClient { client, item: Forward::Refused(why) });
                 }
             }
+            Control::Stage(plan) => self.on_stage_control(token, plan),
             Control::Jobs { nodes } => {
                 let list = self.jobs.as_ref().map(|j| j.list(&self.router, nodes)).unwrap_or_default();
                 self.reply(token, Reply::Jobs(list));

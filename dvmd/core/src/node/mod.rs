@@ -19,6 +19,7 @@
 //! of the router is stepped in the order asked.
 
 mod control;
+mod stage;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ use crate::host::Host;
 use crate::jobs::hnp::{JobOut, JobTable};
 use crate::jobs::local::{LocalConfig, LocalJobs, LocalOut};
 use crate::jobs::{ClientId, Forward, ProcCmd, ProcEvent, TERMINATE_GRACE_NS};
+use crate::stage::{origin::Origin, sink::Sink};
 use crate::timer::{Timer, Timers};
 use crate::{dtags, Core, CoreConfig, Effect as R, Exit, Input};
 
@@ -65,6 +67,8 @@ pub enum Effect {
     Reply { token: u64, reply: Reply },
     /// HNP: the DVM is ready.
     Ready,
+    /// Disk work of a file transfer (answered with [`Node::handle_stage`]).
+    Stage(crate::stage::StageIo),
     /// HNP: a line for the HNP's stderr (a lost daemon, named).
     Say(String),
     /// This daemon's loop ends.
@@ -150,6 +154,10 @@ pub struct Node<H: Host> {
     jobs: Option<JobTable>,
     ctl: Option<control::HnpControl>,
     local: LocalJobs,
+    /// HNP: the transfers it started.
+    stage_out: Option<Origin>,
+    /// The transfers this daemon receives.
+    stage_in: Sink,
     timers: Timers,
     hostname: String,
     pid: u32,
@@ -178,6 +186,8 @@ impl<H: Host> Node<H> {
             router,
             host,
             jobs: ctl.as_ref().map(|_| JobTable::default()),
+            stage_out: ctl.as_ref().map(|_| Origin::default()),
+            stage_in: Sink::default(),
             ctl,
             local: LocalJobs::new(cfg.local),
             timers,
@@ -366,6 +376,16 @@ impl<H: Host> Node<H> {
                         JobOut::Stacks { token, reply } => {
                             self.effects.push_back(Effect::Reply { token, reply: Reply::StackTraces(reply) })
                         }
+                        JobOut::Stage { jobid, plan, targets } => {
+                            if let Some(o) = self.stage_out.as_mut() {
+                                o.start(self.now, crate::stage::origin::Owner::Job(jobid), plan, targets);
+                            }
+                        }
+                        JobOut::Unstage { jobid, keep } => {
+                            if let Some(o) = self.stage_out.as_mut() {
+                                o.release_job(self.now, jobid, keep);
+                            }
+                        }
                         JobOut::AllEnded => {
                             if self.ctl.as_ref().is_some_and(|c| c.terminate_pending) {
                                 self.terminate_now();
@@ -381,6 +401,7 @@ impl<H: Host> Node<H> {
                     LocalOut::ToHnp(body) => self.inbox.push_back(Input::Cmd { dst: 0, body }),
                 }
             }
+            moved |= self.carry_stage();
             let asked = self.host.pmix_requests();
             moved |= !asked.is_empty();
             self.inbox.extend(asked);
@@ -428,6 +449,11 @@ impl<H: Host> Node<H> {
                 }
             }
             R::Cmd { origin, body } => self.on_cmd(origin, body),
+            R::XcastHeld { key } => {
+                if let Some(o) = self.stage_out.as_mut() {
+                    o.on_held(key);
+                }
+            }
             R::DaemonsFailed { newly } => {
                 if self.jobs.is_some() {
                     for &r in &newly {
@@ -439,6 +465,7 @@ impl<H: Host> Node<H> {
                         self.timers.set(Timer::Disconnect(r), self.now.saturating_add(EVICT_GRACE_NS));
                     }
                     let failed: BTreeSet<Rank> = newly.iter().copied().collect();
+                    self.stage_lost(&failed);
                     self.with_jobs(|j, r| j.lost_daemons(r, &failed));
                     self.maybe_finish_tree_query();
                 }
@@ -472,6 +499,7 @@ impl<H: Host> Node<H> {
             }
             dtags::PMIX_EVENT => self.host.pmix_deliver_event(payload),
             dtags::TREE_QUERY => self.tree_view(payload),
+            dtags::STAGE => self.stage_in.on_msg(self.router.me(), payload),
             // The router's own (WIREUP, DAEMON_DIED, the link model, benchmarks) never come here.
             other => self.host.deliver(other, payload),
         }
@@ -485,6 +513,7 @@ impl<H: Host> Node<H> {
                 return self.effects.push_back(Effect::Proc(cmd));
             }
             daemon_cmd::Body::Stdin(chunk) => return self.local.on_stdin(chunk),
+            daemon_cmd::Body::StageReport(rep) => return self.on_stage_report(origin, rep),
             daemon_cmd::Body::StackReq(q) => {
                 return self.effects.push_back(Effect::Proc(ProcCmd::DumpStacks { id: q.id, jobid: q.jobid }));
             }

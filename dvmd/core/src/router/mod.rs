@@ -48,6 +48,9 @@ pub mod dtags {
     /// The link model the HNP measured (`probe::encode_link`): every daemon prices its fences
     /// with it. Delivered before `Ready`, so before any job's launch.
     pub const LINK_MODEL: u32 = super::tags::USER + 5;
+    /// File staging (`dvm.daemon.StageMsg`): segments take scatter-allgather when large and
+    /// are never deflated by xcast (their owner decides compression, off the loop).
+    pub const STAGE: u32 = super::tags::USER + 6;
 }
 
 /// Who asked for a fence: its completion goes back to that owner only.
@@ -68,6 +71,9 @@ pub enum XcastOwner {
     BenchXcast(u64),
     /// The shell, which wants no completion (job launch and control, tree queries).
     Shell,
+    /// A part of the node that wants to know when every live daemon holds it
+    /// ([`Effect::XcastHeld`] with this key).
+    Keyed(u64),
 }
 
 /// Why a daemon's loop ends.
@@ -102,6 +108,8 @@ pub enum Input {
     WireSingle,
     /// Start an xcast.
     Xcast { tag: u32, payload: Bytes },
+    /// Start an xcast whose completion is reported ([`Effect::XcastHeld`] with `key`).
+    XcastKeyed { tag: u32, payload: Bytes, key: u64 },
     /// Start a scatter (HNP: the launch residuals).
     Scatter { tag: u32, slices: Vec<(Rank, Bytes)> },
     /// Start (or join) a fence for `owner`.
@@ -142,6 +150,8 @@ pub enum Effect {
     ScatterDeliver { tag: u32, data: Bytes },
     /// A daemon command for the shell (jobs, output, PMIx, tree views).
     Cmd { origin: Rank, body: daemon_cmd::Body },
+    /// Every live daemon holds the xcast started with [`Input::XcastKeyed`] and this key.
+    XcastHeld { key: u64 },
     /// These daemons were declared dead (applied here; HNP: their jobs fail).
     DaemonsFailed { newly: Vec<Rank> },
     /// A fence owned by the shell (PMIx) finished.
@@ -229,7 +239,9 @@ pub struct Core {
 
 impl Core {
     /// A daemon's core; `hnp_own` is the HNP's own contact (rank 0 only).
-    pub fn new(cfg: CoreConfig, hnp_own: Option<Contact>) -> Result<Core, dvm_rml::TopologyError> {
+    pub fn new(mut cfg: CoreConfig, hnp_own: Option<Contact>) -> Result<Core, dvm_rml::TopologyError> {
+        cfg.grpcomm.bulk_tags.insert(dtags::STAGE);
+        cfg.grpcomm.raw_tags.insert(dtags::STAGE);
         let topo = Topology::new(cfg.me, cfg.radix, cfg.size)?;
         let hnp_pid = hnp_own.as_ref().map(|c| c.pid);
         let hnp = hnp_own.map(|mut own| {
@@ -381,6 +393,10 @@ impl Core {
             Input::Xcast { tag, payload } => {
                 let id = self.g.xcast(tag, payload);
                 self.xcast_owners.insert(id, XcastOwner::Shell);
+            }
+            Input::XcastKeyed { tag, payload, key } => {
+                let id = self.g.xcast(tag, payload);
+                self.xcast_owners.insert(id, XcastOwner::Keyed(key));
             }
             Input::Scatter { tag, slices } => {
                 self.g.scatter(tag, slices);

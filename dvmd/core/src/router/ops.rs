@@ -108,6 +108,9 @@ impl Core {
 
     pub(super) fn on_xcast_complete(&mut self, id: XcastId) {
         let owner = self.xcast_owners.remove(&id);
+        if let Some(XcastOwner::Keyed(key)) = owner {
+            return self.out.push(Effect::XcastHeld { key });
+        }
         let Some(hnp) = self.hnp.as_mut() else { return };
         if hnp.wireup == Some(id) && !hnp.ready {
             // The link is measured, and its model held everywhere, before the DVM takes jobs.

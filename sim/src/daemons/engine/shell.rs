@@ -24,6 +24,8 @@ pub(super) enum In {
     Router(Input),
     Proc(ProcEvent),
     Control(u64, Control),
+    /// The disk answered staging (at once, as the daemon's shell does).
+    Stage(dvm_core::stage::StageDone),
 }
 
 impl CoreEngine<'_> {
@@ -97,6 +99,7 @@ impl CoreEngine<'_> {
             for e in effects {
                 self.apply(r, e);
             }
+            inbox.extend(self.nodes[r as usize].shell.disk.answers.drain(..).map(In::Stage));
             if crash {
                 self.kill(r, true);
                 return;
@@ -214,5 +217,6 @@ fn step(node: &mut dvm_core::Node<dvm_core::harness::SimHost>, now: u64, input: 
         In::Router(other) => node.handle_pmix(now, |h| h.requests.push(other)),
         In::Proc(ev) => node.handle_proc(now, ev),
         In::Control(token, c) => node.handle_control(now, token, c),
+        In::Stage(done) => node.handle_stage(now, done),
     }
 }

@@ -1,0 +1,99 @@
+//! An in-memory disk for staging ([`crate::stage::StageIo`]): the HNP's sources, and on each
+//! node the files being received, named, kept or removed. Answers at once, in order.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use dvm_rml::Rank;
+
+use crate::stage::{StageDest, StageDone, StageIo, StageSegment};
+
+#[derive(Debug, Default)]
+pub struct SimDisk {
+    /// Files on the HNP's node, by path.
+    pub sources: BTreeMap<String, Bytes>,
+    /// Files with their name on this node, by path.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Destinations a write fails on (a full disk).
+    pub full: BTreeSet<String>,
+    /// Answers for the node, in order.
+    pub answers: Vec<StageDone>,
+    /// Transfers being received: each file's destination and bytes so far.
+    incoming: BTreeMap<u64, Vec<(StageDest, Vec<u8>)>>,
+    /// Transfers named here: their paths.
+    named: BTreeMap<u64, Vec<String>>,
+    /// Bytes held unnamed at most (a bound on what a transfer costs a node's disk).
+    pub peak_unnamed: usize,
+}
+
+impl SimDisk {
+    pub fn apply(&mut self, me: Rank, io: StageIo) {
+        let done = match io {
+            StageIo::Read { id, file, path, offset, len, last, compress: _ } => {
+                let result = match self.sources.get(&path) {
+                    None => Err(format!("cannot read {path}: no such file")),
+                    Some(b) if (offset + len) as usize > b.len() => Err(format!("{path} shrank while being read")),
+                    Some(b) => {
+                        let data = b.slice(offset as usize..(offset + len) as usize);
+                        Ok(StageSegment { id, file, offset, data, last, ..Default::default() })
+                    }
+                };
+                StageDone::Read { id, result }
+            }
+            StageIo::ReadEnd { .. } => return,
+            StageIo::Open { id, files, uid: _ } => {
+                let files = files
+                    .into_iter()
+                    .map(|mut d| {
+                        d.path = d.path.replace("%n", &me.to_string());
+                        (d, Vec::new())
+                    })
+                    .collect();
+                self.incoming.insert(id, files);
+                StageDone::Sink { id, result: Ok(false) }
+            }
+            StageIo::Write { id, seg } => StageDone::Sink { id, result: self.write(id, seg) },
+            StageIo::Commit { id } => {
+                let files = self.incoming.remove(&id).unwrap_or_default();
+                let mut paths = Vec::new();
+                for (d, data) in files {
+                    paths.push(d.path.clone());
+                    self.files.insert(d.path, data);
+                }
+                self.named.insert(id, paths);
+                StageDone::Sink { id, result: Ok(true) }
+            }
+            StageIo::Discard { id } => {
+                self.incoming.remove(&id);
+                for p in self.named.remove(&id).unwrap_or_default() {
+                    self.files.remove(&p);
+                }
+                return;
+            }
+            StageIo::Keep { id } => {
+                self.named.remove(&id);
+                return;
+            }
+        };
+        self.answers.push(done);
+    }
+
+    fn write(&mut self, id: u64, seg: StageSegment) -> Result<bool, String> {
+        let files = self.incoming.get_mut(&id).ok_or("a segment of a transfer never opened")?;
+        let n = files.len();
+        let (d, data) = files.get_mut(seg.file as usize).ok_or("a segment of a file the transfer lacks")?;
+        if self.full.contains(&d.path) {
+            return Err(format!("cannot write {}: no space left on device", d.path));
+        }
+        if seg.offset != data.len() as u64 {
+            return Err(format!("{}: a segment at {} after {} bytes", d.path, seg.offset, data.len()));
+        }
+        data.extend_from_slice(&seg.data);
+        if seg.last && data.len() as u64 != d.size {
+            return Err(format!("{}: {} bytes arrived, {} expected", d.path, data.len(), d.size));
+        }
+        let held: usize = self.incoming.values().flatten().map(|(_, b)| b.len()).sum();
+        self.peak_unnamed = self.peak_unnamed.max(held);
+        Ok(seg.last && seg.file as usize + 1 == n)
+    }
+}

@@ -1,0 +1,288 @@
+//! The HNP's side of staging: transfers it started, their reads, window and verdicts.
+//!
+//! Owns: the transfer table (one entry per transfer in progress or committed for a job).
+//! Never: reads a file (asks the shell, [`StageIo::Read`]) or waits: a segment is read only
+//! when fewer than [`WINDOW`] are in flight.
+//! Invariants: a failed transfer is answered once and discarded everywhere; reports and
+//! completions of a transfer that is gone change nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use dvm_proto::control::StageReply;
+use dvm_proto::daemon::{stage_msg, StageAction, StageDest, StageEnd, StageMsg, StageOpen, StagePhase, StageReport};
+use dvm_rml::Rank;
+use prost::Message;
+
+use super::{segments, SourceFile, StageDone, StageIo, StagePlan, StageSegment, DEFAULT_SEGMENT, WINDOW};
+use crate::Core;
+
+/// Who a transfer answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A control call (the broadcast tool): its reply token.
+    Control(u64),
+    /// A job's preload: the job starts once it is in place, and removes it when it ends.
+    Job(u32),
+}
+
+/// What the origin asks of the node, in order.
+#[derive(Debug)]
+pub enum OriginOut {
+    Io(StageIo),
+    /// A STAGE broadcast whose completion nobody waits for (open, commit, discard).
+    Xcast(Bytes),
+    /// A segment: its completion ([`Origin::on_held`] with `key`) frees a window place.
+    Segment { key: u64, payload: Bytes },
+    /// The transfer's verdict.
+    Done { owner: Owner, reply: StageReply },
+}
+
+#[derive(Debug)]
+struct Transfer {
+    owner: Owner,
+    files: Vec<SourceFile>,
+    targets: BTreeSet<Rank>,
+    compress: bool,
+    /// The next segment to read: (file, offset, len, last).
+    queue: std::collections::VecDeque<(u32, u64, u64, bool)>,
+    reading: bool,
+    in_flight: usize,
+    verified: BTreeSet<Rank>,
+    committed: BTreeSet<Rank>,
+    committing: bool,
+    /// Committed and kept until its job ends.
+    held: bool,
+    started: u64,
+    wire: u64,
+    segments: u32,
+}
+
+/// The HNP's transfers.
+#[derive(Debug, Default)]
+pub struct Origin {
+    transfers: BTreeMap<u64, Transfer>,
+    next_id: u64,
+    pub(crate) out: Vec<OriginOut>,
+}
+
+fn msg(body: stage_msg::Body) -> Bytes {
+    Bytes::from(StageMsg { body: Some(body) }.encode_to_vec())
+}
+
+fn end(id: u64, action: StageAction) -> OriginOut {
+    OriginOut::Xcast(msg(stage_msg::Body::End(StageEnd { id, action: action as i32 })))
+}
+
+impl Origin {
+    /// Transfers in progress or held for a job.
+    pub fn len(&self) -> usize {
+        self.transfers.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.transfers.is_empty()
+    }
+
+    /// The live daemons on `hosts` (every live daemon when empty), or the host nobody runs on.
+    pub fn targets(r: &Core, hosts: &[String]) -> Result<BTreeSet<Rank>, String> {
+        let topo = r.topology();
+        let live: Vec<Rank> = (0..topo.size()).filter(|&d| topo.is_alive(d)).collect();
+        if hosts.is_empty() {
+            return Ok(live.into_iter().collect());
+        }
+        let mut out = BTreeSet::new();
+        for h in hosts {
+            let on: Vec<Rank> = live.iter().copied().filter(|&d| r.host_of(d) == *h).collect();
+            if on.is_empty() {
+                return Err(format!("no live daemon of the DVM runs on host {h}"));
+            }
+            out.extend(on);
+        }
+        Ok(out)
+    }
+
+    /// Start a transfer of `plan` to `targets`; returns its id.
+    pub fn start(&mut self, now: u64, owner: Owner, plan: StagePlan, targets: BTreeSet<Rank>) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        let seg = if plan.segment == 0 { DEFAULT_SEGMENT } else { plan.segment };
+        let queue = plan
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(i, f)| segments(f.size, seg).map(move |(off, len, last)| (i as u32, off, len, last)))
+            .collect();
+        let files: Vec<StageDest> =
+            plan.files.iter().map(|f| StageDest { path: f.dest.clone(), size: f.size, mode: f.mode }).collect();
+        let open = StageOpen { id, files, targets: targets.iter().copied().collect(), uid: plan.uid };
+        self.out.push(OriginOut::Xcast(msg(stage_msg::Body::Open(open))));
+        self.transfers.insert(
+            id,
+            Transfer {
+                owner,
+                files: plan.files,
+                targets,
+                compress: plan.compress,
+                queue,
+                reading: false,
+                in_flight: 0,
+                verified: BTreeSet::new(),
+                committed: BTreeSet::new(),
+                committing: false,
+                held: false,
+                started: now,
+                wire: 0,
+                segments: 0,
+            },
+        );
+        self.pump(id);
+        id
+    }
+
+    /// Ask for the next read while the window has room.
+    fn pump(&mut self, id: u64) {
+        let Some(t) = self.transfers.get_mut(&id) else { return };
+        if t.reading || t.in_flight >= WINDOW {
+            return;
+        }
+        let Some(&(file, offset, len, last)) = t.queue.front() else { return };
+        t.reading = true;
+        let path = t.files[file as usize].src.clone();
+        self.out.push(OriginOut::Io(StageIo::Read { id, file, path, offset, len, last, compress: t.compress }));
+    }
+
+    /// The shell read a segment (or could not).
+    pub fn on_read(&mut self, now: u64, id: u64, result: Result<StageSegment, String>) {
+        let Some(t) = self.transfers.get_mut(&id) else { return };
+        t.reading = false;
+        match result {
+            Err(why) => self.fail(now, id, why),
+            Ok(mut seg) => {
+                t.queue.pop_front();
+                seg.id = id;
+                t.wire += seg.data.len() as u64;
+                t.segments += 1;
+                t.in_flight += 1;
+                if t.queue.is_empty() {
+                    self.out.push(OriginOut::Io(StageIo::ReadEnd { id }));
+                }
+                self.out.push(OriginOut::Segment { key: id, payload: msg(stage_msg::Body::Segment(seg)) });
+                self.pump(id);
+            }
+        }
+    }
+
+    /// Every live daemon holds a segment of transfer `key`.
+    pub fn on_held(&mut self, key: u64) {
+        if let Some(t) = self.transfers.get_mut(&key) {
+            t.in_flight = t.in_flight.saturating_sub(1);
+            self.pump(key);
+        }
+    }
+
+    /// A target's report.
+    pub fn on_report(&mut self, r: &Core, now: u64, from: Rank, rep: StageReport) {
+        let Some(t) = self.transfers.get_mut(&rep.id) else { return };
+        if !t.targets.contains(&from) {
+            return;
+        }
+        match StagePhase::try_from(rep.phase) {
+            Ok(StagePhase::Verified) => {
+                t.verified.insert(from);
+            }
+            Ok(StagePhase::Committed) => {
+                t.committed.insert(from);
+            }
+            _ => {
+                let why = format!("daemon {from} on host {}: {}", r.host_of(from), rep.error);
+                return self.fail(now, rep.id, why);
+            }
+        }
+        self.advance(now, rep.id);
+    }
+
+    fn advance(&mut self, now: u64, id: u64) {
+        let Some(t) = self.transfers.get_mut(&id) else { return };
+        if !t.committing && t.queue.is_empty() && t.verified.is_superset(&t.targets) {
+            t.committing = true;
+            self.out.push(end(id, StageAction::Commit));
+        } else if t.committing && !t.held && t.committed.is_superset(&t.targets) {
+            let reply = reply_of(now, t, Ok(()));
+            let owner = t.owner;
+            match owner {
+                Owner::Job(_) => t.held = true,
+                Owner::Control(_) => drop(self.transfers.remove(&id)),
+            }
+            self.out.push(OriginOut::Done { owner, reply });
+        }
+    }
+
+    /// Daemons were lost: a transfer that has one of them as a target fails, naming it (its
+    /// survivors discard what they hold). A job's files already in place stay until the job
+    /// ends (the job fails on its own).
+    pub fn lost(&mut self, r: &Core, now: u64, failed: &BTreeSet<Rank>) {
+        let hit: Vec<(u64, Rank)> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| !t.held)
+            .filter_map(|(&id, t)| t.targets.intersection(failed).next().map(|&d| (id, d)))
+            .collect();
+        for (id, d) in hit {
+            let why = format!("daemon {d} on host {} was lost during the transfer", r.host_of(d));
+            self.fail(now, id, why);
+        }
+    }
+
+    /// The transfer fails: it is answered with `why` and nothing of it stays anywhere.
+    pub fn fail(&mut self, now: u64, id: u64, why: String) {
+        let Some(t) = self.transfers.remove(&id) else { return };
+        if !t.queue.is_empty() {
+            self.out.push(OriginOut::Io(StageIo::ReadEnd { id }));
+        }
+        self.out.push(end(id, StageAction::Discard));
+        let reply = reply_of(now, &t, Err(why));
+        self.out.push(OriginOut::Done { owner: t.owner, reply });
+    }
+
+    /// A job ended (or failed before it started): its preloaded files are removed, or left
+    /// in place when it asked to `keep` them.
+    pub fn release_job(&mut self, now: u64, jobid: u32, keep: bool) {
+        let ids: Vec<u64> =
+            self.transfers.iter().filter(|(_, t)| t.owner == Owner::Job(jobid)).map(|(&id, _)| id).collect();
+        for id in ids {
+            let t = self.transfers.remove(&id).expect("listed");
+            if t.held {
+                self.out.push(end(id, if keep { StageAction::Keep } else { StageAction::Remove }));
+            } else {
+                // Still moving: it is discarded like a failure, and its verdict is not wanted.
+                self.transfers.insert(id, t);
+                self.fail(now, id, String::new());
+                self.out.retain(|o| !matches!(o, OriginOut::Done { owner: Owner::Job(j), .. } if *j == jobid));
+            }
+        }
+    }
+
+    /// The shell's answer to a read.
+    pub fn on_done(&mut self, now: u64, done: StageDone) {
+        if let StageDone::Read { id, result } = done {
+            self.on_read(now, id, result);
+        }
+    }
+}
+
+fn reply_of(now: u64, t: &Transfer, result: Result<(), String>) -> StageReply {
+    let bytes = t.files.iter().map(|f| f.size).sum();
+    let (ok, error) = match result {
+        Ok(()) => (true, String::new()),
+        Err(e) => (false, e),
+    };
+    StageReply {
+        ok,
+        error,
+        nodes: t.targets.len() as u32,
+        bytes,
+        wire_bytes: t.wire,
+        elapsed_us: now.saturating_sub(t.started) / 1000,
+        segments: t.segments,
+    }
+}
