@@ -66,6 +66,8 @@ pub enum ControlCmd {
     Cancel(CancelRequest, oneshot::Sender<CancelReply>),
     Attach(AttachRequest, mpsc::Sender<Result<JobEvent, Status>>),
     StackTraces(StackTracesRequest, oneshot::Sender<Result<StackTracesReply, String>>),
+    /// Copy files to the daemons (the broadcast tool).
+    Stage(dvm_proto::control::StageRequest, oneshot::Sender<dvm_proto::control::StageReply>),
 }
 
 /// The gRPC service; forwards each authenticated call to the actor.
@@ -212,6 +214,15 @@ impl Control for ControlService {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
+    async fn stage(
+        &self,
+        req: Request<dvm_proto::control::StageRequest>,
+    ) -> Result<Response<dvm_proto::control::StageReply>, Status> {
+        self.check(&req, "stage")?;
+        let body = req.into_inner();
+        Ok(Response::new(self.ask(|tx| ControlCmd::Stage(body, tx)).await?))
+    }
+
     async fn bench(&self, req: Request<BenchRequest>) -> Result<Response<BenchReply>, Status> {
         self.check(&req, "bench")?;
         let body = req.into_inner();
@@ -352,6 +363,11 @@ impl Client {
         let req = self.authed("attach", AttachRequest { jobid, uid: uid() }).await?;
         Ok(self.inner.attach(req).await?.into_inner())
     }
+    pub async fn stage(&mut self, body: dvm_proto::control::StageRequest) -> Result<dvm_proto::control::StageReply> {
+        let req = self.authed("stage", body).await?;
+        Ok(self.inner.stage(req).await?.into_inner())
+    }
+
     pub async fn bench(&mut self, body: BenchRequest) -> Result<BenchReply> {
         let req = self.authed("bench", body).await?;
         Ok(self.inner.bench(req).await?.into_inner())

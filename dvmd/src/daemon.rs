@@ -87,6 +87,7 @@ enum ReplyTx {
     Jobs(oneshot::Sender<dvm_proto::control::JobsReply>),
     Cancel(oneshot::Sender<dvm_proto::control::CancelReply>),
     StackTraces(oneshot::Sender<Result<dvm_proto::control::StackTracesReply, String>>),
+    Stage(oneshot::Sender<dvm_proto::control::StageReply>),
 }
 
 /// What the node is built from at [`Daemon::run`] (settings arrive after construction).
@@ -115,6 +116,8 @@ pub struct Daemon {
     replies: HashMap<u64, ReplyTx>,
     next_token: u64,
     exit: Option<Exit>,
+    /// Staging's disk (made at run, when the session directory is known).
+    disk: Option<crate::stage::StageDisk>,
 }
 
 /// What woke the loop.
@@ -196,6 +199,7 @@ impl Daemon {
             replies: HashMap::new(),
             next_token: 1,
             exit: None,
+            disk: None,
         }
     }
 
@@ -261,6 +265,8 @@ impl Daemon {
         mut inputs: mpsc::UnboundedReceiver<Input>,
     ) -> Exit {
         let Pending { cfg, host, start } = self.pending.take().expect("run is called once");
+        let session = cfg.local.session_dir.clone().map(Into::into);
+        self.disk = Some(crate::stage::StageDisk::new(crate::stage::Place { rank: self.me, host: self.host.clone(), session }));
         let node = Node::new(cfg, host).expect("the topology was built from the same radix and size");
         let node = self.node.insert(node);
         let mut odls_rx = self.odls_rx.take().expect("run is called once");
@@ -352,7 +358,7 @@ impl Daemon {
             while let Some(e) = self.node_mut().poll() {
                 self.on_effect(e);
             }
-            if failed.is_empty() {
+            if failed.is_empty() && !self.node().has_output() {
                 return;
             }
             let now = self.now();
@@ -397,6 +403,13 @@ impl Daemon {
                 }
             }
             Effect::Say(text) => crate::say!("{text}"),
+            // Disk work is answered at once (a segment is a few MiB into the page cache).
+            Effect::Stage(io) => {
+                if let Some(done) = self.disk.as_mut().and_then(|d| d.apply(io)) {
+                    let now = self.now();
+                    self.node_mut().handle_stage(now, done);
+                }
+            }
             Effect::Exit(e) => self.exit = Some(e),
         }
     }
@@ -413,6 +426,7 @@ impl Daemon {
             (ReplyTx::Jobs(tx), Reply::Jobs(r)) => drop(tx.send(r)),
             (ReplyTx::Cancel(tx), Reply::Cancel(r)) => drop(tx.send(r)),
             (ReplyTx::StackTraces(tx), Reply::StackTraces(r)) => drop(tx.send(r)),
+            (ReplyTx::Stage(tx), Reply::Stage(r)) => drop(tx.send(r)),
             (_, r) => debug!(token, "a reply of another kind for this token: {r:?}"),
         }
     }
@@ -459,12 +473,23 @@ impl Daemon {
                 Control::Signal(req)
             }
             ControlCmd::Stdin(msg) => Control::Stdin(msg),
-            ControlCmd::Launch(spec, tx) => {
+            ControlCmd::Launch(mut spec, tx) => {
                 let (ftx, frx) = mpsc::unbounded_channel();
-                self.clients.insert(token, ftx);
                 tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
+                // Preload sources are read here, on the HNP's node: a bad one refuses the job.
+                if let Err(why) = crate::stage::fill_preload(&mut spec) {
+                    return drop(ftx.send(Forward::Refused(why)));
+                }
+                self.clients.insert(token, ftx);
                 Control::Launch(spec, ClientId(token))
             }
+            ControlCmd::Stage(req, tx) => match crate::stage::plan_of(req) {
+                Ok(plan) => {
+                    self.replies.insert(token, ReplyTx::Stage(tx));
+                    Control::Stage(plan)
+                }
+                Err(error) => return drop(tx.send(dvm_proto::control::StageReply { error, ..Default::default() })),
+            },
             ControlCmd::Attach(AttachRequest { jobid, uid }, tx) => {
                 let (ftx, frx) = mpsc::unbounded_channel();
                 self.clients.insert(token, ftx);

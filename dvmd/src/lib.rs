@@ -33,6 +33,7 @@ pub mod pmix;
 pub mod prun_cli;
 pub mod session;
 pub mod slurm;
+pub mod stage;
 pub mod sys;
 
 /// Print one line to stderr, never panicking: a daemon's stderr is a pipe to its HNP, which

@@ -29,6 +29,7 @@ mod options;
 mod output;
 mod parser;
 mod placement;
+mod preload;
 mod rankfile;
 
 pub use command::{CliError, OneShot, PrunCommand, USAGE};
@@ -79,6 +80,7 @@ mod tests {
             np,
             env: env.iter().map(|s| s.to_string()).collect(),
             wdir: wdir.into(),
+            preload_binary: false,
         }
     }
 
@@ -686,7 +688,13 @@ mod tests {
                         .map(|(n, v)| format!("{n}={v}"))
                         .collect();
                     merged.extend(env.iter().map(|(n, v)| format!("{n}={v}")));
-                    AppContext { argv, np, env: merged, wdir: wdir.or(global_wdir.clone()).unwrap_or_default() }
+                    AppContext {
+                        argv,
+                        np,
+                        env: merged,
+                        wdir: wdir.or(global_wdir.clone()).unwrap_or_default(),
+                        preload_binary: false,
+                    }
                 })
                 .collect();
             want.spec.command = want.spec.apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ");

@@ -350,7 +350,7 @@ impl PmixHost {
                 .filter(|kv| !super::PER_DAEMON_VARS.iter().any(|v| kv.split_once('=').is_some_and(|(k, _)| k == *v)))
                 .cloned()
                 .collect();
-            apps.push(AppContext { argv, np: a.maxprocs.max(0) as u32, env, wdir });
+            apps.push(AppContext { argv, np: a.maxprocs.max(0) as u32, env, wdir, preload_binary: false });
         }
         if apps.is_empty() {
             refuse = Some("no application".into());

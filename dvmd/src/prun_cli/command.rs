@@ -82,6 +82,14 @@ Job options (before the first EXE):
                              an MCA parameter for the ranks (OMPI_MCA_NAME=VALUE in their
                              environment), as mpirun takes it; a later one of a name wins
   --prtemca NAME VALUE       PRTE_MCA_NAME=VALUE;  --pmixmca NAME VALUE: PMIX_MCA_NAME=VALUE
+  --preload-binary           copy each app's executable to every node that runs it and start
+                             it from there (removed when the job ends)
+  --preload-files a,b,dir/c  copy these files into the job's working directory on each of its
+                             nodes before it starts (removed when the job ends)
+  --preload-files-dest-dir DIR
+                             put them in DIR instead
+  --preload-keep             leave the preloaded files in place when the job ends
+  --preload-compress         deflate them on the way (worth it for text, not binaries)
   --no-queue                 fail at once when the job does not fit the free slots now
                              (default: wait in the DVM's queue, in order of submission)
   --detach                   print the job id and return; the job runs on, its output kept

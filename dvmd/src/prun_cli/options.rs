@@ -50,6 +50,11 @@ pub(super) enum Kind {
     DisplayMap,
     DisplayAllocation,
     ReportBindings,
+    PreloadBinary,
+    PreloadFiles,
+    PreloadDestDir,
+    PreloadKeep,
+    PreloadCompress,
     Help,
     Version,
 }
@@ -70,6 +75,9 @@ impl Kind {
                 | Kind::DisplayMap
                 | Kind::DisplayAllocation
                 | Kind::ReportBindings
+                | Kind::PreloadBinary
+                | Kind::PreloadKeep
+                | Kind::PreloadCompress
                 | Kind::Detach
                 | Kind::Help
                 | Kind::Version
@@ -129,6 +137,11 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::DisplayMap, &["--display-map"]),
     (Kind::DisplayAllocation, &["--display-allocation"]),
     (Kind::ReportBindings, &["--report-bindings"]),
+    (Kind::PreloadBinary, &["--preload-binary"]),
+    (Kind::PreloadFiles, &["--preload-files"]),
+    (Kind::PreloadDestDir, &["--preload-files-dest-dir"]),
+    (Kind::PreloadKeep, &["--preload-keep"]),
+    (Kind::PreloadCompress, &["--preload-compress"]),
     (Kind::Help, &["-h", "--help"]),
     (Kind::Version, &["-V", "--version"]),
 ];

@@ -57,6 +57,8 @@ struct Parser<'a> {
     mca_set: Vec<String>,
     /// `--display`: (map, allocation, bind).
     display: (bool, bool, bool),
+    /// `--preload-binary`, `--preload-files` lists, `--preload-files-dest-dir`, keep, compress.
+    preload: (bool, Vec<String>, Option<String>, bool, bool),
 }
 
 /// Parse `prun`'s arguments (without the program name). `cwd` is prun's working directory
@@ -94,6 +96,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         array: None,
         mca_set: Vec::new(),
         display: (false, false, false),
+        preload: (false, Vec::new(), None, false, false),
     };
     let mut i = 0;
     loop {
@@ -350,6 +353,11 @@ impl Parser<'_> {
             Kind::DisplayMap => self.display.0 = true,
             Kind::DisplayAllocation => self.display.1 = true,
             Kind::ReportBindings => self.display.2 = true,
+            Kind::PreloadBinary => self.preload.0 = true,
+            Kind::PreloadFiles => self.preload.1.push(value),
+            Kind::PreloadDestDir => set_once(&mut self.preload.2, value, twice)?,
+            Kind::PreloadKeep => self.preload.3 = true,
+            Kind::PreloadCompress => self.preload.4 = true,
         }
         Ok(())
     }
@@ -425,9 +433,13 @@ impl Parser<'_> {
                     np: a.np.unwrap_or(if self.array.is_some() && self.place.per_node.is_none() { 1 } else { 0 }),
                     env,
                     wdir: a.wdir.or_else(|| global.wdir.clone()).unwrap_or_default(),
+                    preload_binary: false,
                 }
             })
             .collect();
+        let mut apps = apps;
+        let (binary, files, dest_dir, keep, compress) = std::mem::take(&mut self.preload);
+        let preload = super::preload::plan(&mut apps, binary, &files, dest_dir.as_deref(), self.cwd, self.env)?;
         let (stdin_target, stdin_rank) = self.stdin.unwrap_or((StdinTarget::Rank, 0));
         if stdin_target == StdinTarget::Rank && apps.iter().all(|a| a.np > 0) {
             let nprocs: u64 = apps.iter().map(|a| u64::from(a.np)).sum();
@@ -462,6 +474,9 @@ impl Parser<'_> {
             uid: 0,
             array: self.array.map(|(_, first, last)| ArraySpec { first, last }),
             timestamp_output: self.timestamp_output,
+            preload_keep: keep && !preload.is_empty(),
+            preload_compress: compress && !preload.is_empty(),
+            preload,
             ..Default::default()
         };
         self.place.fill(&mut spec);

@@ -326,6 +326,12 @@ impl<H: Host> Node<H> {
         self.effects.pop_front()
     }
 
+    /// Something is waiting in [`Node::poll_transmit`] or [`Node::poll`] (an input handed in
+    /// while draining leaves its output there).
+    pub fn has_output(&self) -> bool {
+        !self.transmits.is_empty() || !self.effects.is_empty()
+    }
+
     /// When to call [`Node::handle_timeout`] next.
     pub fn poll_timeout(&self) -> Option<u64> {
         if self.exited {
