@@ -266,7 +266,8 @@ impl Daemon {
     ) -> Exit {
         let Pending { cfg, host, start } = self.pending.take().expect("run is called once");
         let session = cfg.local.session_dir.clone().map(Into::into);
-        self.disk = Some(crate::stage::StageDisk::new(crate::stage::Place { rank: self.me, host: self.host.clone(), session }));
+        self.disk =
+            Some(crate::stage::StageDisk::new(crate::stage::Place { rank: self.me, host: self.host.clone(), session }));
         let node = Node::new(cfg, host).expect("the topology was built from the same radix and size");
         let node = self.node.insert(node);
         let mut odls_rx = self.odls_rx.take().expect("run is called once");

@@ -92,7 +92,17 @@ pub fn plan_of(req: dvm_proto::control::StageRequest) -> Result<StagePlan, Strin
         ));
     }
     let files = req.files.iter().map(|f| check_source(&f.src, &f.dest)).collect::<Result<_, _>>()?;
-    Ok(StagePlan { files, hosts: req.hosts, compress: req.compress, segment, uid: req.uid })
+    if req.window as usize > dvm_core::stage::MAX_WINDOW {
+        return Err(format!("a window of {} segments is above {}", req.window, dvm_core::stage::MAX_WINDOW));
+    }
+    Ok(StagePlan {
+        files,
+        hosts: req.hosts,
+        compress: req.compress,
+        segment,
+        window: req.window as usize,
+        uid: req.uid,
+    })
 }
 
 /// A job's preload files, checked on the HNP's node: their sizes and modes filled in.
@@ -142,7 +152,7 @@ struct Transfer {
     named: Vec<PathBuf>,
 }
 
-/// One daemon's staging disk.
+/// One daemon's staging disk. Its errors name the path; the HNP adds the daemon and host.
 #[derive(Debug)]
 pub struct StageDisk {
     place: Place,
@@ -157,8 +167,6 @@ impl StageDisk {
 
     /// Carry out `io`; its answer, if it has one.
     pub fn apply(&mut self, io: StageIo) -> Option<StageDone> {
-        let node = format!("{} (daemon {})", self.place.host, self.place.rank);
-        let on_node = |e: String| format!("{e} on {node}");
         Some(match io {
             StageIo::Read { id, file, path, offset, len, last, compress } => {
                 StageDone::Read { id, result: self.read(id, file, &path, offset, len, last, compress) }
@@ -168,11 +176,10 @@ impl StageDisk {
                 return None;
             }
             StageIo::Open { id, files, uid } => {
-                let result = self.open(id, files, uid).map(|()| false).map_err(on_node);
-                StageDone::Sink { id, result }
+                StageDone::Sink { id, result: self.open(id, files, uid).map(|()| false) }
             }
-            StageIo::Write { id, seg } => StageDone::Sink { id, result: self.write(id, seg).map_err(on_node) },
-            StageIo::Commit { id } => StageDone::Sink { id, result: self.commit(id).map(|()| true).map_err(on_node) },
+            StageIo::Write { id, seg } => StageDone::Sink { id, result: self.write(id, seg) },
+            StageIo::Commit { id } => StageDone::Sink { id, result: self.commit(id).map(|()| true) },
             StageIo::Discard { id } => {
                 self.discard(id);
                 return None;
@@ -232,7 +239,8 @@ impl StageDisk {
     fn open(&mut self, id: u64, files: Vec<StageDest>, uid: u32) -> Result<(), String> {
         let mut t = Transfer::default();
         for d in files {
-            let opened = self.place.expand(&d.path).and_then(|dest| open_dest(dest, d.size, d.mode, uid, id, self.place.rank));
+            let opened =
+                self.place.expand(&d.path).and_then(|dest| open_dest(dest, d.size, d.mode, uid, id, self.place.rank));
             match opened {
                 Ok(f) => t.files.push(f),
                 Err(e) => {
@@ -340,11 +348,7 @@ fn open_dest(dest: PathBuf, size: u64, mode: u32, uid: u32, id: u64, rank: u32) 
     if free < size {
         return Err(format!("no room for {shown}: {size} bytes needed, {free} free"));
     }
-    let unnamed = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .mode(0o600)
-        .open(dir);
+    let unnamed = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(dir);
     let (file, temp) = match unnamed {
         Ok(f) => (f, None),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
@@ -398,7 +402,8 @@ fn link_unnamed(file: &File, to: &Path) -> std::io::Result<()> {
     let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).expect("no NUL");
     let to = CString::new(to.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
     // SAFETY: both paths are NUL-terminated strings that live across the call.
-    let rc = unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+    let rc =
+        unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
     if rc == 0 {
         Ok(())
     } else {

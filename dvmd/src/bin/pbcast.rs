@@ -37,6 +37,9 @@ struct Args {
     /// Segment size in KiB (64 to 65536; default 4096).
     #[arg(long, value_name = "KIB")]
     segment_kib: Option<u32>,
+    /// Segments in flight at once (1 to 64; default 3).
+    #[arg(long, value_name = "N")]
+    window: Option<u32>,
     /// The DVM: a dvm:// URI or file:PATH (default: the only persistent DVM of this user here).
     #[arg(long, value_name = "URI|file:F")]
     dvm_uri: Option<String>,
@@ -80,7 +83,11 @@ async fn run(args: Args) -> Result<()> {
     if !args.dest.starts_with('/') {
         bail!("DEST '{}' must be an absolute path (it is a path on every node)", args.dest);
     }
-    let meta = std::fs::metadata(&source).with_context(|| format!("cannot read {}", source.display()))?;
+    let meta = match std::fs::metadata(&source) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("{}: no such file or directory", source.display()),
+        Err(e) => bail!("{}: {e}", source.display()),
+    };
     let text = |p: &Path| p.to_str().map(str::to_string).with_context(|| format!("{} is not UTF-8", p.display()));
     let files: Vec<StageFile> = if meta.is_dir() {
         let dest = args.dest.trim_end_matches('/');
@@ -88,7 +95,9 @@ async fn run(args: Args) -> Result<()> {
         if list.is_empty() {
             bail!("{} holds no regular file to copy", source.display());
         }
-        list.iter().map(|r| Ok(StageFile { src: text(&source.join(r))?, dest: format!("{dest}/{}", text(r)?) })).collect::<Result<_>>()?
+        list.iter()
+            .map(|r| Ok(StageFile { src: text(&source.join(r))?, dest: format!("{dest}/{}", text(r)?) }))
+            .collect::<Result<_>>()?
     } else {
         // A destination ending in '/' is a directory: the file keeps its name there.
         let dest = match (args.dest.ends_with('/'), source.file_name()) {
@@ -98,7 +107,9 @@ async fn run(args: Args) -> Result<()> {
         vec![StageFile { src: text(&source)?, dest }]
     };
     let hosts = match (&args.host, &args.hostfile) {
-        (Some(h), _) => h.split(',').filter(|s| !s.is_empty()).map(|s| s.split(':').next().unwrap_or(s).to_string()).collect(),
+        (Some(h), _) => {
+            h.split(',').filter(|s| !s.is_empty()).map(|s| s.split(':').next().unwrap_or(s).to_string()).collect()
+        }
         (None, Some(f)) => dvmd::hostfile::read(&cwd.join(f))?.into_iter().map(|h| h.name).collect(),
         (None, None) => Vec::new(),
     };
@@ -110,6 +121,7 @@ async fn run(args: Args) -> Result<()> {
         hosts,
         compress: args.compress,
         segment_kib: args.segment_kib.unwrap_or(0),
+        window: args.window.unwrap_or(0),
         uid: dvmd::control::uid(),
     };
     let reply = client.stage(req).await?;
@@ -120,7 +132,11 @@ async fn run(args: Args) -> Result<()> {
         let secs = reply.elapsed_us as f64 / 1e6;
         let mib = reply.bytes as f64 / (1 << 20) as f64;
         let rate = if secs > 0.0 { format!(", {:.1} MiB/s to each node", mib / secs) } else { String::new() };
-        let wire = if reply.wire_bytes != reply.bytes { format!(" ({:.1} MiB on the wire)", reply.wire_bytes as f64 / (1 << 20) as f64) } else { String::new() };
+        let wire = if reply.wire_bytes != reply.bytes {
+            format!(" ({:.1} MiB on the wire)", reply.wire_bytes as f64 / (1 << 20) as f64)
+        } else {
+            String::new()
+        };
         eprintln!(
             "pbcast: {n} file{} ({mib:.1} MiB{wire}) on {} node{} in {secs:.2} s{rate}",
             if n == 1 { "" } else { "s" },

@@ -107,11 +107,10 @@ mod tests {
         let got = plan(&mut apps, true, &files, None, Path::new("/w"), &env).unwrap();
         let pairs: Vec<(&str, &str)> = got.iter().map(|p| (p.src.as_str(), p.dest.as_str())).collect();
         assert!(pairs[0].0.ends_with("/sh") && pairs[0].1 == "%s/preload/%j/sh", "{pairs:?}");
-        assert_eq!(&pairs[1..], &[
-            ("/w/a.out", "%s/preload/%j/a.out"),
-            ("/w/in.dat", "/w/in.dat"),
-            ("/w/sub/b.txt", "/w/b.txt")
-        ]);
+        assert_eq!(
+            &pairs[1..],
+            &[("/w/a.out", "%s/preload/%j/a.out"), ("/w/in.dat", "/w/in.dat"), ("/w/sub/b.txt", "/w/b.txt")]
+        );
         assert!(apps.iter().all(|a| a.preload_binary));
         let got = plan(&mut [], false, &["x".into()], Some("/scratch"), Path::new("/w"), &env).unwrap();
         assert_eq!(got[0].dest, "/scratch/x");

@@ -46,7 +46,14 @@ impl JobTable {
             .collect();
         job.pending_launch = Some((map, slices.to_vec()));
         job.preload = Some(spec.preload_keep);
-        let plan = StagePlan { files, hosts: Vec::new(), compress: spec.preload_compress, segment: 0, uid: spec.uid };
+        let plan = StagePlan {
+            files,
+            hosts: Vec::new(),
+            compress: spec.preload_compress,
+            segment: 0,
+            window: 0,
+            uid: spec.uid,
+        };
         info!(jobid, files = spec.preload.len(), nodes = targets.len(), "preloading the job's files");
         self.out.push(JobOut::Stage { jobid, plan, targets });
         true

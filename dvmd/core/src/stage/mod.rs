@@ -22,8 +22,10 @@ pub const DEFAULT_SEGMENT: u64 = 4 << 20;
 /// Smallest and largest segment a request may ask for.
 pub const MIN_SEGMENT: u64 = 64 << 10;
 pub const MAX_SEGMENT: u64 = 64 << 20;
-/// Segments started and not yet held by every daemon.
+/// Segments started and not yet held by every daemon, unless the request says otherwise.
 pub const WINDOW: usize = 3;
+/// The most a request may ask for.
+pub const MAX_WINDOW: usize = 64;
 
 /// Disk work for the shell. Each is answered with [`StageDone`] (through
 /// `Node::handle_stage`), in the order asked.
@@ -74,6 +76,8 @@ pub struct StagePlan {
     pub compress: bool,
     /// Bytes per segment (0: [`DEFAULT_SEGMENT`]).
     pub segment: u64,
+    /// Segments in flight (0: [`WINDOW`]).
+    pub window: usize,
     /// The asking user (a target refuses destinations that user may not write).
     pub uid: u32,
 }

@@ -13,6 +13,7 @@ use dvm_proto::control::StageReply;
 use dvm_proto::daemon::{stage_msg, StageAction, StageDest, StageEnd, StageMsg, StageOpen, StagePhase, StageReport};
 use dvm_rml::Rank;
 use prost::Message;
+use tracing::info;
 
 use super::{segments, SourceFile, StageDone, StageIo, StagePlan, StageSegment, DEFAULT_SEGMENT, WINDOW};
 use crate::Core;
@@ -33,9 +34,15 @@ pub enum OriginOut {
     /// A STAGE broadcast whose completion nobody waits for (open, commit, discard).
     Xcast(Bytes),
     /// A segment: its completion ([`Origin::on_held`] with `key`) frees a window place.
-    Segment { key: u64, payload: Bytes },
+    Segment {
+        key: u64,
+        payload: Bytes,
+    },
     /// The transfer's verdict.
-    Done { owner: Owner, reply: StageReply },
+    Done {
+        owner: Owner,
+        reply: StageReply,
+    },
 }
 
 #[derive(Debug)]
@@ -44,6 +51,7 @@ struct Transfer {
     files: Vec<SourceFile>,
     targets: BTreeSet<Rank>,
     compress: bool,
+    window: usize,
     /// The next segment to read: (file, offset, len, last).
     queue: std::collections::VecDeque<(u32, u64, u64, bool)>,
     reading: bool,
@@ -114,6 +122,8 @@ impl Origin {
             .collect();
         let files: Vec<StageDest> =
             plan.files.iter().map(|f| StageDest { path: f.dest.clone(), size: f.size, mode: f.mode }).collect();
+        let bytes: u64 = plan.files.iter().map(|f| f.size).sum();
+        info!(id, ?owner, files = files.len(), bytes, nodes = targets.len(), "transfer started");
         let open = StageOpen { id, files, targets: targets.iter().copied().collect(), uid: plan.uid };
         self.out.push(OriginOut::Xcast(msg(stage_msg::Body::Open(open))));
         self.transfers.insert(
@@ -123,6 +133,7 @@ impl Origin {
                 files: plan.files,
                 targets,
                 compress: plan.compress,
+                window: if plan.window == 0 { WINDOW } else { plan.window.min(super::MAX_WINDOW) },
                 queue,
                 reading: false,
                 in_flight: 0,
@@ -142,7 +153,7 @@ impl Origin {
     /// Ask for the next read while the window has room.
     fn pump(&mut self, id: u64) {
         let Some(t) = self.transfers.get_mut(&id) else { return };
-        if t.reading || t.in_flight >= WINDOW {
+        if t.reading || t.in_flight >= t.window {
             return;
         }
         let Some(&(file, offset, len, last)) = t.queue.front() else { return };
@@ -209,6 +220,7 @@ impl Origin {
         } else if t.committing && !t.held && t.committed.is_superset(&t.targets) {
             let reply = reply_of(now, t, Ok(()));
             let owner = t.owner;
+            info!(id, elapsed_us = reply.elapsed_us, segments = reply.segments, "transfer in place on every target");
             match owner {
                 Owner::Job(_) => t.held = true,
                 Owner::Control(_) => drop(self.transfers.remove(&id)),
@@ -236,6 +248,7 @@ impl Origin {
     /// The transfer fails: it is answered with `why` and nothing of it stays anywhere.
     pub fn fail(&mut self, now: u64, id: u64, why: String) {
         let Some(t) = self.transfers.remove(&id) else { return };
+        info!(id, "transfer failed: {why}");
         if !t.queue.is_empty() {
             self.out.push(OriginOut::Io(StageIo::ReadEnd { id }));
         }

@@ -14,7 +14,7 @@ fn blob(n: usize) -> Bytes {
 
 fn plan(size: u64, dest: &str) -> StagePlan {
     let files = vec![SourceFile { src: "/src/a".into(), dest: dest.into(), size, mode: 0o644 }];
-    StagePlan { files, hosts: Vec::new(), compress: false, segment: MIN_SEGMENT, uid: 0 }
+    StagePlan { files, hosts: Vec::new(), compress: false, segment: MIN_SEGMENT, window: 0, uid: 0 }
 }
 
 fn stage_reply(net: &Net, token: u64) -> Option<StageReply> {
