@@ -5,6 +5,7 @@
 #
 #   scripts/prereqs.sh build    # compile dvm and the MPI test programs, run the demo
 #   scripts/prereqs.sh test     # also what the tests use (network namespaces, docker images)
+#   scripts/prereqs.sh bench    # also what the benchmarks compare with (socat)
 set -euo pipefail
 # gcc and libc6-dev: cargo links with cc, and build scripts compile C; ca-certificates: cargo
 # fetches crates over TLS. A machine with only rustup's cargo may lack all three.
@@ -14,8 +15,10 @@ case "${1:-}" in
   # gdb: stack traces of a job's ranks (pps --stacks, prun --get-stack-traces);
   # python3-matplotlib: the benchmarks' and the swarm sweep's plots.
   test) want=("${build[@]}" iproute2 python3 python3-mpi4py python3-matplotlib mmdebstrap gdb) ;;
+  # socat: the plain one-stream-per-node copy that staging is compared with.
+  bench) want=("${build[@]}" iproute2 python3 python3-matplotlib socat) ;;
   *)
-    echo "usage: scripts/prereqs.sh build|test" >&2
+    echo "usage: scripts/prereqs.sh build|test|bench" >&2
     exit 2
     ;;
 esac
