@@ -2,6 +2,7 @@
 # File staging against its alternatives on N network-namespace nodes whose links are limited
 # with tbf (default 16 nodes at 1 Gbit/s each way): for each file size, in the same run,
 #   dvm        pbcast on the DVM's default movement (large segments on scatter-allgather)
+#   dvm-clear  the same with --link-security none (frames in clear, as the copies below are)
 #   dvm-tree   pbcast on a DVM whose broadcasts all take the whole-payload tree
 #   copy-seq   one TCP stream from the head to each node in turn (socat)
 #   copy-par   one TCP stream from the head to every node at once
@@ -11,6 +12,7 @@
 #
 #   sudo scripts/bench_staging.sh                    # builds release binaries first
 #   SKIP_BUILD=1 SIZES=1,64,512 REPS=3 COPY_REPS=1 RADIX=64 OUT=/tmp/st scripts/bench_staging.sh
+#   ARMS=dvm PBCAST_ARGS='--segment-kib 1024 --window 8' SIZES=64 scripts/bench_staging.sh
 #
 # Prints a table and writes OUT/staging.csv and OUT/staging.png. Needs root (namespaces, tc,
 # mount). Everything it starts is stopped on exit; the fake nodes and the tmpfs are removed.
@@ -18,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-16} RATE=${RATE:-1gbit} RADIX=${RADIX:-64} REPS=${REPS:-3} COPY_REPS=${COPY_REPS:-1}
 SIZES=${SIZES:-1,64,512} BIN=${BIN:-target/release} OUT=${OUT:-${TMPDIR:-/tmp}/dvm-staging}
-ARMS=${ARMS:-dvm,dvm-tree,copy-seq,copy-par}
+ARMS=${ARMS:-dvm,dvm-clear,dvm-tree,copy-seq,copy-par} PBCAST_ARGS=${PBCAST_ARGS:-}
 if [ "$(id -u)" != 0 ]; then
     echo "bench_staging.sh: needs root (network namespaces, tc, a tmpfs); run it with sudo" >&2
     exit 1
@@ -49,7 +51,7 @@ trap cleanup EXIT
 netns_cluster_up bench_staging.sh "$N" 1 "$OUT"
 netns_limit "$N" "$RATE"
 sub=${fact[head]%.*}
-echo "# $N nodes, links limited to $RATE each way (tbf), radix $RADIX, files on tmpfs, $(git rev-parse --short HEAD)"
+echo "# $N nodes, links limited to $RATE each way (tbf), radix $RADIX, files on tmpfs, pbcast ${PBCAST_ARGS:-(defaults)}, $(git rev-parse --short HEAD)"
 
 for s in ${SIZES//,/ }; do
     head -c "$((s << 20))" /dev/urandom >"$OUT/src/f$s"
@@ -94,9 +96,10 @@ row() { # arm mib rep seconds rss
     printf '%-9s %5s MiB  rep %s  %8.3f s  %5.2fx the limit  rss +%s MiB\n' "$1" "$2" "$3" "$4" "$ratio" "$5"
 }
 
-dvm_arm() { # arm movement
+dvm_arm() { # arm movement [dvmd options]
     local arm=$1 movement=$2 s rep t0 t1 pids rss_file
-    netns_dvm bench_staging.sh "$OUT" --radix "$RADIX" --bcast-movement "$movement"
+    shift 2
+    netns_dvm bench_staging.sh "$OUT" --radix "$RADIX" --bcast-movement "$movement" "$@"
     pids="$hnp_pid $(pgrep -f -- "$BIN/dvmd.*--rank=" | tr '\n' ' ')"
     for s in ${SIZES//,/ }; do
         for rep in $(seq "$REPS"); do
@@ -105,7 +108,8 @@ dvm_arm() { # arm movement
             sampler=$!
             sleep 0.3
             t0=$(date +%s.%N)
-            "$BIN/pbcast" --dvm-uri "file:$OUT/uri" --quiet "$OUT/src/f$s" "$OUT/dst/%n/f"
+            # shellcheck disable=SC2086 # PBCAST_ARGS is a list of options
+            "$BIN/pbcast" --dvm-uri "file:$OUT/uri" --quiet $PBCAST_ARGS "$OUT/src/f$s" "$OUT/dst/%n/f"
             t1=$(date +%s.%N)
             kill "$sampler"
             wait "$sampler" || true
@@ -177,10 +181,11 @@ copy_arm() { # arm parallel?
 for arm in ${ARMS//,/ }; do
     case $arm in
         dvm) dvm_arm dvm auto ;;
+        dvm-clear) dvm_arm dvm-clear auto --link-security none ;;
         dvm-tree) dvm_arm dvm-tree tree ;;
         copy-seq) copy_arm copy-seq 0 ;;
         copy-par) copy_arm copy-par 1 ;;
-        *) echo "bench_staging.sh: unknown arm '$arm' (dvm, dvm-tree, copy-seq, copy-par)" >&2; exit 1 ;;
+        *) echo "bench_staging.sh: unknown arm '$arm' (dvm, dvm-clear, dvm-tree, copy-seq, copy-par)" >&2; exit 1 ;;
     esac
 done
 # Debian's python3 has matplotlib (scripts/prereqs.sh); another one first in PATH may not.

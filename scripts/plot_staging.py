@@ -14,9 +14,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ARMS = ["dvm", "dvm-tree", "copy-seq", "copy-par"]
+ARMS = ["dvm", "dvm-clear", "dvm-tree", "copy-seq", "copy-par"]
 LABEL = {
     "dvm": "dvm staging (pbcast)",
+    "dvm-clear": "dvm staging, frames in clear",
     "dvm-tree": "same bytes, whole-payload tree",
     "copy-seq": "one TCP stream per node, in turn",
     "copy-par": "one TCP stream per node, all at once",
@@ -35,13 +36,13 @@ def main():
             rss[(r["arm"], mib)].append(float(r["rss_rise_mib"]))
     sizes = sorted(limit)
     arms = [a for a in ARMS if any((a, s) in times for s in sizes)]
-    print(f"\n| MiB | limit s | " + " | ".join(f"{a} s (×limit)" for a in arms) + " | dvm / copy-par | dvm RSS rise MiB |")
+    print(f"\n| MiB | limit s | " + " | ".join(f"{a} s (×limit)" for a in arms) + " | dvm / copy-par | largest RSS rise MiB (dvm/clear) |")
     print("|---:|---:|" + "---:|" * len(arms) + "---:|---:|")
     for s in sizes:
         med = {a: statistics.median(times[(a, s)]) for a in arms if (a, s) in times}
         cells = [f"{med[a]:.3f} ({med[a] / limit[s]:.2f}×)" if a in med else "" for a in arms]
         par = f"{med['dvm'] / med['copy-par']:.3f}" if "dvm" in med and "copy-par" in med else ""
-        r = f"{max(rss[('dvm', s)]):.1f}" if rss[("dvm", s)] else ""
+        r = "/".join(f"{max(rss[(a, s)]):.1f}" for a in ("dvm", "dvm-clear") if rss[(a, s)])
         print(f"| {s} | {limit[s]:.3f} | " + " | ".join(cells) + f" | {par} | {r} |")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     width = 0.8 / (len(arms) + 1)

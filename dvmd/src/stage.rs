@@ -95,6 +95,16 @@ pub fn plan_of(req: dvm_proto::control::StageRequest) -> Result<StagePlan, Strin
     if req.window as usize > dvm_core::stage::MAX_WINDOW {
         return Err(format!("a window of {} segments is above {}", req.window, dvm_core::stage::MAX_WINDOW));
     }
+    let seg = if segment == 0 { dvm_core::stage::DEFAULT_SEGMENT } else { segment };
+    let window = if req.window == 0 { dvm_core::stage::WINDOW as u64 } else { u64::from(req.window) };
+    if window * seg > dvm_core::stage::MAX_IN_FLIGHT {
+        return Err(format!(
+            "{window} segments of {} KiB in flight would hold {} MiB on every node, above {} MiB",
+            seg >> 10,
+            (window * seg) >> 20,
+            dvm_core::stage::MAX_IN_FLIGHT >> 20
+        ));
+    }
     Ok(StagePlan {
         files,
         hosts: req.hosts,
@@ -264,12 +274,18 @@ impl StageDisk {
         if seg.offset != f.written {
             return Err(format!("{shown}: a segment at byte {} after {} bytes", seg.offset, f.written));
         }
-        let data = if seg.compressed { inflate(&seg.data, dvm_core::stage::MAX_SEGMENT)? } else { seg.data.to_vec() };
-        let digest = Sha256::digest(&data);
+        let inflated;
+        let data: &[u8] = if seg.compressed {
+            inflated = inflate(&seg.data, dvm_core::stage::MAX_SEGMENT)?;
+            &inflated
+        } else {
+            &seg.data
+        };
+        let digest = Sha256::digest(data);
         if digest[..] != seg.sha256[..] {
             return Err(format!("{shown}: the segment at byte {} arrived corrupt (sha256 differs)", seg.offset));
         }
-        f.file.write_all_at(&data, seg.offset).map_err(|e| format!("cannot write {shown}: {}", io_text(&e)))?;
+        f.file.write_all_at(data, seg.offset).map_err(|e| format!("cannot write {shown}: {}", io_text(&e)))?;
         f.written += data.len() as u64;
         f.list.update(digest);
         if !seg.last {

@@ -153,6 +153,17 @@ fn pbcast_suite(radix: u32) {
             vec!["--segment-kib".into(), "1".into(), src.display().to_string(), format!("{}/x", bad.display())],
             "outside 64..=65536 KiB",
         ),
+        (
+            vec![
+                "--segment-kib".into(),
+                "65536".into(),
+                "--window".into(),
+                "8".into(),
+                src.display().to_string(),
+                format!("{}/x", bad.display()),
+            ],
+            "8 segments of 65536 KiB in flight would hold 512 MiB on every node, above 256 MiB",
+        ),
     ];
     for (args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -84,6 +84,10 @@ pub struct Config {
     /// A non-root origin re-sends its xcast relay to the root if no Done came after this many
     /// nanoseconds (the root answers duplicates; nothing is delivered twice).
     pub relay_retry_ns: u64,
+    /// Bytes of finished bulk exchanges a daemon keeps to re-send blocks to a partner whose
+    /// lateral link was lost (at least the last few are always kept). Lowered only by
+    /// projections that would not fit in memory otherwise.
+    pub keep_finished_bytes: usize,
 }
 
 impl Config {
@@ -105,6 +109,7 @@ impl Default for Config {
             link: LinkModel::default(),
             fence_costs: None,
             relay_retry_ns: 1_000_000_000,
+            keep_finished_bytes: xcast::KEEP_FINISHED_BYTES,
         }
     }
 }

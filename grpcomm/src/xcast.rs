@@ -36,6 +36,7 @@ use tracing::{debug, trace};
 use crate::{compress, BcastMovementMode, Ctx, Effect, Movement};
 
 mod bulk;
+pub(crate) use bulk::KEEP_FINISHED_BYTES;
 mod way;
 
 use way::Way;

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_grpcomm::Movement;
 use dvm_sim::crossover::{crossover, hierarchical, Crossover};
+use dvm_sim::daemons::stage::{project_stage, StageRow};
 use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
 use dvm_sim::project::{link_model, model_ns, project_with, Op, Row};
 use dvm_sim::{
@@ -116,6 +117,39 @@ enum Cmd {
         /// Broadcast movements to project side by side.
         #[arg(long, value_delimiter = ',', default_value = "tree,bulk")]
         bcast_movement: Vec<BcastMovementMode>,
+    },
+    /// Project file staging (`pbcast`) on the daemon cores: one file to every daemon in
+    /// segments on the bulk broadcast, its time and each daemon's memory against the model
+    /// (CSV, or markdown).
+    Stage {
+        #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
+        n: Vec<u32>,
+        #[arg(long, default_value_t = 64)]
+        radix: u32,
+        /// File size in MiB.
+        #[arg(long, value_delimiter = ',', default_value = "64")]
+        mib: Vec<u64>,
+        /// Segment size in KiB.
+        #[arg(long, value_delimiter = ',', default_value = "1024")]
+        segment_kib: Vec<u64>,
+        /// Segments in flight.
+        #[arg(long, default_value_t = 3)]
+        window: usize,
+        /// MiB of finished exchanges each daemon keeps for detours (default: the daemon's).
+        /// Lower it to fit large N in memory: it changes nothing else on a fault-free run.
+        #[arg(long)]
+        keep_mib: Option<usize>,
+        /// α in microseconds.
+        #[arg(long, default_value_t = 50.0)]
+        alpha_us: f64,
+        /// Link bandwidth in GB/s (β = 1/bandwidth).
+        #[arg(long, default_value_t = 1.0)]
+        bandwidth_gbs: f64,
+        /// Receive handling per message at every daemon, in nanoseconds.
+        #[arg(long, default_value_t = 100)]
+        cpu_ns: u64,
+        #[arg(long)]
+        markdown: bool,
     },
     /// Print, per N and radix, the smallest modex contribution per daemon at which `auto`
     /// moves a fence of every daemon on the allgather, and whether a barrier goes lateral (CSV:
@@ -361,6 +395,54 @@ fn main() -> Result<()> {
             if !bad.is_empty() {
                 return Err(anyhow::anyhow!("{} projection run(s) violated invariants", bad.len()))
                     .context("projection");
+            }
+        }
+        Cmd::Stage { n, radix, mib, segment_kib, window, keep_mib, alpha_us, bandwidth_gbs, cpu_ns, markdown } => {
+            if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
+                bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
+            }
+            if window == 0 || segment_kib.contains(&0) || n.iter().any(|&x| x < 2) {
+                bail!("--window and --segment-kib must be at least 1, --n at least 2");
+            }
+            let net = NetModel {
+                alpha_ns: (alpha_us * 1e3).round() as u64,
+                beta_ps_per_byte: (1e3 / bandwidth_gbs).round() as u64,
+                cpu_ns,
+                jitter_ns: 0,
+                ingress_serialized: true,
+            };
+            if markdown {
+                println!("| n | radix | MiB | segment KiB | window | sim ms | model ms | sim/model | peak state MiB (any / HNP) | frames |");
+                println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            } else {
+                println!("{}", StageRow::CSV_HEADER);
+            }
+            let mut bad = Vec::new();
+            for &n in &n {
+                for &m in &mib {
+                    for &seg in &segment_kib {
+                        let row = project_stage(n, radix, &net, m << 20, seg << 10, window, keep_mib.map(|k| k << 20));
+                        if markdown {
+                            println!(
+                                "| {n} | {radix} | {m} | {seg} | {window} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
+                                row.sim_ns as f64 / 1e6,
+                                row.model_ns / 1e6,
+                                row.ratio(),
+                                row.peak_state as f64 / 1048576.0,
+                                row.peak_state_hnp as f64 / 1048576.0,
+                                row.frames
+                            );
+                        } else {
+                            println!("{}", row.csv());
+                        }
+                        if !row.problems.is_empty() {
+                            bad.push(format!("n={n} {m} MiB segment {seg} KiB: {}", row.problems.join("; ")));
+                        }
+                    }
+                }
+            }
+            if !bad.is_empty() {
+                bail!("{}", bad.join("\n"));
             }
         }
         Cmd::Crossovers { n, radix, alpha_us, bandwidth_mbps, markdown, hierarchical: sizes } => {

@@ -24,7 +24,7 @@
 //! partner's blocks go again along the tree (`XcastBlock.sender` names the member), and so do
 //! later ones, including those of every later op; finished exchanges are kept for
 //! [`FINISHED_KEEP_NS`] (far longer than a lost link takes to notice), as long as they hold no
-//! more than [`KEEP_FINISHED_BYTES`] together, to do the same (they hold the chunks: an idle
+//! more than `Config::keep_finished_bytes` (default [`KEEP_FINISHED_BYTES`]) together, to do the same (they hold the chunks: an idle
 //! daemon keeps none).
 //!
 //! Traps:
@@ -49,8 +49,11 @@ use crate::{Ctx, Effect, Movement};
 /// link was lost before this daemon finished) up to this many bytes of blocks together, and
 /// at least the last [`KEEP_FINISHED_MIN`]. A count alone was too few: a stream of small ops
 /// finishes dozens here before a silent link is noticed, and the partner of one forgotten
-/// waited forever (simulator, faults profile, seed 2001176 at n 10 radix 2).
-pub(super) const KEEP_FINISHED_BYTES: usize = 64 << 20;
+/// waited forever (simulator, faults profile, seed 2001176 at n 10 radix 2). 64 MiB was the
+/// largest part of a daemon's memory while a file streamed through in 4 MiB segments: a
+/// windowed stream cannot finish more than its window past an op a partner still lacks (that
+/// partner's ACK holds the window), so a few segments' worth is what a detour can need.
+pub(crate) const KEEP_FINISHED_BYTES: usize = 16 << 20;
 
 /// Finished exchanges always kept, whatever their size.
 pub(super) const KEEP_FINISHED_MIN: usize = 4;
@@ -418,7 +421,7 @@ impl XcastState {
         // which its partner has had the whole payload from a repair's degrade).
         let mut held: usize =
             ex.state_bytes() + self.bulk.finished.iter().map(|(_, e, _)| e.state_bytes()).sum::<usize>();
-        while held > KEEP_FINISHED_BYTES && self.bulk.finished.len() >= KEEP_FINISHED_MIN {
+        while held > ctx.cfg.keep_finished_bytes && self.bulk.finished.len() >= KEEP_FINISHED_MIN {
             let Some(i) = self.bulk.finished.iter().position(|(_, e, _)| !e.owes_sends()) else { break };
             if let Some((_, e, _)) = self.bulk.finished.remove(i) {
                 held -= e.state_bytes();

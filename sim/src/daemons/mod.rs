@@ -15,6 +15,7 @@
 pub mod check;
 pub mod engine;
 pub mod scenario;
+pub mod stage;
 pub mod trace;
 
 use dvm_grpcomm::FenceMovementMode;

@@ -67,6 +67,16 @@ pub struct SpawnPlan {
     pub program: dvm_core::harness::Program,
 }
 
+/// A file staged from the HNP's node to every daemon (as `pbcast` asks), for projections.
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    pub at: u64,
+    pub bytes: Bytes,
+    /// Bytes per segment and segments in flight (0: the daemon's defaults).
+    pub segment: u64,
+    pub window: usize,
+}
+
 /// A fence benchmark asked of the HNP.
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
@@ -161,6 +171,13 @@ pub struct CoreScenario {
     pub restart: Option<RestartPlan>,
     /// The run must be quiet this long after ready plus the last fault.
     pub bound_ns: u64,
+    /// Files staged to every daemon; their disks count bytes and keep none.
+    pub stages: Vec<StageRun>,
+    /// The run stops (a violation) after this many events.
+    pub max_events: u64,
+    /// Daemons whose grpcomm state is measured after every step of theirs (the peaks are in
+    /// the trace; measuring is O(state), so a projection at scale picks a few).
+    pub sample_state: Vec<Rank>,
 }
 
 impl CoreScenario {
@@ -297,6 +314,39 @@ impl CoreScenario {
             terminate_at,
             restart,
             bound_ns,
+            stages: Vec::new(),
+            max_events: 5_000_000,
+            sample_state: Vec::new(),
+        }
+    }
+
+    /// A fault-free DVM on `net` with no workload, whose heartbeat bound is never reached:
+    /// the base of a projection, which adds its workload.
+    pub fn quiet(n: u32, radix: u32, net: NetModel) -> Self {
+        let cfg =
+            Config { relay_retry_ns: 3_600_000_000_000, link: crate::project::link_model(&net), ..Config::default() };
+        CoreScenario {
+            n,
+            radix,
+            seed: 0,
+            profile: CoreProfile::Clean,
+            net,
+            cfg,
+            boot_stagger_ns: 0,
+            heartbeat_ns: 3_600_000_000_000,
+            detect_jitter_ns: 0,
+            think_ns: 0,
+            jobs: Vec::new(),
+            benches: Vec::new(),
+            xcasts: Vec::new(),
+            faults: Vec::new(),
+            launches: Vec::new(),
+            terminate_at: None,
+            restart: None,
+            bound_ns: 3_600_000_000_000,
+            stages: Vec::new(),
+            max_events: 5_000_000,
+            sample_state: Vec::new(),
         }
     }
 }

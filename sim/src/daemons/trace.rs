@@ -72,6 +72,13 @@ pub struct CoreTrace {
     pub engine_errors: Vec<String>,
     pub stats: CoreStats,
     pub end_ns: u64,
+    /// Per staged file: when it was asked for, and the HNP's answer (time, reply).
+    pub stage_starts: Vec<Option<u64>>,
+    pub stage_dones: Vec<Option<(u64, dvm_proto::control::StageReply)>>,
+    /// Per daemon, the most bytes its grpcomm state held (0 unless the scenario samples it).
+    pub peak_state: Vec<usize>,
+    /// Per daemon, the most bytes its disk held unnamed (staging).
+    pub peak_unnamed: Vec<usize>,
     /// Per launch: when the HNP took it, and how its prun heard it end (time, status, why).
     pub launched_at: Vec<Option<u64>>,
     pub launch_ends: Vec<Option<(u64, i32, String)>>,

@@ -19,11 +19,15 @@ pub struct SimDisk {
     /// Answers for the node, in order.
     pub answers: Vec<StageDone>,
     /// Transfers being received: each file's destination and bytes so far.
-    incoming: BTreeMap<u64, Vec<(StageDest, Vec<u8>)>>,
+    incoming: BTreeMap<u64, Vec<(StageDest, Vec<u8>, u64)>>,
     /// Transfers named here: their paths.
     named: BTreeMap<u64, Vec<String>>,
     /// Bytes held unnamed at most (a bound on what a transfer costs a node's disk).
     pub peak_unnamed: usize,
+    /// Count what arrives but keep none of it (projections of large files on many nodes).
+    pub count_only: bool,
+    /// Bytes received unnamed, per transfer (the same as the files' lengths unless `count_only`).
+    unnamed: BTreeMap<u64, usize>,
 }
 
 impl SimDisk {
@@ -46,7 +50,7 @@ impl SimDisk {
                     .into_iter()
                     .map(|mut d| {
                         d.path = d.path.replace("%n", &me.to_string());
-                        (d, Vec::new())
+                        (d, Vec::new(), 0)
                     })
                     .collect();
                 self.incoming.insert(id, files);
@@ -55,8 +59,9 @@ impl SimDisk {
             StageIo::Write { id, seg } => StageDone::Sink { id, result: self.write(id, seg) },
             StageIo::Commit { id } => {
                 let files = self.incoming.remove(&id).unwrap_or_default();
+                self.unnamed.remove(&id);
                 let mut paths = Vec::new();
-                for (d, data) in files {
+                for (d, data, _) in files {
                     paths.push(d.path.clone());
                     self.files.insert(d.path, data);
                 }
@@ -65,6 +70,7 @@ impl SimDisk {
             }
             StageIo::Discard { id } => {
                 self.incoming.remove(&id);
+                self.unnamed.remove(&id);
                 for p in self.named.remove(&id).unwrap_or_default() {
                     self.files.remove(&p);
                 }
@@ -81,18 +87,22 @@ impl SimDisk {
     fn write(&mut self, id: u64, seg: StageSegment) -> Result<bool, String> {
         let files = self.incoming.get_mut(&id).ok_or("a segment of a transfer never opened")?;
         let n = files.len();
-        let (d, data) = files.get_mut(seg.file as usize).ok_or("a segment of a file the transfer lacks")?;
+        let (d, data, len) = files.get_mut(seg.file as usize).ok_or("a segment of a file the transfer lacks")?;
         if self.full.contains(&d.path) {
             return Err(format!("cannot write {}: no space left on device", d.path));
         }
-        if seg.offset != data.len() as u64 {
-            return Err(format!("{}: a segment at {} after {} bytes", d.path, seg.offset, data.len()));
+        if seg.offset != *len {
+            return Err(format!("{}: a segment at {} after {} bytes", d.path, seg.offset, len));
         }
-        data.extend_from_slice(&seg.data);
-        if seg.last && data.len() as u64 != d.size {
-            return Err(format!("{}: {} bytes arrived, {} expected", d.path, data.len(), d.size));
+        if !self.count_only {
+            data.extend_from_slice(&seg.data);
         }
-        let held: usize = self.incoming.values().flatten().map(|(_, b)| b.len()).sum();
+        *len += seg.data.len() as u64;
+        if seg.last && *len != d.size {
+            return Err(format!("{}: {} bytes arrived, {} expected", d.path, len, d.size));
+        }
+        *self.unnamed.entry(id).or_default() += seg.data.len();
+        let held: usize = self.unnamed.values().sum();
         self.peak_unnamed = self.peak_unnamed.max(held);
         Ok(seg.last && seg.file as usize + 1 == n)
     }

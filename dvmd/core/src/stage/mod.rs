@@ -26,6 +26,8 @@ pub const MAX_SEGMENT: u64 = 64 << 20;
 pub const WINDOW: usize = 3;
 /// The most a request may ask for.
 pub const MAX_WINDOW: usize = 64;
+/// The most bytes a request may put in flight (window × segment): each daemon holds them.
+pub const MAX_IN_FLIGHT: u64 = 256 << 20;
 
 /// Disk work for the shell. Each is answered with [`StageDone`] (through
 /// `Node::handle_stage`), in the order asked.

@@ -3,10 +3,14 @@
 
 use dvm_core::jobs::{ClientId, ProcEvent};
 use dvm_core::node::Control;
+use dvm_core::stage::{SourceFile, StagePlan};
 use dvm_grpcomm::Rank;
 
 use super::shell::In;
 use super::{CoreEngine, Kind, State};
+
+/// Control tokens of staging requests: this plus the stage's index.
+pub(super) const STAGE_TOKEN: u64 = 1 << 40;
 
 /// The client id of launch `idx`.
 fn client(idx: usize) -> ClientId {
@@ -23,6 +27,36 @@ impl CoreEngine<'_> {
                 self.drive_in(0, In::Control(0, Control::Launch(spec, client(idx))));
             }
             State::Stopped => self.nodes[0].deferred.push(Kind::Launch { idx }),
+            State::Dead { .. } => {}
+        }
+    }
+
+    /// Stage file `idx` from the HNP's node to every daemon.
+    pub(super) fn stage(&mut self, idx: usize) {
+        match self.nodes[0].state {
+            State::Running => {
+                let st = &self.sc.stages[idx];
+                let src = format!("/sim/stage{idx}");
+                self.nodes[0].shell.disk.sources.insert(src.clone(), st.bytes.clone());
+                let file = SourceFile {
+                    src,
+                    dest: format!("/scratch/%n/stage{idx}"),
+                    size: st.bytes.len() as u64,
+                    mode: 0o644,
+                };
+                let plan = StagePlan {
+                    files: vec![file],
+                    hosts: Vec::new(),
+                    compress: false,
+                    segment: st.segment,
+                    window: st.window,
+                    uid: 0,
+                };
+                self.trace.stage_starts[idx] = Some(self.q.now());
+                self.q.note(|| format!("d0 STAGE {idx}"));
+                self.drive_in(0, In::Control(STAGE_TOKEN + idx as u64, Control::Stage(plan)));
+            }
+            State::Stopped => self.nodes[0].deferred.push(Kind::Stage { idx }),
             State::Dead { .. } => {}
         }
     }

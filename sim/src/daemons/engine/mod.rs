@@ -38,7 +38,6 @@ mod carrier;
 mod jobs;
 mod shell;
 
-const MAX_EVENTS: u64 = 5_000_000;
 /// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
 /// receiver to declare the sender dead, then is dropped.
 const MAX_DELAY_ROUNDS: u32 = 20;
@@ -97,6 +96,9 @@ enum Kind {
         idx: usize,
     },
     Xcast {
+        idx: usize,
+    },
+    Stage {
         idx: usize,
     },
     JobEnd {
@@ -194,9 +196,12 @@ impl Node {
         });
         let local = LocalConfig { cores: 64, ..LocalConfig::default() };
         let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
+        let mut shell = SimShell::default();
+        // Projections stage large files to many daemons: count the bytes, keep none.
+        shell.disk.count_only = !sc.stages.is_empty();
         Node {
             node: dvm_core::Node::new(cfg, SimHost::default()).expect("scenario geometry is valid"),
-            shell: SimShell::default(),
+            shell,
             failed_seen: BTreeSet::new(),
             state: State::Running,
             queue: Vec::new(),
@@ -236,11 +241,15 @@ impl<'s> CoreEngine<'s> {
             launch_ends: vec![None; sc.launches.len()],
             spawns_asked: vec![None; sc.launches.len()],
             spawn_answers: vec![Vec::new(); sc.launches.len()],
+            stage_starts: vec![None; sc.stages.len()],
+            stage_dones: vec![None; sc.stages.len()],
+            peak_state: vec![0; n],
+            peak_unnamed: vec![0; n],
             ..CoreTrace::default()
         };
         let mut e = CoreEngine {
             sc,
-            q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, MAX_EVENTS),
+            q: EventQueue::new(|k| matches!(k, Kind::Tick { .. }), sc.bound_ns, sc.max_events),
             nodes,
             rng: StdRng::seed_from_u64(sc.seed),
             carrier: Carrier::new(sc.n),
@@ -286,6 +295,9 @@ impl<'s> CoreEngine<'s> {
         self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
         self.trace.end_ns = self.q.now();
         self.finish_jobs();
+        for (r, n) in self.nodes.iter().enumerate() {
+            self.trace.peak_unnamed[r] = n.shell.disk.peak_unnamed;
+        }
         for n in &self.nodes {
             self.trace.final_failed.push(n.node.router().topology().failed().clone());
             self.trace.final_owned.push(n.node.router().owned_ops());
@@ -366,6 +378,7 @@ impl<'s> CoreEngine<'s> {
             Kind::Proc { daemon, ev } => self.proc_event(daemon, ev),
             Kind::Heard { idx } => self.heard(idx),
             Kind::Spawn { idx } => self.spawn(idx),
+            Kind::Stage { idx } => self.stage(idx),
             Kind::Terminate => self.terminate(),
             Kind::Restart { start } => self.restart(start),
             Kind::Bench { idx } => {
@@ -423,6 +436,9 @@ impl<'s> CoreEngine<'s> {
         }
         for (i, x) in sc.xcasts.iter().enumerate() {
             self.q.push(t0 + x.at, Kind::Xcast { idx: i });
+        }
+        for (i, st) in sc.stages.iter().enumerate() {
+            self.q.push(t0 + st.at, Kind::Stage { idx: i });
         }
         for (i, l) in sc.launches.iter().enumerate() {
             self.q.push(t0 + l.at, Kind::Launch { idx: i });

@@ -57,6 +57,11 @@ impl CoreEngine<'_> {
             step(&mut node.node, now, input);
             let (mut transmits, mut effects) = harness::drain(&mut node.node);
             node.steps += 1;
+            if self.sc.sample_state.contains(&r) {
+                let held = node.node.router().grpcomm().state_bytes();
+                let peak = &mut self.trace.peak_state[r as usize];
+                *peak = (*peak).max(held);
+            }
             let crash = match node.kill_at_step {
                 Some((at, carried)) if node.steps > at => {
                     node.kill_at_step = None;
@@ -169,6 +174,14 @@ impl CoreEngine<'_> {
                     self.trace.engine_errors.push(format!("daemon {r} answered a benchmark: only the HNP does"));
                 }
                 self.trace.bench_dones.push((self.q.now(), res));
+            }
+            Effect::Reply { token, reply: Reply::Stage(rep) } if token >= super::jobs::STAGE_TOKEN => {
+                self.q.note(|| format!("d{r} STAGE_DONE {rep:?}"));
+                let idx = (token - super::jobs::STAGE_TOKEN) as usize;
+                match self.trace.stage_dones.get_mut(idx) {
+                    Some(slot @ None) if r == 0 => *slot = Some((self.q.now(), rep)),
+                    _ => self.trace.engine_errors.push(format!("daemon {r}: a stray staging answer {rep:?}")),
+                }
             }
             Effect::Exit(exit) => {
                 self.q.note(|| format!("d{r} EXIT {exit:?}"));
