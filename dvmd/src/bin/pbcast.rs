@@ -34,10 +34,10 @@ struct Args {
     /// Deflate each segment on the way (worth it for text, not for binaries).
     #[arg(short = 'C', long)]
     compress: bool,
-    /// Segment size in KiB (64 to 65536; default 4096).
+    /// Segment size in KiB (64 to 65536; default 1024).
     #[arg(long, value_name = "KIB")]
     segment_kib: Option<u32>,
-    /// Segments in flight at once (1 to 64; default 3).
+    /// Segments in flight at once (1 to 64, at most 256 MiB with the segments; default 8).
     #[arg(long, value_name = "N")]
     window: Option<u32>,
     /// The DVM: a dvm:// URI or file:PATH (default: the only persistent DVM of this user here).

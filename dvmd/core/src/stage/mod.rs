@@ -17,13 +17,16 @@ pub mod sink;
 
 pub use dvm_proto::daemon::{StageDest, StageSegment};
 
-/// Bytes per segment unless the request says otherwise.
-pub const DEFAULT_SEGMENT: u64 = 4 << 20;
+/// Bytes per segment unless the request says otherwise. With [`WINDOW`]: smaller segments
+/// in a deeper window fill the pipe sooner (docs/staging.md: 1 MiB × 8 against 4 MiB × 3,
+/// 0.93× the time and less memory on 16 rate-limited nodes; 1.27× against 1.50× the model
+/// at N = 256 in the simulator).
+pub const DEFAULT_SEGMENT: u64 = 1 << 20;
 /// Smallest and largest segment a request may ask for.
 pub const MIN_SEGMENT: u64 = 64 << 10;
 pub const MAX_SEGMENT: u64 = 64 << 20;
 /// Segments started and not yet held by every daemon, unless the request says otherwise.
-pub const WINDOW: usize = 3;
+pub const WINDOW: usize = 8;
 /// The most a request may ask for.
 pub const MAX_WINDOW: usize = 64;
 /// The most bytes a request may put in flight (window × segment): each daemon holds them.
