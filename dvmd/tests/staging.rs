@@ -290,6 +290,47 @@ fn prun_preloads_a_binary_and_files_and_removes_them_when_the_job_ends() {
     dvm.stop();
 }
 
+/// Unmounts a filesystem mounted for a test, when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_on_one_node_fails_the_copy_naming_node_and_path_and_leaves_nothing() {
+    if !nix::unistd::geteuid().is_root() {
+        dvm_tests::skip("staging::a_full_disk_on_one_node", "needs root to mount a small tmpfs");
+        return;
+    }
+    let dvm = Dvm::start("stagefull", Nodes::Local { daemons: 4, slots: 1 }, 2, &[]);
+    let scratch = Scratch::new("full");
+    let work = scratch.0.clone();
+    let src = work.join("blob");
+    random_file(&src, 3 << 20);
+    // Daemon 2's destination is on a 1 MiB filesystem; every other one has room.
+    let small = work.join("out/2");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "dvm-stage-full"]).arg(&small).status();
+    assert!(st.is_ok_and(|s| s.success()), "cannot mount a tmpfs on {}", small.display());
+    let _mounted = Mounted(small.clone());
+    let out = pbcast(&dvm, &[src.to_str().unwrap(), work.join("out/%n/blob").to_str().unwrap()]);
+    let se = text(&out).1;
+    assert!(!out.status.success(), "{se}");
+    let path = small.join("blob");
+    assert!(
+        se.contains("daemon 2 on host vm-2") && se.contains(path.to_str().unwrap()) && se.contains("no room"),
+        "{se}"
+    );
+    assert_eq!(files_under(&work.join("out")), Vec::<PathBuf>::new(), "a copy was left behind");
+    // The DVM goes on: the same copy where there is room.
+    let out = pbcast(&dvm, &[src.to_str().unwrap(), work.join("ok/%n/blob").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    dvm.stop();
+}
+
 fn netns_200mib(radix: u32) {
     dvm_tests::require_netns!();
     let cluster = FakeCluster::new(16).unwrap();
