@@ -31,6 +31,39 @@ enum EngineKind {
     Core,
 }
 
+/// The simulated network of a projection.
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct NetArgs {
+    /// α in microseconds.
+    #[arg(long, default_value_t = 50.0)]
+    alpha_us: f64,
+    /// Link bandwidth in GB/s (β = 1/bandwidth).
+    #[arg(long, default_value_t = 1.0)]
+    bandwidth_gbs: f64,
+    /// Receive handling per message at every daemon, in nanoseconds.
+    #[arg(long, default_value_t = 100)]
+    cpu_ns: u64,
+    /// Do not serialize the receiver's inbound link.
+    #[arg(long)]
+    no_ingress: bool,
+}
+
+impl NetArgs {
+    fn model(self) -> Result<NetModel> {
+        let NetArgs { alpha_us, bandwidth_gbs, cpu_ns, no_ingress } = self;
+        if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
+            bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
+        }
+        Ok(NetModel {
+            alpha_ns: (alpha_us * 1e3).round() as u64,
+            beta_ps_per_byte: (1e3 / bandwidth_gbs).round() as u64,
+            cpu_ns,
+            jitter_ns: 0,
+            ingress_serialized: !no_ingress,
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Rerun one generated schedule exactly and print its violations (exit 1 if any).
@@ -96,18 +129,8 @@ enum Cmd {
         /// modex contribution per daemon D in bytes.
         #[arg(long, value_delimiter = ',', default_value = "64")]
         modex_bytes: Vec<usize>,
-        /// α in microseconds.
-        #[arg(long, default_value_t = 50.0)]
-        alpha_us: f64,
-        /// Link bandwidth in GB/s (β = 1/bandwidth).
-        #[arg(long, default_value_t = 1.0)]
-        bandwidth_gbs: f64,
-        /// Receive handling per message at every daemon, in nanoseconds.
-        #[arg(long, default_value_t = 100)]
-        cpu_ns: u64,
-        /// Do not serialize the receiver's inbound link.
-        #[arg(long)]
-        no_ingress: bool,
+        #[command(flatten)]
+        net: NetArgs,
         /// Print a markdown table instead of CSV.
         #[arg(long)]
         markdown: bool,
@@ -129,25 +152,19 @@ enum Cmd {
         /// File size in MiB.
         #[arg(long, value_delimiter = ',', default_value = "64")]
         mib: Vec<u64>,
-        /// Segment size in KiB.
-        #[arg(long, value_delimiter = ',', default_value = "1024")]
+        /// Segment sizes in KiB (default: the daemon's).
+        #[arg(long, value_delimiter = ',', default_values_t = [dvm_core::stage::DEFAULT_SEGMENT >> 10])]
         segment_kib: Vec<u64>,
-        /// Segments in flight.
-        #[arg(long, default_value_t = 3)]
+        /// Segments in flight (default: the daemon's).
+        #[arg(long, default_value_t = dvm_core::stage::WINDOW)]
         window: usize,
         /// MiB of finished exchanges each daemon keeps for detours (default: the daemon's).
         /// Lower it to fit large N in memory: it changes nothing else on a fault-free run.
         #[arg(long)]
         keep_mib: Option<usize>,
-        /// α in microseconds.
-        #[arg(long, default_value_t = 50.0)]
-        alpha_us: f64,
-        /// Link bandwidth in GB/s (β = 1/bandwidth).
-        #[arg(long, default_value_t = 1.0)]
-        bandwidth_gbs: f64,
-        /// Receive handling per message at every daemon, in nanoseconds.
-        #[arg(long, default_value_t = 100)]
-        cpu_ns: u64,
+        #[command(flatten)]
+        net: NetArgs,
+        /// Print a markdown table instead of CSV.
         #[arg(long)]
         markdown: bool,
     },
@@ -289,29 +306,8 @@ fn main() -> Result<()> {
             );
             campaign_verdict(&rep.failures, &summary, verbose)?;
         }
-        Cmd::Project {
-            n,
-            radix,
-            xcast_bytes,
-            modex_bytes,
-            alpha_us,
-            bandwidth_gbs,
-            cpu_ns,
-            no_ingress,
-            markdown,
-            fence_movement,
-            bcast_movement,
-        } => {
-            if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
-                bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
-            }
-            let net = NetModel {
-                alpha_ns: (alpha_us * 1e3).round() as u64,
-                beta_ps_per_byte: (1e3 / bandwidth_gbs).round() as u64,
-                cpu_ns,
-                jitter_ns: 0,
-                ingress_serialized: !no_ingress,
-            };
+        Cmd::Project { n, radix, xcast_bytes, modex_bytes, net, markdown, fence_movement, bcast_movement } => {
+            let net = net.model()?;
             let mut ops: Vec<Op> = xcast_bytes.iter().map(|&m| Op::Xcast(m)).collect();
             ops.push(Op::Barrier);
             ops.extend(modex_bytes.iter().map(|&d| Op::Modex(d)));
@@ -397,44 +393,18 @@ fn main() -> Result<()> {
                     .context("projection");
             }
         }
-        Cmd::Stage { n, radix, mib, segment_kib, window, keep_mib, alpha_us, bandwidth_gbs, cpu_ns, markdown } => {
-            if bandwidth_gbs <= 0.0 || alpha_us < 0.0 {
-                bail!("bandwidth must be positive and alpha non-negative (got {bandwidth_gbs} GB/s, {alpha_us} us)");
-            }
+        Cmd::Stage { n, radix, mib, segment_kib, window, keep_mib, net, markdown } => {
             if window == 0 || segment_kib.contains(&0) || n.iter().any(|&x| x < 2) {
                 bail!("--window and --segment-kib must be at least 1, --n at least 2");
             }
-            let net = NetModel {
-                alpha_ns: (alpha_us * 1e3).round() as u64,
-                beta_ps_per_byte: (1e3 / bandwidth_gbs).round() as u64,
-                cpu_ns,
-                jitter_ns: 0,
-                ingress_serialized: true,
-            };
-            if markdown {
-                println!("| n | radix | MiB | segment KiB | window | sim ms | model ms | sim/model | peak state MiB (any / HNP) | frames |");
-                println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-            } else {
-                println!("{}", StageRow::CSV_HEADER);
-            }
+            let net = net.model()?;
+            println!("{}", if markdown { StageRow::MARKDOWN_HEADER } else { StageRow::CSV_HEADER });
             let mut bad = Vec::new();
             for &n in &n {
                 for &m in &mib {
                     for &seg in &segment_kib {
                         let row = project_stage(n, radix, &net, m << 20, seg << 10, window, keep_mib.map(|k| k << 20));
-                        if markdown {
-                            println!(
-                                "| {n} | {radix} | {m} | {seg} | {window} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
-                                row.sim_ns as f64 / 1e6,
-                                row.model_ns / 1e6,
-                                row.ratio(),
-                                row.peak_state as f64 / 1048576.0,
-                                row.peak_state_hnp as f64 / 1048576.0,
-                                row.frames
-                            );
-                        } else {
-                            println!("{}", row.csv());
-                        }
+                        println!("{}", if markdown { row.markdown() } else { row.csv() });
                         if !row.problems.is_empty() {
                             bad.push(format!("n={n} {m} MiB segment {seg} KiB: {}", row.problems.join("; ")));
                         }

@@ -39,6 +39,27 @@ impl StageRow {
     pub const CSV_HEADER: &'static str = "n,radix,depth,bytes,segment,window,sim_ms,model_ms,ratio,peak_state_mib,\
 peak_state_hnp_mib,frames,wire_bytes_per_daemon,events";
 
+    pub const MARKDOWN_HEADER: &'static str =
+        "| n | radix | MiB | segment KiB | window | sim ms | model ms | sim/model | \
+peak state MiB (any / HNP) | frames |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+
+    pub fn markdown(&self) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
+            self.n,
+            self.radix,
+            self.bytes >> 20,
+            self.segment >> 10,
+            self.window,
+            self.sim_ns as f64 / 1e6,
+            self.model_ns / 1e6,
+            self.ratio(),
+            mib(self.peak_state),
+            mib(self.peak_state_hnp),
+            self.frames
+        )
+    }
+
     pub fn ratio(&self) -> f64 {
         self.sim_ns as f64 / self.model_ns
     }
