@@ -244,8 +244,8 @@ impl Daemon {
     }
 
     /// How procs run against this daemon (see [`crate::odls::Odls::set_rank_priority`]).
-    pub fn set_rank_priority(&mut self, p: crate::odls::RankPriority) {
-        self.odls.set_rank_priority(p);
+    pub fn set_rank_priority(&mut self, p: crate::odls::RankPriority, dvm: &str) {
+        self.odls.set_rank_priority(p, dvm);
     }
 
     /// This daemon's session directory (per-daemon scratch for its ranks).

@@ -1,7 +1,10 @@
-//! Ranks run under SCHED_IDLE by default, so that their daemon gets the cpu at once when they
-//! spin on every core (docs/liveness.md); a job chooses otherwise with
-//! `-x DVM_RANK_PRIORITY=same|nice:N`, a DVM with `dvmd --rank-priority`, and a malformed value
-//! fails the launch naming it. Read from each rank's own /proc/self/stat (policy and nice).
+//! Ranks give way to their daemon by default, so that it gets the cpu at once when they spin on
+//! every core (docs/liveness.md): each job's ranks in a cpu group of their own under the
+//! daemon's idle group where the daemon can make groups (root here), else under SCHED_IDLE. A
+//! job chooses otherwise with `-x DVM_RANK_PRIORITY=idle|same|nice:N`, a DVM with
+//! `dvmd --rank-priority`, and a malformed value fails the launch naming it. Read from each
+//! rank's own /proc/self/stat (policy and nice) and /proc/self/cgroup; the groups are gone
+//! once their job ended and once their daemon stopped.
 
 mod common;
 
@@ -15,28 +18,68 @@ const IDLE: u32 = 5;
 /// proc's priority once it has exec'd, so a rank that expects a change waits for it (up to
 /// 10 s) instead of racing the daemon; one that expects none reads at once.
 fn policies(dvm: &Dvm, args: &[&str], expect_change: bool) -> Vec<(u32, i32)> {
+    placed(dvm, args, expect_change).into_iter().map(|(p, n, _)| (p, n)).collect()
+}
+
+/// As [`policies`], with each rank's cpu cgroup (the path in the cpu hierarchy).
+fn placed(dvm: &Dvm, args: &[&str], expect_change: bool) -> Vec<(u32, i32, Group)> {
     let mut a = args.to_vec();
     // Fields 19 (nice) and 41 (policy) of the shell's own stat (its name has no space).
     let read = "s=$(cut -d' ' -f19,41 /proc/$$/stat)";
     let script = if expect_change {
-        format!("{read}; i=0; while [ \"$s\" = \"$1\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); {read}; done; echo $DVM_RANK $s")
+        format!("{read}; i=0; while [ \"$s\" = \"$1\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); {read}; done; {GROUP}; echo $DVM_RANK $s $g $idle")
     } else {
-        format!("{read}; echo $DVM_RANK $s")
+        format!("{read}; {GROUP}; echo $DVM_RANK $s $g $idle")
     };
     let initial = format!("{} 0", own_nice());
-    a.extend_from_slice(&["sh", "-c", &script, "sh", &initial]);
+    let mount = groups_mount().map(|m| m.display().to_string()).unwrap_or_default();
+    a.extend_from_slice(&["sh", "-c", &script, "sh", &initial, &mount]);
     let o = dvm.prun(&a);
     let (out, err) = text(&o);
     assert!(o.status.success(), "prun {args:?}: {err}\n{}", dvm.log());
-    let mut rows: Vec<(u32, u32, i32)> = out
+    let mut rows: Vec<(u32, u32, i32, (&str, &str))> = out
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].parse().unwrap(), f[2].parse().unwrap(), f[1].parse().unwrap())
+            assert_eq!(f.len(), 5, "{l}");
+            let group = (f[3], f[4]);
+            (f[0].parse().unwrap(), f[2].parse().unwrap(), f[1].parse().unwrap(), group)
         })
         .collect();
     rows.sort();
-    rows.into_iter().map(|(_, p, n)| (p, n)).collect()
+    rows.into_iter()
+        .map(|(_, p, n, (g, i))| (p, n, Group { path: g.to_string(), parent_idle: i.to_string() }))
+        .collect()
+}
+
+/// A rank's cpu cgroup, as it saw it while it ran: its path in the cpu hierarchy and its
+/// parent's `cpu.idle` ("-" if unreadable).
+#[derive(Debug)]
+struct Group {
+    path: String,
+    parent_idle: String,
+}
+
+/// Sets `g` to the shell's path in the cpu hierarchy (a v1 hierarchy with the cpu controller,
+/// else v2's "0::PATH") and `idle` to its parent group's cpu.idle under the mount in `$2`.
+const GROUP: &str = "g=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3; exit}' /proc/$$/cgroup); \
+    [ -n \"$g\" ] || g=$(awk -F: '$1 == \"0\" {print $3; exit}' /proc/$$/cgroup); \
+    idle=$(cat \"$2$(dirname \"$g\")/cpu.idle\" 2>/dev/null || echo -)";
+
+/// Where the cpu hierarchy is mounted, when this test runs as root and the daemon can make
+/// groups there (a v1 hierarchy with cpu.idle, or a v2 one with the cpu controller).
+fn groups_mount() -> Option<std::path::PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let v1 = std::path::Path::new("/sys/fs/cgroup/cpu");
+    if v1.join("cpu.idle").exists() {
+        return Some(v1.to_path_buf());
+    }
+    let v2 = std::path::Path::new("/sys/fs/cgroup");
+    let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+    controllers.split_whitespace().any(|c| c == "cpu").then(|| v2.to_path_buf())
 }
 
 fn own_nice() -> i32 {
@@ -47,7 +90,30 @@ fn own_nice() -> i32 {
 fn suite(name: &str, radix: u32) {
     let dvm = Dvm::start(name, Nodes::Local { daemons: 2, slots: 2 }, radix, &[]);
     let base = own_nice();
-    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"], true), vec![(IDLE, base); 2], "the default");
+    let mount = groups_mount();
+    let default = placed(&dvm, &["--map-by", "node", "-n", "2"], mount.is_none());
+    let mut dvm_group = None;
+    for (rank, (policy, nice, group)) in default.iter().enumerate() {
+        assert_eq!(*nice, base, "rank {rank}");
+        match &mount {
+            // Its job's group under the DVM's idle group, its own policy unchanged.
+            Some(_) => {
+                assert_eq!(*policy, OTHER, "rank {rank}");
+                let (parent, job) = group.path.rsplit_once('/').unwrap_or_default();
+                assert!(parent.starts_with("/dvm-") && job == "job-1", "rank {rank} in {group:?}");
+                assert_eq!(group.parent_idle, "1", "rank {rank} in {group:?}");
+                // The daemons of one DVM on one machine share the job's group.
+                assert_eq!(dvm_group.get_or_insert(group.path.clone()), &group.path, "rank {rank}");
+            }
+            None => assert_eq!(*policy, IDLE, "rank {rank}"),
+        }
+    }
+    let dvm_dir = mount.as_ref().zip(dvm_group.as_ref()).map(|(m, g)| m.join(&g[1..]));
+    if let Some(job_dir) = &dvm_dir {
+        // The job's group goes once the job has ended on every daemon.
+        common::until(std::time::Duration::from_secs(10), "the job's cpu group removed", || !job_dir.exists());
+    }
+    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "2"], true), vec![(IDLE, base); 2]);
     let same = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=same", "-n", "2"], false);
     assert_eq!(same, vec![(OTHER, base); 2]);
     let nicer = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=nice:7", "-n", "2"], true);
@@ -60,6 +126,10 @@ fn suite(name: &str, radix: u32) {
     assert!(err.contains("DVM_RANK_PRIORITY: 'fast' is not a rank priority"), "{err}");
     assert!(!marker.exists());
     dvm.stop();
+    if let Some(job_dir) = dvm_dir {
+        let dvm_dir = job_dir.parent().unwrap();
+        assert!(!dvm_dir.exists(), "{} is still there after the DVM stopped", dvm_dir.display());
+    }
 }
 
 #[test]

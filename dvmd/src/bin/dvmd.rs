@@ -81,9 +81,10 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     heartbeat_misses: u32,
     /// How ranks are scheduled against their daemon, so that the daemon goes first when they
-    /// spin on every core: `idle` (SCHED_IDLE), `nice:N` (N nicer, 1-19) or `same` (as the
-    /// daemon). A job may choose its own with `-x DVM_RANK_PRIORITY=...` (docs/liveness.md).
-    #[arg(long, default_value_t = dvmd::odls::RankPriority::DEFAULT, value_name = "idle|nice:N|same")]
+    /// spin on every core: `group` (each job's procs in a cpu cgroup of their own under an idle
+    /// group of the DVM's, so jobs also share the node equally; `idle` where the daemon cannot
+    /// make cgroups), `idle` (SCHED_IDLE), `nice:N` (N nicer, 1-19) or `same` (as the daemon). A job may choose its own with `-x DVM_RANK_PRIORITY=...` (docs/liveness.md).
+    #[arg(long, default_value_t = dvmd::odls::RankPriority::DEFAULT, value_name = "group|idle|nice:N|same")]
     rank_priority: dvmd::odls::RankPriority,
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
@@ -468,7 +469,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
     if args.link_latency_us.is_none() && args.link_bandwidth_mbps.is_none() && !args.no_link_probe {
         daemon.measure_link();
     }
-    start_pmix(&mut daemon, session.dir(), &args, nodes[0].slots);
+    start_pmix(&mut daemon, session.dir(), &args, nodes[0].slots, hnp_addr);
     if size == 1 {
         // A one-daemon DVM is wired up at once.
         daemon.wire_single();

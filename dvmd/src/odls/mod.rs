@@ -26,6 +26,7 @@
 //! - A proc whose background children keep its stdout open has not finished: `Exited` waits
 //!   for their EOF (as in PRRTE); `kill_job` still reaches them through the process group.
 
+mod cgroup;
 mod exec;
 mod iof;
 mod priority;
@@ -67,6 +68,19 @@ pub struct Odls {
     jobs: HashMap<u32, Job>,
     /// How procs run against this daemon (`--rank-priority`), unless a job says otherwise.
     priority: RankPriority,
+    /// Per-job cpu groups, made when a proc first asks for `group`.
+    groups: Groups,
+    /// The DVM's name for its cpu groups (its HNP's address): the daemons of one DVM on one
+    /// machine share a job's group.
+    dvm: String,
+}
+
+/// Whether this daemon has per-job cpu groups.
+enum Groups {
+    Untried,
+    Ready(cgroup::CpuGroups),
+    /// It could not make them (said once): `group` runs procs under SCHED_IDLE.
+    Unavailable,
 }
 
 impl Odls {
@@ -74,14 +88,24 @@ impl Odls {
     /// output bytes each job may have emitted and not yet acknowledged.
     pub fn new(node: String, events: mpsc::UnboundedSender<OdlsEvent>, iof_window: usize) -> Odls {
         assert!(iof_window > 0, "node {node}: the IOF window must be at least 1 byte");
-        Odls { node, events, iof_window, jobs: HashMap::new(), priority: RankPriority::DEFAULT }
+        Odls {
+            node,
+            events,
+            iof_window,
+            jobs: HashMap::new(),
+            priority: RankPriority::DEFAULT,
+            groups: Groups::Untried,
+            dvm: String::new(),
+        }
     }
 
     /// How procs run against this daemon: when they spin on every core, its heartbeats,
     /// fences and launches still get the cpu first. Among themselves the procs keep equal
-    /// shares, so an idle daemon costs them nothing.
-    pub fn set_rank_priority(&mut self, p: RankPriority) {
+    /// shares, so an idle daemon costs them nothing. `dvm` names the DVM (its HNP's address):
+    /// with `group`, its daemons on one machine put a job's procs in one cpu group.
+    pub fn set_rank_priority(&mut self, p: RankPriority, dvm: &str) {
         self.priority = p;
+        self.dvm = dvm.to_string();
     }
 
     /// Start a proc. Sends `Started` (before any of its other events) or `LaunchFailed`.
@@ -89,6 +113,8 @@ impl Odls {
     /// that is still live is a caller bug: refused with `LaunchFailed`, the running proc untouched.
     pub fn spawn(&mut self, spec: ProcSpec) {
         let (jobid, rank) = (spec.jobid, spec.rank);
+        let priority = self.priority.for_proc(&spec.env);
+        let group = if priority == Ok(RankPriority::Group) { self.group_of(jobid) } else { None };
         let fail = |why: String| OdlsEvent::LaunchFailed {
             jobid,
             rank,
@@ -103,7 +129,7 @@ impl Odls {
             let _ = self.events.send(fail("that rank is already running here".into()));
             return;
         }
-        let launched = match self.priority.for_proc(&spec.env).and_then(|p| exec::launch(&spec, p.child())) {
+        let launched = match priority.and_then(|p| exec::launch(&spec, p.child(group))) {
             Ok(l) => l,
             Err(why) => {
                 debug!(jobid, rank, "launch failed: {why}");
@@ -112,6 +138,9 @@ impl Odls {
             }
         };
         let pid = launched.pid;
+        if launched.missed_group {
+            rejoin(&mut self.groups, &spec, pid);
+        }
         let life = Arc::new(Life::new(pid));
         let pipes = (|| -> std::io::Result<_> {
             let out = pipe::Receiver::from_owned_fd(launched.stdout)?;
@@ -236,14 +265,41 @@ impl Odls {
         self.live_procs(jobid).count()
     }
 
-    /// Forget a finished job (its window and stdin queues). Any proc of it still live is
-    /// SIGKILLed and its unread output discarded; its remaining events still arrive.
+    /// Forget a finished job (its window, stdin queues and cpu group). Any proc of it still
+    /// live is SIGKILLed and its unread output discarded; its remaining events still arrive.
     pub fn forget_job(&mut self, jobid: u32) {
         if let Some(job) = self.jobs.remove(&jobid) {
             for p in job.procs.values() {
                 p.life.signal_group(libc::SIGKILL);
             }
             job.window.close();
+        }
+        if let Groups::Ready(g) = &mut self.groups {
+            g.forget(jobid);
+        }
+    }
+
+    /// The job's cpu group (its `cgroup.procs`), making this daemon's groups on first use.
+    fn group_of(&mut self, jobid: u32) -> Option<std::os::fd::RawFd> {
+        if let Groups::Untried = self.groups {
+            self.groups = match cgroup::CpuGroups::create(&self.dvm) {
+                Ok(g) => Groups::Ready(g),
+                Err(why) => {
+                    tracing::info!("node {}: no per-job cpu groups ({why}); ranks run under SCHED_IDLE", self.node);
+                    Groups::Unavailable
+                }
+            };
+        }
+        let Groups::Ready(g) = &mut self.groups else { return None };
+        match g.procs_fd(jobid) {
+            Ok(fd) => Some(fd),
+            Err(why) => {
+                warn!(
+                    jobid,
+                    "node {}: job {jobid} has no cpu group ({why}); its ranks run under SCHED_IDLE", self.node
+                );
+                None
+            }
         }
     }
 
@@ -271,6 +327,20 @@ impl Odls {
 
     fn live_procs(&self, jobid: u32) -> impl Iterator<Item = &Arc<Life>> {
         self.jobs.get(&jobid).into_iter().flat_map(|j| j.procs.values()).map(|p| &p.life).filter(|l| l.is_live())
+    }
+}
+
+/// A proc that could not join its job's group from its vfork child (another daemon of the
+/// machine removed the group while it was empty): moved in by pid, else run under SCHED_IDLE.
+fn rejoin(groups: &mut Groups, spec: &ProcSpec, pid: libc::pid_t) {
+    let moved = match groups {
+        Groups::Ready(g) => g.rejoin(spec.jobid, pid),
+        _ => Err("this daemon has no cpu groups".into()),
+    };
+    if let Err(why) = moved {
+        debug!(pid, "rank {} of job {} runs under SCHED_IDLE: {why}", spec.rank, spec.jobid);
+        let idle = priority::ChildPriority { group: None, idle: true, nicer: None };
+        exec::lower_priority(pid, idle, spec);
     }
 }
 

@@ -5,9 +5,11 @@
 //! environment) and what the daemon sets on the proc once it has exec'd (never in the vfork
 //! child: the daemon waits for that child's exec). Never: raising a proc above its daemon
 //! (that would need privilege and would be the opposite of the point).
-//! The default is `idle` (SCHED_IDLE): chosen by `scripts/bench_spin.py` (docs/liveness.md).
-//! Under SCHED_IDLE a waking daemon preempts a spinning rank at once; a nicer SCHED_OTHER rank
-//! only gives the daemon a larger share, and it still waits for the rank's slice to end.
+//! The default is `group`, chosen by `scripts/bench_spin.py` (docs/liveness.md): each job's
+//! procs in a cpu group of their own under an idle group of the daemon's (`cgroup`), or, where
+//! the daemon cannot make groups, `idle` (SCHED_IDLE). Either way a waking daemon preempts a
+//! spinning rank at once; a nicer SCHED_OTHER rank only gives the daemon a larger share, and it
+//! still waits for the rank's slice to end. Groups also share the node between jobs equally.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,6 +20,10 @@ pub const RANK_PRIORITY_VAR: &str = "DVM_RANK_PRIORITY";
 /// How procs run relative to their daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RankPriority {
+    /// Each job in a cpu group of its own under an idle group of the daemon's: the daemon
+    /// preempts the procs at once, and jobs share the cpus equally among themselves.
+    /// Falls back to `Idle` where the daemon cannot make groups.
+    Group,
     /// SCHED_IDLE: procs share the cpus among themselves as usual, and give way at once to the
     /// daemon (and to any other ordinary process of the node).
     Idle,
@@ -28,12 +34,13 @@ pub enum RankPriority {
 }
 
 impl RankPriority {
-    pub const DEFAULT: RankPriority = RankPriority::Idle;
+    pub const DEFAULT: RankPriority = RankPriority::Group;
 }
 
 impl fmt::Display for RankPriority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            RankPriority::Group => f.write_str("group"),
             RankPriority::Idle => f.write_str("idle"),
             RankPriority::Nice(n) => write!(f, "nice:{n}"),
             RankPriority::Same => f.write_str("same"),
@@ -45,8 +52,10 @@ impl FromStr for RankPriority {
     type Err = String;
 
     fn from_str(s: &str) -> Result<RankPriority, String> {
-        let bad = || format!("'{s}' is not a rank priority (expected idle, same, or nice:N with N from 1 to 19)");
+        let bad =
+            || format!("'{s}' is not a rank priority (expected group, idle, same, or nice:N with N from 1 to 19)");
         match s.trim().to_ascii_lowercase().as_str() {
+            "group" => Ok(RankPriority::Group),
             "idle" => Ok(RankPriority::Idle),
             "same" | "nice:0" => Ok(RankPriority::Same),
             other => {
@@ -63,6 +72,9 @@ impl FromStr for RankPriority {
 /// What the daemon sets on a proc once it has exec'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ChildPriority {
+    /// Join the job's cpu group: the `cgroup.procs` fd the child writes "0" to before exec.
+    /// If that fails, the proc runs under SCHED_IDLE instead.
+    pub group: Option<std::os::fd::RawFd>,
     /// Switch to SCHED_IDLE.
     pub idle: bool,
     /// This much nicer than the launching thread (capped at 19).
@@ -79,12 +91,15 @@ impl RankPriority {
         }
     }
 
-    /// What is set on the proc.
-    pub(super) fn child(self) -> ChildPriority {
+    /// What is set on the proc; `group` is the job's cpu group (`cgroup.procs`), if the daemon
+    /// has groups (without, `Group` is `Idle`).
+    pub(super) fn child(self, group: Option<std::os::fd::RawFd>) -> ChildPriority {
+        let none = ChildPriority { group: None, idle: false, nicer: None };
         match self {
-            RankPriority::Idle => ChildPriority { idle: true, nicer: None },
-            RankPriority::Nice(n) => ChildPriority { idle: false, nicer: Some(n as i32) },
-            RankPriority::Same => ChildPriority { idle: false, nicer: None },
+            RankPriority::Group if group.is_some() => ChildPriority { group, ..none },
+            RankPriority::Group | RankPriority::Idle => ChildPriority { idle: true, ..none },
+            RankPriority::Nice(n) => ChildPriority { nicer: Some(n as i32), ..none },
+            RankPriority::Same => none,
         }
     }
 }
@@ -95,9 +110,12 @@ mod tests {
 
     #[test]
     fn values_parse_and_print_back() {
-        for (text, want) in
-            [("idle", RankPriority::Idle), ("SAME", RankPriority::Same), ("nice:7", RankPriority::Nice(7))]
-        {
+        for (text, want) in [
+            ("group", RankPriority::Group),
+            ("idle", RankPriority::Idle),
+            ("SAME", RankPriority::Same),
+            ("nice:7", RankPriority::Nice(7)),
+        ] {
             let p: RankPriority = text.parse().unwrap();
             assert_eq!(p, want);
             assert_eq!(p.to_string().parse::<RankPriority>().unwrap(), want);
@@ -113,10 +131,14 @@ mod tests {
     fn a_job_may_choose_its_own() {
         let env = |v: &str| vec![(RANK_PRIORITY_VAR.to_string(), v.to_string())];
         assert_eq!(RankPriority::Idle.for_proc(&[]), Ok(RankPriority::Idle));
+        assert_eq!(RankPriority::Group.for_proc(&env("idle")), Ok(RankPriority::Idle));
         assert_eq!(RankPriority::Idle.for_proc(&env("same")), Ok(RankPriority::Same));
         let e = RankPriority::Idle.for_proc(&env("x")).unwrap_err();
         assert!(e.starts_with("DVM_RANK_PRIORITY: 'x' is not a rank priority"), "{e}");
-        assert_eq!(RankPriority::Nice(10).child(), ChildPriority { idle: false, nicer: Some(10) });
-        assert_eq!(RankPriority::Idle.child(), ChildPriority { idle: true, nicer: None });
+        assert_eq!(RankPriority::Nice(10).child(Some(5)), ChildPriority { group: None, idle: false, nicer: Some(10) });
+        assert_eq!(RankPriority::Idle.child(Some(5)), ChildPriority { group: None, idle: true, nicer: None });
+        assert_eq!(RankPriority::Group.child(Some(5)), ChildPriority { group: Some(5), idle: false, nicer: None });
+        // A daemon without groups runs the procs under SCHED_IDLE.
+        assert_eq!(RankPriority::Group.child(None), ChildPriority { group: None, idle: true, nicer: None });
     }
 }

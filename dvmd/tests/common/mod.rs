@@ -314,7 +314,31 @@ impl Dvm {
         until(Duration::from_secs(10), "PMIx workers ending with their daemons", || workers.iter().all(|&p| !alive(p)));
         let left = session_dirs(&self.root);
         assert!(left.is_empty(), "session dirs left: {left:?}");
+        // A daemon removes its cpu groups as it exits; one the test killed could not.
+        remove_cpu_groups();
         self.pids.clear();
+    }
+}
+
+/// Remove the DVMs' cpu groups (`dvm-*` under the cpu hierarchy) that no process is in: a
+/// daemon killed with SIGKILL leaves its own behind. (A live DVM whose group is empty at this
+/// moment makes it again when it needs it.)
+pub fn remove_cpu_groups() {
+    for mount in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"] {
+        let dvms: Vec<_> = std::fs::read_dir(mount).into_iter().flatten().flatten().collect();
+        for dvm in dvms.iter().filter(|d| d.file_name().to_str().is_some_and(|n| n.starts_with("dvm-"))) {
+            for _ in 0..5 {
+                let jobs: Vec<_> = std::fs::read_dir(dvm.path()).into_iter().flatten().flatten().collect();
+                let mut busy = false;
+                for j in jobs.iter().filter(|j| j.file_type().is_ok_and(|t| t.is_dir())) {
+                    busy |= std::fs::remove_dir(j.path()).is_err();
+                }
+                if !busy && std::fs::remove_dir(dvm.path()).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 }
 
@@ -338,6 +362,7 @@ impl Drop for Dvm {
         if let Some(c) = &self.cluster {
             c.kill_all_in_netns();
         }
+        remove_cpu_groups();
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }

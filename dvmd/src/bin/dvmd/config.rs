@@ -79,10 +79,17 @@ pub(super) fn dial_via_from_env() -> Result<Option<(Rank, SocketAddr)>> {
 /// Every daemon hosts a PMIx server (in a worker process) in its own session directory:
 /// started by the first job that reaches the daemon, or (eager) now, in the background — but
 /// not on a daemon with no slots (an HNP outside the allocation), where no job will run
-/// unless spawned there later, and a server would only take CPU from the boot.
-pub(super) fn start_pmix(daemon: &mut Daemon, session: &std::path::Path, args: &Args, slots: u32) {
+/// unless spawned there later, and a server would only take CPU from the boot. `hnp` is the
+/// HNP's address: it names the DVM's cpu groups.
+pub(super) fn start_pmix(
+    daemon: &mut Daemon,
+    session: &std::path::Path,
+    args: &Args,
+    slots: u32,
+    hnp: std::net::SocketAddr,
+) {
     daemon.set_session_dir(session);
-    daemon.set_rank_priority(args.rank_priority);
+    daemon.set_rank_priority(args.rank_priority, &hnp.to_string());
     daemon.set_heartbeat_bound(std::time::Duration::from_millis(args.heartbeat_ms) * args.heartbeat_misses.max(1));
     daemon.set_pmix_settings(pmix_settings(session, args));
     if eager_pmix(args, slots) {

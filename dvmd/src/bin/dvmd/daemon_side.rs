@@ -112,7 +112,7 @@ pub(super) async fn run_daemon(args: Args) -> Result<ExitCode> {
         topo: hw.as_ref().map(|t| t.to_wire()),
     });
     daemon.set_hardware(hw);
-    start_pmix(&mut daemon, session.dir(), &args, slots);
+    start_pmix(&mut daemon, session.dir(), &args, slots, hnp);
     let (_ctl_tx, ctl_rx) = mpsc::channel(1);
     let (_in_tx, in_rx) = mpsc::unbounded_channel();
     let exit = daemon.run(events, ctl_rx, in_rx).await;
