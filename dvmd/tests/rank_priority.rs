@@ -14,23 +14,36 @@ use common::{text, Dvm, Nodes};
 const OTHER: u32 = 0;
 const IDLE: u32 = 5;
 
-/// (policy, nice) of every rank of a job run with `args`, in rank order. The daemon lowers a
-/// proc's priority once it has exec'd, so a rank that expects a change waits for it (up to
-/// 10 s) instead of racing the daemon; one that expects none reads at once.
-fn policies(dvm: &Dvm, args: &[&str], expect_change: bool) -> Vec<(u32, i32)> {
-    placed(dvm, args, expect_change).into_iter().map(|(p, n, _)| (p, n)).collect()
+/// What a rank waits for before it reports: the daemon changes a proc's priority or cpu
+/// group once it has exec'd, so a rank that expects a change waits for it (up to 10 s)
+/// instead of racing the daemon; one that expects none reads at once.
+#[derive(Clone, Copy, PartialEq)]
+enum Expect {
+    Nothing,
+    /// Its policy or nice value changed.
+    Policy,
+    /// It is in a DVM's cpu group.
+    Group,
+}
+
+/// (policy, nice) of every rank of a job run with `args`, in rank order.
+fn policies(dvm: &Dvm, args: &[&str], expect: Expect) -> Vec<(u32, i32)> {
+    placed(dvm, args, expect).into_iter().map(|(p, n, _)| (p, n)).collect()
 }
 
 /// As [`policies`], with each rank's cpu cgroup (the path in the cpu hierarchy).
-fn placed(dvm: &Dvm, args: &[&str], expect_change: bool) -> Vec<(u32, i32, Group)> {
+fn placed(dvm: &Dvm, args: &[&str], expect: Expect) -> Vec<(u32, i32, Group)> {
     let mut a = args.to_vec();
     // Fields 19 (nice) and 41 (policy) of the shell's own stat (its name has no space).
-    let read = "s=$(cut -d' ' -f19,41 /proc/$$/stat)";
-    let script = if expect_change {
-        format!("{read}; i=0; while [ \"$s\" = \"$1\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); {read}; done; {GROUP}; echo $DVM_RANK $s $g $idle")
-    } else {
-        format!("{read}; {GROUP}; echo $DVM_RANK $s $g $idle")
+    let read = format!("s=$(cut -d' ' -f19,41 /proc/$$/stat); {GROUP}");
+    let unchanged = match expect {
+        Expect::Nothing => "false",
+        Expect::Policy => "[ \"$s\" = \"$1\" ]",
+        Expect::Group => "case \"$g\" in /dvm-*) false;; *) true;; esac",
     };
+    let script = format!(
+        "{read}; i=0; while {unchanged} && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); {read}; done; echo $DVM_RANK $s $g $idle"
+    );
     let initial = format!("{} 0", own_nice());
     let mount = groups_mount().map(|m| m.display().to_string()).unwrap_or_default();
     a.extend_from_slice(&["sh", "-c", &script, "sh", &initial, &mount]);
@@ -91,7 +104,8 @@ fn suite(name: &str, radix: u32) {
     let dvm = Dvm::start(name, Nodes::Local { daemons: 2, slots: 2 }, radix, &[]);
     let base = own_nice();
     let mount = groups_mount();
-    let default = placed(&dvm, &["--map-by", "node", "-n", "2"], mount.is_none());
+    let expect = if mount.is_some() { Expect::Group } else { Expect::Policy };
+    let default = placed(&dvm, &["--map-by", "node", "-n", "2"], expect);
     let mut dvm_group = None;
     for (rank, (policy, nice, group)) in default.iter().enumerate() {
         assert_eq!(*nice, base, "rank {rank}");
@@ -113,10 +127,10 @@ fn suite(name: &str, radix: u32) {
         // The job's group goes once the job has ended on every daemon.
         common::until(std::time::Duration::from_secs(10), "the job's cpu group removed", || !job_dir.exists());
     }
-    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "2"], true), vec![(IDLE, base); 2]);
-    let same = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=same", "-n", "2"], false);
+    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "2"], Expect::Policy), vec![(IDLE, base); 2]);
+    let same = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=same", "-n", "2"], Expect::Nothing);
     assert_eq!(same, vec![(OTHER, base); 2]);
-    let nicer = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=nice:7", "-n", "2"], true);
+    let nicer = policies(&dvm, &["-x", "DVM_RANK_PRIORITY=nice:7", "-n", "2"], Expect::Policy);
     assert_eq!(nicer, vec![(OTHER, (base + 7).min(19)); 2]);
     // A malformed value: the launch fails naming it, and nothing runs.
     let marker = dvm.root.join("started");
@@ -125,10 +139,15 @@ fn suite(name: &str, radix: u32) {
     assert_eq!(o.status.code(), Some(127), "{err}");
     assert!(err.contains("DVM_RANK_PRIORITY: 'fast' is not a rank priority"), "{err}");
     assert!(!marker.exists());
+    let mut dvm = dvm;
+    dvm.keep_cpu_groups = true;
     dvm.stop();
     if let Some(job_dir) = dvm_dir {
+        // Removed by the DVM's daemons themselves (the harness's clean-up was held back).
         let dvm_dir = job_dir.parent().unwrap();
-        assert!(!dvm_dir.exists(), "{} is still there after the DVM stopped", dvm_dir.display());
+        let left = dvm_dir.exists();
+        common::remove_cpu_groups();
+        assert!(!left, "{} is still there after the DVM stopped", dvm_dir.display());
     }
 }
 
@@ -152,7 +171,7 @@ fn a_dvm_may_choose_another_policy() {
         &["--rank-priority", "nice:3"],
     );
     let base = own_nice();
-    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"], true), vec![(OTHER, (base + 3).min(19)); 2]);
-    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "1"], true), vec![(IDLE, base)]);
+    assert_eq!(policies(&dvm, &["--map-by", "node", "-n", "2"], Expect::Policy), vec![(OTHER, (base + 3).min(19)); 2]);
+    assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "1"], Expect::Policy), vec![(IDLE, base)]);
     dvm.stop();
 }

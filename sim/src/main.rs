@@ -193,6 +193,10 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
+    // A filter's manners: a reader that went away (`dvm-sim ... | head`) ends us quietly, as
+    // it ends `cat`, instead of a panic in println!.
+    // SAFETY: called before any thread exists; SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match Cli::parse().cmd {
         Cmd::Replay {
             engine: EngineKind::Core,

@@ -5,26 +5,33 @@
 //! run on one machine (fake nodes, `--local`), so that a job is one group per machine whatever
 //! the number of daemons there; and the removal of those directories (at job end, at daemon
 //! exit, and, for a daemon that died without removing its own, at the next daemon's start).
-//! Never: moves a process itself (the proc joins its job's group from the vfork child, by
-//! writing "0" to the `cgroup.procs` fd handed to it here), or fails a launch: a daemon that
-//! cannot make groups (no privilege, a read-only hierarchy, a kernel without `cpu.idle`) says
-//! why once and its procs run under SCHED_IDLE instead.
+//! Never: moves a proc before it has exec'd (the daemon's thread waits for that exec, and a
+//! child already in the idle group on busy cpus would hold the daemon's loop with it: the proc
+//! is moved by pid once it runs, as SCHED_IDLE is set), or fails a launch: a daemon that cannot
+//! make groups (no privilege, a read-only hierarchy, a kernel without `cpu.idle`) says why
+//! once and its procs run under SCHED_IDLE instead; so does a proc that cannot be moved.
 //! Why groups rather than SCHED_IDLE alone: both let a waking daemon preempt a spinning rank at
 //! once, but SCHED_IDLE procs share the cpus as equals, so a job of 4 short procs next to a job
 //! of 16 spinning ones gets 4/20 of the node; jobs in sibling groups get equal halves.
 //! Traps: a group can be removed only once no process is in it; a job's last procs may still
-//! be dying when the job is forgotten, so removal is retried (`sweep`). Another daemon of the
-//! machine may remove an empty group this one still means to use: a group that is gone is
-//! made again, and a proc that could not join runs under SCHED_IDLE.
+//! be dying when the job is forgotten, so removal is retried (`sweep`: at the next job's
+//! launch or end here, and at exit). Another daemon of the machine (of another DVM, starting)
+//! may remove an empty group this one still means to use: a group that is gone is made again.
+//! On cgroup v2 the groups sit at the hierarchy's root, outside the daemon's own cgroup (a
+//! systemd unit, a batch system's step): a site that must keep ranks inside it runs
+//! `--rank-priority idle`.
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, ErrorKind};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{self, ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 /// The prefix of each DVM's group, followed by its HNP's address.
 const DVM_PREFIX: &str = "dvm-";
+
+/// How many times a step that another daemon of the machine can undo (by pruning an empty
+/// group) is tried.
+const TRIES: usize = 3;
 
 /// This daemon's job groups.
 pub(super) struct CpuGroups {
@@ -33,24 +40,24 @@ pub(super) struct CpuGroups {
     /// cgroup v2 (its children need the cpu controller enabled).
     v2: bool,
     /// `cgroup.procs` of each live job's group, open for writing.
-    jobs: HashMap<u32, OwnedFd>,
+    jobs: HashMap<u32, fs::File>,
     /// Groups of forgotten jobs not yet removable (procs still dying).
     stale: Vec<PathBuf>,
 }
 
 impl CpuGroups {
     /// The DVM's group under the cpu hierarchy (`dvm` names the DVM: its HNP's address), or
-    /// why there is none. Removes the empty groups that daemons which died left behind.
+    /// why there is none. Removes the empty groups of other DVMs (what daemons that died left).
     pub(super) fn create(dvm: &str) -> Result<CpuGroups, String> {
         let (mount, v2) = cpu_hierarchy()?;
-        prune_empty(&mount);
+        let name: String = dvm.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
+        let root = mount.join(format!("{DVM_PREFIX}{name}"));
+        prune_empty(&mount, &root);
         if v2 {
             enable_cpu(&mount)?;
         }
-        let name: String = dvm.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
-        let made =
-            CpuGroups { root: mount.join(format!("{DVM_PREFIX}{name}")), v2, jobs: HashMap::new(), stale: Vec::new() };
-        made.make_root()?;
+        let made = CpuGroups { root, v2, jobs: HashMap::new(), stale: Vec::new() };
+        retry(|| made.make_root())?;
         Ok(made)
     }
 
@@ -65,43 +72,43 @@ impl CpuGroups {
         Ok(())
     }
 
-    /// The `cgroup.procs` fd of the job's group, made on first use.
-    pub(super) fn procs_fd(&mut self, job: u32) -> Result<RawFd, String> {
-        if let Some(fd) = self.jobs.get(&job) {
-            return Ok(fd.as_raw_fd());
-        }
+    /// Move `pid` (a proc of `job` that has exec'd) into the job's group, made on first use,
+    /// or made again if another daemon of the machine removed it while it was empty.
+    pub(super) fn join(&mut self, job: u32, pid: i32) -> Result<(), String> {
         self.sweep();
-        let dir = self.job_dir(job);
+        let mut why = String::new();
+        for _ in 0..TRIES {
+            if !self.jobs.contains_key(&job) {
+                if let Err(e) = self.open_job(job) {
+                    why = e;
+                    continue;
+                }
+            }
+            let Some(mut procs) = self.jobs.get(&job) else { continue };
+            match procs.write_all(pid.to_string().as_bytes()) {
+                Ok(()) => return Ok(()),
+                // Removed under the open fd (ENODEV): made again on the next try.
+                Err(e) => why = format!("cannot move pid {pid} into {}: {e}", self.job_dir(job).display()),
+            }
+            self.jobs.remove(&job);
+        }
+        Err(why)
+    }
+
+    /// Make the job's group (and the DVM's, if it is gone) and open its `cgroup.procs`.
+    fn open_job(&mut self, job: u32) -> Result<(), String> {
         if !self.root.join("cpu.idle").exists() {
             self.make_root()?;
         }
-        if make_dir(&dir).is_err() {
-            // The DVM's group was removed between the check and now: once more.
-            self.make_root()?;
-            make_dir(&dir)?;
-        }
+        let dir = self.job_dir(job);
+        make_dir(&dir)?;
         let procs = dir.join("cgroup.procs");
-        let fd: OwnedFd = fs::OpenOptions::new()
+        let file = fs::OpenOptions::new()
             .write(true)
             .open(&procs)
-            .map_err(|e| format!("cannot open {}: {e}", procs.display()))?
-            .into();
-        let raw = fd.as_raw_fd();
-        self.jobs.insert(job, fd);
-        Ok(raw)
-    }
-
-    /// Move `pid` into the job's group, made again: for a proc whose group was removed
-    /// between its making and the proc's joining.
-    pub(super) fn rejoin(&mut self, job: u32, pid: i32) -> Result<(), String> {
-        self.jobs.remove(&job);
-        let fd = self.procs_fd(job)?;
-        let mut file = std::mem::ManuallyDrop::new(
-            // SAFETY: `fd` stays open in `self.jobs`; ManuallyDrop keeps this File from closing it.
-            unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) },
-        );
-        std::io::Write::write_all(&mut *file, pid.to_string().as_bytes())
-            .map_err(|e| format!("cannot move pid {pid} into {}: {e}", self.job_dir(job).display()))
+            .map_err(|e| format!("cannot open {}: {e}", procs.display()))?;
+        self.jobs.insert(job, file);
+        Ok(())
     }
 
     /// The job is over here: its group goes once its procs are gone.
@@ -124,6 +131,18 @@ impl CpuGroups {
     fn job_dir(&self, job: u32) -> PathBuf {
         self.root.join(format!("job-{job}"))
     }
+}
+
+/// `step` until it succeeds, at most [`TRIES`] times; its last error.
+fn retry(mut step: impl FnMut() -> Result<(), String>) -> Result<(), String> {
+    let mut last = Ok(());
+    for _ in 0..TRIES {
+        last = step();
+        if last.is_ok() {
+            break;
+        }
+    }
+    last
 }
 
 impl Drop for CpuGroups {
@@ -204,12 +223,13 @@ fn enable_cpu(dir: &Path) -> Result<(), String> {
     fs::write(&control, "+cpu").map_err(|e| format!("cannot write +cpu to {}: {e}", control.display()))
 }
 
-/// Remove the DVM groups with no process in them: what a daemon killed with SIGKILL left. A
-/// live DVM's group empty at this moment goes too; its daemons make it again when needed.
-fn prune_empty(mount: &Path) {
+/// Remove the other DVMs' groups with no process in them: what a daemon killed with SIGKILL
+/// left. Another live DVM's group that is empty at this moment goes too; its daemons make it
+/// again when they need it.
+fn prune_empty(mount: &Path, own: &Path) {
     let Ok(entries) = fs::read_dir(mount) else { return };
     for entry in entries.flatten() {
-        if entry.file_name().to_str().is_some_and(|n| n.starts_with(DVM_PREFIX)) {
+        if entry.path() != own && entry.file_name().to_str().is_some_and(|n| n.starts_with(DVM_PREFIX)) {
             let _ = remove_group(&entry.path());
         }
     }

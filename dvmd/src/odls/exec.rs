@@ -24,9 +24,6 @@ pub(super) struct Launched {
     pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
-    /// It was to join its job's cpu group and could not (the group was removed meanwhile):
-    /// nothing lowered its priority yet.
-    pub missed_group: bool,
 }
 
 /// Start `spec` or say why not. Returns once the child has exec'd, so exec and chdir failures
@@ -65,14 +62,12 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
         timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
-        group: priority.group.unwrap_or(-1),
         failed: None,
     };
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
     let Some((step, errno)) = args.failed else {
-        let missed_group = args.group < 0 && priority.group.is_some();
         lower_priority(pid, priority, spec);
-        return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr, missed_group });
+        return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr });
     };
     // The child exited without exec'ing (it wrote why first): reap it here.
     // SAFETY: waitpid on our own child, which has exited.
@@ -213,9 +208,6 @@ struct ChildArgs<'a> {
     fd_limit: libc::c_int,
     /// 0: the kernel's default (inherited).
     timer_slack_ns: libc::c_ulong,
-    /// The job's `cgroup.procs` (open for writing) to join before exec; -1: none. Set to -1
-    /// by the child if joining failed.
-    group: RawFd,
     /// The step that failed before exec, and its errno; None if the child exec'd.
     failed: Option<(Step, i32)>,
 }
@@ -299,9 +291,6 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         if args.timer_slack_ns > 0 && libc::prctl(libc::PR_SET_TIMERSLACK, args.timer_slack_ns, 0, 0, 0) != 0 {
             return fail(args, Step::Setup("set its timer slack"));
-        }
-        if args.group >= 0 && libc::write(args.group, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-            args.group = -1;
         }
         if let Some(set) = args.affinity {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {

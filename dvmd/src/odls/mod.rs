@@ -114,7 +114,7 @@ impl Odls {
     pub fn spawn(&mut self, spec: ProcSpec) {
         let (jobid, rank) = (spec.jobid, spec.rank);
         let priority = self.priority.for_proc(&spec.env);
-        let group = if priority == Ok(RankPriority::Group) { self.group_of(jobid) } else { None };
+        let has_groups = priority == Ok(RankPriority::Group) && self.has_groups();
         let fail = |why: String| OdlsEvent::LaunchFailed {
             jobid,
             rank,
@@ -129,7 +129,8 @@ impl Odls {
             let _ = self.events.send(fail("that rank is already running here".into()));
             return;
         }
-        let launched = match priority.and_then(|p| exec::launch(&spec, p.child(group))) {
+        let child = priority.map(|p| p.child(has_groups));
+        let launched = match child.and_then(|c| exec::launch(&spec, c).map(|l| (l, c))) {
             Ok(l) => l,
             Err(why) => {
                 debug!(jobid, rank, "launch failed: {why}");
@@ -137,9 +138,10 @@ impl Odls {
                 return;
             }
         };
+        let (launched, child) = launched;
         let pid = launched.pid;
-        if launched.missed_group {
-            rejoin(&mut self.groups, &spec, pid);
+        if child.group {
+            join_group(&mut self.groups, &spec, pid);
         }
         let life = Arc::new(Life::new(pid));
         let pipes = (|| -> std::io::Result<_> {
@@ -279,8 +281,8 @@ impl Odls {
         }
     }
 
-    /// The job's cpu group (its `cgroup.procs`), making this daemon's groups on first use.
-    fn group_of(&mut self, jobid: u32) -> Option<std::os::fd::RawFd> {
+    /// Whether this daemon has per-job cpu groups, making them on first use.
+    fn has_groups(&mut self) -> bool {
         if let Groups::Untried = self.groups {
             self.groups = match cgroup::CpuGroups::create(&self.dvm) {
                 Ok(g) => Groups::Ready(g),
@@ -290,17 +292,7 @@ impl Odls {
                 }
             };
         }
-        let Groups::Ready(g) = &mut self.groups else { return None };
-        match g.procs_fd(jobid) {
-            Ok(fd) => Some(fd),
-            Err(why) => {
-                warn!(
-                    jobid,
-                    "node {}: job {jobid} has no cpu group ({why}); its ranks run under SCHED_IDLE", self.node
-                );
-                None
-            }
-        }
+        matches!(self.groups, Groups::Ready(_))
     }
 
     /// Daemon exit: SIGKILL every live proc's group. Also done on drop.
@@ -330,16 +322,15 @@ impl Odls {
     }
 }
 
-/// A proc that could not join its job's group from its vfork child (another daemon of the
-/// machine removed the group while it was empty): moved in by pid, else run under SCHED_IDLE.
-fn rejoin(groups: &mut Groups, spec: &ProcSpec, pid: libc::pid_t) {
+/// Move a proc that has exec'd into its job's cpu group, else run it under SCHED_IDLE.
+fn join_group(groups: &mut Groups, spec: &ProcSpec, pid: libc::pid_t) {
     let moved = match groups {
-        Groups::Ready(g) => g.rejoin(spec.jobid, pid),
+        Groups::Ready(g) => g.join(spec.jobid, pid),
         _ => Err("this daemon has no cpu groups".into()),
     };
     if let Err(why) = moved {
         debug!(pid, "rank {} of job {} runs under SCHED_IDLE: {why}", spec.rank, spec.jobid);
-        let idle = priority::ChildPriority { group: None, idle: true, nicer: None };
+        let idle = priority::ChildPriority { group: false, idle: true, nicer: None };
         exec::lower_priority(pid, idle, spec);
     }
 }

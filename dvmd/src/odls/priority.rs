@@ -6,7 +6,7 @@
 //! child: the daemon waits for that child's exec). Never: raising a proc above its daemon
 //! (that would need privilege and would be the opposite of the point).
 //! The default is `group`, chosen by `scripts/bench_spin.py` (docs/liveness.md): each job's
-//! procs in a cpu group of their own under an idle group of the daemon's (`cgroup`), or, where
+//! procs in a cpu group of their own under an idle group of the DVM's (`cgroup`), or, where
 //! the daemon cannot make groups, `idle` (SCHED_IDLE). Either way a waking daemon preempts a
 //! spinning rank at once; a nicer SCHED_OTHER rank only gives the daemon a larger share, and it
 //! still waits for the rank's slice to end. Groups also share the node between jobs equally.
@@ -20,7 +20,7 @@ pub const RANK_PRIORITY_VAR: &str = "DVM_RANK_PRIORITY";
 /// How procs run relative to their daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RankPriority {
-    /// Each job in a cpu group of its own under an idle group of the daemon's: the daemon
+    /// Each job in a cpu group of its own under an idle group of the DVM's: the daemon
     /// preempts the procs at once, and jobs share the cpus equally among themselves.
     /// Falls back to `Idle` where the daemon cannot make groups.
     Group,
@@ -72,9 +72,8 @@ impl FromStr for RankPriority {
 /// What the daemon sets on a proc once it has exec'd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ChildPriority {
-    /// Join the job's cpu group: the `cgroup.procs` fd the child writes "0" to before exec.
-    /// If that fails, the proc runs under SCHED_IDLE instead.
-    pub group: Option<std::os::fd::RawFd>,
+    /// Move it into its job's cpu group (the caller does; if that fails, SCHED_IDLE instead).
+    pub group: bool,
     /// Switch to SCHED_IDLE.
     pub idle: bool,
     /// This much nicer than the launching thread (capped at 19).
@@ -91,12 +90,12 @@ impl RankPriority {
         }
     }
 
-    /// What is set on the proc; `group` is the job's cpu group (`cgroup.procs`), if the daemon
-    /// has groups (without, `Group` is `Idle`).
-    pub(super) fn child(self, group: Option<std::os::fd::RawFd>) -> ChildPriority {
-        let none = ChildPriority { group: None, idle: false, nicer: None };
+    /// What is set on the proc, on a daemon that has cpu groups or not (without, `Group` is
+    /// `Idle`).
+    pub(super) fn child(self, has_groups: bool) -> ChildPriority {
+        let none = ChildPriority { group: false, idle: false, nicer: None };
         match self {
-            RankPriority::Group if group.is_some() => ChildPriority { group, ..none },
+            RankPriority::Group if has_groups => ChildPriority { group: true, ..none },
             RankPriority::Group | RankPriority::Idle => ChildPriority { idle: true, ..none },
             RankPriority::Nice(n) => ChildPriority { nicer: Some(n as i32), ..none },
             RankPriority::Same => none,
@@ -135,10 +134,10 @@ mod tests {
         assert_eq!(RankPriority::Idle.for_proc(&env("same")), Ok(RankPriority::Same));
         let e = RankPriority::Idle.for_proc(&env("x")).unwrap_err();
         assert!(e.starts_with("DVM_RANK_PRIORITY: 'x' is not a rank priority"), "{e}");
-        assert_eq!(RankPriority::Nice(10).child(Some(5)), ChildPriority { group: None, idle: false, nicer: Some(10) });
-        assert_eq!(RankPriority::Idle.child(Some(5)), ChildPriority { group: None, idle: true, nicer: None });
-        assert_eq!(RankPriority::Group.child(Some(5)), ChildPriority { group: Some(5), idle: false, nicer: None });
+        assert_eq!(RankPriority::Nice(10).child(true), ChildPriority { group: false, idle: false, nicer: Some(10) });
+        assert_eq!(RankPriority::Idle.child(true), ChildPriority { group: false, idle: true, nicer: None });
+        assert_eq!(RankPriority::Group.child(true), ChildPriority { group: true, idle: false, nicer: None });
         // A daemon without groups runs the procs under SCHED_IDLE.
-        assert_eq!(RankPriority::Group.child(None), ChildPriority { group: None, idle: true, nicer: None });
+        assert_eq!(RankPriority::Group.child(false), ChildPriority { group: false, idle: true, nicer: None });
     }
 }

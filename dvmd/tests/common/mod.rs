@@ -122,6 +122,9 @@ pub struct Dvm {
     /// The HNP and its daemons.
     pub pids: Vec<u32>,
     pub cluster: Option<FakeCluster>,
+    /// Leave the DVMs' empty cpu groups when dropped (a test that checks the daemons removed
+    /// their own, then calls [`remove_cpu_groups`]).
+    pub keep_cpu_groups: bool,
     /// Keeps draining the HNP's stdout.
     _stdout: LineReader,
 }
@@ -188,7 +191,16 @@ impl Dvm {
             }
         };
         let pids = std::iter::once(hnp.id()).chain(daemon_tree(hnp.id())).collect();
-        Dvm { hnp, root, uri: format!("file:{}", uri_file.display()), log, pids, cluster, _stdout: stdout }
+        Dvm {
+            hnp,
+            root,
+            uri: format!("file:{}", uri_file.display()),
+            log,
+            pids,
+            cluster,
+            keep_cpu_groups: false,
+            _stdout: stdout,
+        }
     }
 
     pub fn prun(&self, args: &[&str]) -> Output {
@@ -314,8 +326,6 @@ impl Dvm {
         until(Duration::from_secs(10), "PMIx workers ending with their daemons", || workers.iter().all(|&p| !alive(p)));
         let left = session_dirs(&self.root);
         assert!(left.is_empty(), "session dirs left: {left:?}");
-        // A daemon removes its cpu groups as it exits; one the test killed could not.
-        remove_cpu_groups();
         self.pids.clear();
     }
 }
@@ -362,7 +372,10 @@ impl Drop for Dvm {
         if let Some(c) = &self.cluster {
             c.kill_all_in_netns();
         }
-        remove_cpu_groups();
+        // A daemon removes its cpu groups as it exits; one the test killed could not.
+        if !self.keep_cpu_groups {
+            remove_cpu_groups();
+        }
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
