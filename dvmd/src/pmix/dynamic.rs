@@ -381,7 +381,7 @@ impl PmixHost {
         let Some(reply) = self.spawns.remove(&resp.id) else { return };
         if resp.status == pmix_shim::SUCCESS {
             debug!(nspace = %resp.nspace, "spawn done");
-            reply.complete_with(pmix_shim::SUCCESS, resp.nspace.as_bytes());
+            reply.complete_with(pmix_shim::SUCCESS, resp.nspace.into_bytes());
         } else {
             warn!(status = resp.status, "spawn failed: {}", resp.error);
             reply.complete(resp.status);
@@ -440,7 +440,7 @@ impl PmixHost {
         let Some((op, reply)) = self.data.remove(&resp.id) else { return };
         if op == DataOp::DataLookup && resp.status == pmix_shim::SUCCESS {
             let result = wire::LookupResult { found: resp.found };
-            reply.complete_with(resp.status, &result.encode_to_vec());
+            reply.complete_with(resp.status, result.encode_to_vec());
         } else {
             reply.complete(resp.status);
         }

@@ -40,7 +40,8 @@ pub fn read_frame<M: Message + Default>(r: &mut impl Read) -> io::Result<Option<
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf)?;
-    M::decode(&buf[..]).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    // From Bytes, so large bytes fields are slices of this buffer rather than copies of it.
+    M::decode(bytes::Bytes::from(buf)).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ impl PmixHost {
             }
         };
         match result {
-            Ok(data) => reply.complete_with(pmix_shim::SUCCESS, &data),
+            Ok(data) => reply.complete_with(pmix_shim::SUCCESS, data),
             Err(e) => {
                 warn!(key, "PMIx fence failed: {e}");
                 reply.complete(fence_status(&e));
@@ -243,7 +243,7 @@ impl PmixHost {
     pub(crate) fn on_dmodex_resp(&mut self, resp: DmodexResp) {
         debug!(id = resp.id, status = resp.status, bytes = resp.data.len(), "direct modex answer");
         if let Some(reply) = self.asked.remove(&resp.id) {
-            reply.complete_with(resp.status, &resp.data);
+            reply.complete_with(resp.status, resp.data);
         }
         self.maybe_recycle();
     }

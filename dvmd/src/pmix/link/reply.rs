@@ -24,27 +24,28 @@ pub(crate) struct WorkerReplyHandle {
 impl WorkerReplyHandle {
     /// Complete with a status.
     pub fn complete(self, status: Status) {
-        self.complete_with(status, &[]);
+        self.complete_with(status, Bytes::new());
     }
 
     /// Complete with a status and infos (a query's answers, a group's context id).
     pub fn complete_with_info(self, status: Status, infos: &[pmix_shim::Info]) {
         use dvm_proto::Message;
         let result = wire::InfoResult { infos: crate::pmix::value::infos_to_wire(infos) };
-        self.complete_with(status, &result.encode_to_vec());
+        self.complete_with(status, result.encode_to_vec());
     }
 
-    /// Complete with a status and data (a fence's result, a peer's modex blob).
-    pub fn complete_with(mut self, status: Status, data: &[u8]) {
-        self.send(status, data);
+    /// Complete with a status and data (a fence's result, a peer's modex blob). The bytes are
+    /// handed on as they are, not copied: a fence's result may be tens of MiB.
+    pub fn complete_with(mut self, status: Status, data: impl Into<Bytes>) {
+        self.send(status, data.into());
     }
 
-    fn send(&mut self, status: Status, data: &[u8]) {
+    fn send(&mut self, status: Status, data: Bytes) {
         let Some(link) = self.link.take() else { return };
         if self.id == 0 {
             return;
         }
-        let cmd = Cmd::Complete(wire::Complete { reply: self.id, status, data: Bytes::copy_from_slice(data) });
+        let cmd = Cmd::Complete(wire::Complete { reply: self.id, status, data });
         if let Err(e) = link.post(cmd) {
             debug!(reply = self.id, "PMIx reply not delivered: {e}");
         }
@@ -55,7 +56,7 @@ impl Drop for WorkerReplyHandle {
     fn drop(&mut self) {
         if self.link.is_some() {
             warn!(reply = self.id, "PMIx reply dropped without completion; completing with PMIX_ERROR");
-            self.send(pmix_shim::ERROR, &[]);
+            self.send(pmix_shim::ERROR, Bytes::new());
         }
     }
 }
