@@ -18,11 +18,10 @@ use dvm_core::node::{
 };
 use dvm_core::{CoreConfig, Node};
 use dvm_grpcomm::{Config, Topology};
-use dvm_proto::control::{job_event, AttachRequest, JobEvent, JobOutput, StackTracesRequest};
+use dvm_proto::control::{AttachRequest, StackTracesRequest};
 use dvm_proto::rml::Contact;
 use dvm_rml::{Frame, Rank, Transport, TransportEvent};
 use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
 use tracing::debug;
 
 use crate::control::ControlCmd;
@@ -476,7 +475,7 @@ impl Daemon {
             ControlCmd::Stdin(msg) => Control::Stdin(msg),
             ControlCmd::Launch(mut spec, tx) => {
                 let (ftx, frx) = mpsc::unbounded_channel();
-                tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
+                tokio::spawn(crate::forwarder::forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
                 // Preload sources are read here, on the HNP's node: a bad one refuses the job.
                 if let Err(why) = crate::stage::fill_preload(&mut spec) {
                     return drop(ftx.send(Forward::Refused(why)));
@@ -494,7 +493,7 @@ impl Daemon {
             ControlCmd::Attach(AttachRequest { jobid, uid }, tx) => {
                 let (ftx, frx) = mpsc::unbounded_channel();
                 self.clients.insert(token, ftx);
-                tokio::spawn(forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
+                tokio::spawn(crate::forwarder::forwarder(ClientId(token), frx, tx, self.prun_tx.clone()));
                 Control::Attach(jobid, uid, ClientId(token))
             }
             ControlCmd::Jobs(nodes, tx) => {
@@ -541,71 +540,4 @@ impl Daemon {
 /// The daemon's own environment minus its DVM_* variables, for the procs it starts.
 fn base_env() -> Vec<(String, String)> {
     std::env::vars().filter(|(k, _)| !k.starts_with("DVM_") && k != "RUST_LOG").collect()
-}
-
-fn event_of(item: job_event::Event) -> JobEvent {
-    JobEvent { event: Some(item) }
-}
-
-/// Per-prun task: hands output and events to prun's stream in order, then tells the actor the
-/// bytes were delivered (the credit the daemon waits for).
-async fn forwarder(
-    client: ClientId,
-    mut rx: mpsc::UnboundedReceiver<Forward>,
-    tx: mpsc::Sender<Result<JobEvent, Status>>,
-    actor: mpsc::UnboundedSender<PrunEvent>,
-) {
-    let mut client_alive = true;
-    loop {
-        let item = tokio::select! {
-            item = rx.recv() => match item {
-                Some(i) => i,
-                None => return,
-            },
-            // prun went away (Ctrl-C'd hard, killed, lost): the job must not outlive it.
-            _ = tx.closed(), if client_alive => {
-                client_alive = false;
-                let _ = actor.send(PrunEvent::Gone(client));
-                continue;
-            }
-        };
-        match item {
-            Forward::Output { daemon, chunk } => {
-                let (jobid, bytes) = (chunk.jobid, chunk.data.len() as u64);
-                if client_alive {
-                    let ev = event_of(job_event::Event::Output(JobOutput {
-                        rank: chunk.rank,
-                        stream: chunk.stream,
-                        data: chunk.data,
-                        jobid,
-                        read_at_us: chunk.read_at_us,
-                    }));
-                    if tx.send(Ok(ev)).await.is_err() {
-                        client_alive = false;
-                        let _ = actor.send(PrunEvent::Gone(client));
-                    }
-                }
-                let _ = actor.send(PrunEvent::Delivered { jobid, daemon, bytes });
-            }
-            Forward::Event(ev) => {
-                // An array element's end is not the stream's.
-                let last = matches!(&ev.event, Some(job_event::Event::Ended(e)) if !e.element);
-                if client_alive && tx.send(Ok(ev)).await.is_err() {
-                    client_alive = false;
-                    let _ = actor.send(PrunEvent::Gone(client));
-                }
-                if last {
-                    // Until prun hangs up, the stream may still hold what it has not read.
-                    tx.closed().await;
-                    let _ = actor.send(PrunEvent::Closed(client));
-                    return;
-                }
-            }
-            Forward::Refused(why) => {
-                let _ = tx.try_send(Err(Status::unavailable(why)));
-                return;
-            }
-            Forward::Close => return,
-        }
-    }
 }

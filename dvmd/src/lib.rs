@@ -23,6 +23,7 @@ pub use dvm_core as core;
 pub use dvm_core::{dataserver, jobmap, jobs};
 pub mod control;
 pub mod daemon;
+mod forwarder;
 pub(crate) mod host;
 pub mod hostfile;
 pub mod hwtopo;

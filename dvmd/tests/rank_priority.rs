@@ -175,3 +175,19 @@ fn a_dvm_may_choose_another_policy() {
     assert_eq!(policies(&dvm, &["-x", "DVM_RANK_PRIORITY=idle", "-n", "1"], Expect::Policy), vec![(IDLE, base)]);
     dvm.stop();
 }
+
+/// What a DVM killed with SIGKILL leaves behind (its group, with an empty job group in it) is
+/// removed by the next DVM's daemon as it makes its own groups. (The harness also removes empty
+/// groups when a test's DVM is dropped; a concurrent test's clean-up can only make this pass
+/// early, never fail.)
+#[test]
+fn groups_left_by_a_killed_dvm_are_removed_by_the_next() {
+    let Some(mount) = groups_mount() else { return };
+    let stale = mount.join(format!("dvm-killed.test_{}", std::process::id()));
+    std::fs::create_dir_all(stale.join("job-9")).unwrap();
+    let dvm = Dvm::start("prio-stale", Nodes::Local { daemons: 1, slots: 1 }, 2, &[]);
+    let placed = placed(&dvm, &["-n", "1"], Expect::Group);
+    assert!(placed[0].2.path.starts_with("/dvm-"), "{:?}", placed[0].2);
+    assert!(!stale.exists(), "{} is still there after a DVM made its groups", stale.display());
+    dvm.stop();
+}

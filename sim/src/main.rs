@@ -3,17 +3,18 @@
 //! `--engine grpcomm` (default) runs bare grpcomm state machines; `--engine core` runs the
 //! daemon cores (`dvm-core`) with their faults and workloads.
 
+mod replay;
+
+use replay::{campaign_verdict, replay_core, replay_verdict};
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use dvm_grpcomm::Movement;
 use dvm_sim::crossover::{crossover, hierarchical, Crossover};
 use dvm_sim::daemons::stage::{project_stage, StageRow};
-use dvm_sim::daemons::{self, CoreProfile, CoreScenario};
+use dvm_sim::daemons::{self, CoreProfile};
 use dvm_sim::project::{link_model, model_ns, project_with, Op, Row};
-use dvm_sim::{
-    campaign_with, run, BcastMovementMode, Failure, FenceMovementMode, Movements, NetModel, Profile, ReplayProfile,
-    Scenario,
-};
+use dvm_sim::{campaign_with, run, BcastMovementMode, FenceMovementMode, Movements, NetModel, Profile, Scenario};
 
 #[derive(Parser)]
 #[command(name = "dvm-sim", about = "Deterministic simulator of the DVM's collectives")]
@@ -402,7 +403,7 @@ fn main() -> Result<()> {
                 bail!("--window and --segment-kib must be at least 1, --n at least 2");
             }
             let net = net.model()?;
-            println!("{}", if markdown { StageRow::MARKDOWN_HEADER } else { StageRow::CSV_HEADER });
+            println!("{}", if markdown { StageRow::markdown_header() } else { StageRow::csv_header() });
             let mut bad = Vec::new();
             for &n in &n {
                 for &m in &mib {
@@ -498,78 +499,6 @@ fn print_hierarchical(
     match best {
         Some((q, at)) => eprintln!("best hierarchical / min(tree, allgather): {q:.3} at {at}"),
         None => eprintln!("no tree of two or more levels below the root: no hierarchical split"),
-    }
-    Ok(())
-}
-
-/// Rerun one generated daemon-core schedule and print its violations.
-fn replay_core(
-    seed: u64,
-    n: u32,
-    radix: u32,
-    profile: CoreProfile,
-    verbose: bool,
-    log: bool,
-    mode: Movements,
-) -> Result<()> {
-    let mut sc = CoreScenario::generate(seed, n, radix, profile);
-    mode.apply(&mut sc.cfg);
-    if verbose {
-        println!("{sc:#?}");
-    }
-    if log {
-        let (_, lines) = daemons::engine::CoreEngine::new(&sc).with_log().run_logged();
-        for l in lines {
-            println!("{l}");
-        }
-    }
-    let out = daemons::run(&sc);
-    if let Some(t) = &out.trace {
-        println!(
-            "seed {seed} n {n} radix {radix} profile {profile}: faults {:?}, {} fence calls, {} benchmarks, {} xcasts, {} frames, ready t={:?}, ended t={} ns (bound {} ns after the last fault at {})",
-            sc.faults.iter().map(|f| &f.kind).collect::<Vec<_>>(),
-            t.fence_calls.len(),
-            t.bench_starts.len(),
-            t.xcast_starts.len(),
-            t.stats.frames,
-            t.ready_at,
-            t.end_ns,
-            sc.bound_ns,
-            t.last_fault_at
-        );
-        if verbose {
-            println!("stats: {:?}\nends: {:?}\nfailed at the HNP: {:?}", t.stats, t.ends, t.final_failed.first());
-        }
-    }
-    replay_verdict(&out.violations)
-}
-
-/// Print a replayed schedule's violations and its verdict; an error if there are any.
-fn replay_verdict(violations: &[String]) -> Result<()> {
-    for v in violations {
-        println!("VIOLATION: {v}");
-    }
-    if !violations.is_empty() {
-        bail!("{} violation(s)", violations.len());
-    }
-    println!("ok: every invariant holds");
-    Ok(())
-}
-
-/// Print each failing seed's replay line and first violation (all of them when `verbose`),
-/// then the campaign's `summary`; an error if any seed failed.
-fn campaign_verdict<P: ReplayProfile>(failures: &[Failure<P>], summary: &str, verbose: bool) -> Result<()> {
-    for f in failures {
-        println!("FAIL {}  # {}", f.replay(), f.violations[0]);
-        if verbose {
-            for v in &f.violations[1..] {
-                println!("    {v}");
-            }
-        }
-    }
-    println!("{summary}");
-    if !failures.is_empty() {
-        bail!("{} failing seed(s)", failures.len());
     }
     Ok(())
 }

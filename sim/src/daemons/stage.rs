@@ -36,52 +36,62 @@ pub struct StageRow {
 }
 
 impl StageRow {
-    pub const CSV_HEADER: &'static str = "n,radix,depth,bytes,segment,window,sim_ms,model_ms,ratio,peak_state_mib,\
-peak_state_hnp_mib,frames,wire_bytes_per_daemon,events";
+    /// The columns of a row, named as in the CSV header; both formats print these.
+    const COLUMNS: [&'static str; 14] = [
+        "n",
+        "radix",
+        "depth",
+        "bytes",
+        "segment",
+        "window",
+        "sim_ms",
+        "model_ms",
+        "ratio",
+        "peak_state_mib",
+        "peak_state_hnp_mib",
+        "frames",
+        "wire_bytes_per_daemon",
+        "events",
+    ];
 
-    pub const MARKDOWN_HEADER: &'static str =
-        "| n | radix | MiB | segment KiB | window | sim ms | model ms | sim/model | \
-peak state MiB (any / HNP) | frames |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+    fn cells(&self) -> [String; 14] {
+        [
+            self.n.to_string(),
+            self.radix.to_string(),
+            self.depth.to_string(),
+            self.bytes.to_string(),
+            self.segment.to_string(),
+            self.window.to_string(),
+            format!("{:.2}", self.sim_ns as f64 / 1e6),
+            format!("{:.2}", self.model_ns / 1e6),
+            format!("{:.3}", self.ratio()),
+            format!("{:.2}", mib(self.peak_state)),
+            format!("{:.2}", mib(self.peak_state_hnp)),
+            self.frames.to_string(),
+            (self.wire_bytes / u64::from(self.n.max(1))).to_string(),
+            self.events.to_string(),
+        ]
+    }
+
+    pub fn csv_header() -> String {
+        Self::COLUMNS.join(",")
+    }
+
+    pub fn csv(&self) -> String {
+        self.cells().join(",")
+    }
+
+    pub fn markdown_header() -> String {
+        let rule = vec!["---:"; Self::COLUMNS.len()].join("|");
+        format!("| {} |\n|{rule}|", Self::COLUMNS.join(" | "))
+    }
 
     pub fn markdown(&self) -> String {
-        format!(
-            "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
-            self.n,
-            self.radix,
-            self.bytes >> 20,
-            self.segment >> 10,
-            self.window,
-            self.sim_ns as f64 / 1e6,
-            self.model_ns / 1e6,
-            self.ratio(),
-            mib(self.peak_state),
-            mib(self.peak_state_hnp),
-            self.frames
-        )
+        format!("| {} |", self.cells().join(" | "))
     }
 
     pub fn ratio(&self) -> f64 {
         self.sim_ns as f64 / self.model_ns
-    }
-
-    pub fn csv(&self) -> String {
-        format!(
-            "{},{},{},{},{},{},{:.2},{:.2},{:.3},{:.2},{:.2},{},{},{}",
-            self.n,
-            self.radix,
-            self.depth,
-            self.bytes,
-            self.segment,
-            self.window,
-            self.sim_ns as f64 / 1e6,
-            self.model_ns / 1e6,
-            self.ratio(),
-            mib(self.peak_state),
-            mib(self.peak_state_hnp),
-            self.frames,
-            self.wire_bytes / u64::from(self.n.max(1)),
-            self.events
-        )
     }
 }
 
