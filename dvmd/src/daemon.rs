@@ -436,7 +436,7 @@ impl Daemon {
         let node = self.node_mut();
         match ev {
             TransportEvent::Frame { from_peer, frame } => {
-                node.handle_frame(now, from_peer, frame.header, frame.payload)
+                node.handle_frame(now, from_peer, frame.header, frame.payload.into_bytes())
             }
             TransportEvent::PeerLost { peer, reason } | TransportEvent::ConnectFailed { peer, reason } => {
                 node.handle_link(now, LinkEvent::Lost { peer, reason: reason.to_string() })

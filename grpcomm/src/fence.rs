@@ -443,6 +443,12 @@ impl FenceState {
         trackers + stash
     }
 
+    /// Bytes of retired fences' results still held (to answer a contribution re-sent after a
+    /// repair): at most the last success per signature, and errors, which carry none.
+    pub fn held_bytes(&self) -> usize {
+        self.sigs.values().map(SigRecord::held_bytes).sum()
+    }
+
     pub fn is_quiescent(&self) -> bool {
         self.stash.is_empty() && self.sigs.values().all(|r| r.trackers.is_empty())
     }

@@ -351,6 +351,12 @@ impl Grpcomm {
         self.xcast.state_bytes() + self.fence.state_bytes() + self.scatter.state_bytes()
     }
 
+    /// Bytes of retired fences' results held to answer contributions re-sent after a repair:
+    /// at most the last success per signature.
+    pub fn held_result_bytes(&self) -> usize {
+        self.fence.held_bytes()
+    }
+
     /// No operation in flight: no pending xcast, no tracker, no buffered message.
     pub fn is_quiescent(&self) -> bool {
         self.xcast.is_quiescent() && self.fence.is_quiescent() && self.scatter.is_quiescent()

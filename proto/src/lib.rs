@@ -24,6 +24,9 @@ pub mod control {
     include!(concat!(env!("OUT_DIR"), "/dvm.control.rs"));
 }
 
+pub mod payload;
+
+pub use payload::Payload;
 pub use prost::Message;
 
 #[cfg(test)]

@@ -92,7 +92,10 @@ async fn read_loop(shared: &Shared, mut r: OwnedReadHalf, peer: Rank, addr: Sock
                 }
             }
         }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        // A frame partly in has its room already (the decoder reserved it): add none, or the
+        // buffer holding most of a large frame would be doubled.
+        let (free, missing) = (buf.capacity() - buf.len(), codec.missing(&buf));
+        if if missing > 0 { free < missing } else { free < READ_CHUNK / 4 } {
             buf.reserve(READ_CHUNK);
         }
         let n = match idle.as_mut() {

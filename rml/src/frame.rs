@@ -1,15 +1,16 @@
 //! RML wire frames and their tokio-util codec.
 //!
 //! On the wire: `u32 BE total | varint header_len | FrameHeader (prost) | payload`, where
-//! `total` counts every byte after itself. The payload is a `bytes::Bytes`, so one encoded
-//! payload is shared by every send that carries it; the decoder hands the payload out as a
-//! zero-copy slice of the receive buffer.
+//! `total` counts every byte after itself. The payload is a [`Payload`] (pieces of `Bytes`), so
+//! one encoded payload, and the large fields inside it, are shared by every send that carries
+//! them; the decoder hands the payload out as one zero-copy slice of the receive buffer.
 //!
 //! Trap: the size limit is checked on the length prefix, before any byte of the body is
 //! buffered, so an oversized frame never costs memory; the caller closes the connection.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use dvm_proto::rml::{FrameHeader, Tag};
+use dvm_proto::Payload;
 use prost::Message;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -23,18 +24,18 @@ pub const LEN_PREFIX: usize = 4;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
     pub header: FrameHeader,
-    pub payload: Bytes,
+    pub payload: Payload,
 }
 
 impl Frame {
-    pub fn new(header: FrameHeader, payload: Bytes) -> Self {
-        Frame { header, payload }
+    pub fn new(header: FrameHeader, payload: impl Into<Payload>) -> Self {
+        Frame { header, payload: payload.into() }
     }
 
     /// The transport's keep-alive frame from `origin` to `dst` (empty payload).
     pub fn heartbeat(origin: u32, dst: u32, epoch: u64) -> Self {
         let header = FrameHeader { origin, dst, tag: Tag::Heartbeat as u32, epoch, seq: 0 };
-        Frame { header, payload: Bytes::new() }
+        Frame { header, payload: Payload::default() }
     }
 
     pub fn is_heartbeat(&self) -> bool {
@@ -137,7 +138,7 @@ impl FrameCodec {
         }
         let header =
             FrameHeader::decode(body.split_to(hlen)).map_err(|e| FrameError::Malformed(format!("header: {e}")))?;
-        Ok(Frame { header, payload: body.freeze() })
+        Ok(Frame { header, payload: body.freeze().into() })
     }
 }
 
@@ -160,7 +161,9 @@ impl Encoder<Frame> for FrameCodec {
         self.check_size(&frame)?;
         dst.reserve(LEN_PREFIX + frame.body_len());
         dst.extend_from_slice(&frame.encode_prefix());
-        dst.extend_from_slice(&frame.payload);
+        for part in frame.payload.parts() {
+            dst.extend_from_slice(part);
+        }
         Ok(())
     }
 }
@@ -171,7 +174,7 @@ mod tests {
 
     fn frame(seq: u64, payload: &'static [u8]) -> Frame {
         let header = FrameHeader { origin: 3, dst: 9, tag: Tag::Grpcomm as u32, epoch: 7, seq };
-        Frame::new(header, Bytes::from_static(payload))
+        Frame::new(header, bytes::Bytes::from_static(payload))
     }
 
     #[test]

@@ -10,9 +10,13 @@
 //!
 //! Sealing, with the 64-bit frame counter of the direction (from 0, never wrapping on one key)
 //! in every tag:
-//! - `aead`: `u32 BE len | ciphertext(varint header_len | header | payload) | tag`, AES-256-GCM
-//!   from `ring` (AES-NI and CLMUL code) with the counter as nonce and the length prefix as
-//!   associated data: routing headers and payloads are confidential.
+//! - `aead`: `u32 BE len | (ciphertext | tag) per chunk`, where the plain body (`varint
+//!   header_len | header | payload`) is cut into chunks of [`CHUNK`] bytes (the last shorter; an
+//!   empty body is one empty chunk), each sealed with AES-256-GCM from `ring` (AES-NI and CLMUL
+//!   code), the nonce `chunk index (u32 BE) | frame counter (u64 BE)` and the length prefix as
+//!   associated data: routing headers and payloads are confidential. Chunks bound the sender's
+//!   scratch to one chunk whatever the frame's size (a whole-frame seal held a copy of every
+//!   large frame per link); a chunk cut, moved or dropped fails its tag.
 //! - `mac`: `u32 BE len | varint header_len | header | payload | tag`, where the tag is keyed
 //!   BLAKE3 over the counter and the whole frame, truncated to 128 bits: integrity only.
 //!   (GCM's tag over associated data alone runs at a sixth of its speed over ciphertext in
@@ -44,8 +48,13 @@ use crate::frame::{Frame, FrameCodec, FrameError, LEN_PREFIX};
 /// Bytes of the tag a sealed frame carries after its body.
 pub const TAG_LEN: usize = 16;
 
-/// Largest scratch buffer a sealer or opener keeps between frames.
-const SCRATCH_KEEP: usize = 1 << 21;
+/// Plain bytes per sealed chunk of an `aead` frame.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Chunks of an `aead` frame whose plain body is `body` bytes.
+fn chunks(body: usize) -> usize {
+    body.div_ceil(CHUNK).max(1)
+}
 
 /// How frames are protected after the handshake. The same on every daemon of a DVM: a
 /// handshake between two different modes is refused.
@@ -91,11 +100,12 @@ impl LinkSecurity {
         }
     }
 
-    /// Bytes a sealed frame carries beyond the plain frame.
-    pub fn overhead(self) -> usize {
+    /// Bytes a sealed frame whose plain body is `body` bytes carries beyond the plain frame.
+    pub fn overhead(self, body: usize) -> usize {
         match self {
             LinkSecurity::None => 0,
-            LinkSecurity::Mac | LinkSecurity::Aead => TAG_LEN,
+            LinkSecurity::Mac => TAG_LEN,
+            LinkSecurity::Aead => TAG_LEN * chunks(body),
         }
     }
 }
@@ -161,7 +171,8 @@ impl LinkParams<'_> {
         let send = self.key(self.role);
         let recv = self.key(self.role.peer());
         let sealer = Sealer { key: send, seq: 0, scratch: Vec::new() };
-        let opener = Opener { key: recv, seq: 0, codec: FrameCodec::new(max_frame) };
+        let extra = self.mode.overhead(max_frame);
+        let opener = Opener { key: recv, seq: 0, codec: FrameCodec::new(max_frame), extra };
         (sealer, opener)
     }
 
@@ -175,7 +186,7 @@ impl LinkParams<'_> {
         salt.extend_from_slice(self.responder_nonce);
         let hk = Hkdf::<Sha256>::new(Some(&salt), self.secret.as_bytes());
         let mut key = [0u8; 32];
-        let info = [b"dvm-link-v1 ".as_slice(), self.mode.as_str().as_bytes(), &[b' ', sender.byte()]].concat();
+        let info = [b"dvm-link-v2 ".as_slice(), self.mode.as_str().as_bytes(), &[b' ', sender.byte()]].concat();
         hk.expand(&info, &mut key).expect("32 bytes is a valid HKDF-SHA256 output length");
         Some(match self.mode {
             LinkSecurity::Aead => Key::Aead(Box::new(LessSafeKey::new(
@@ -194,10 +205,12 @@ enum Key {
     Mac([u8; 32]),
 }
 
-/// The nonce of frame `seq` of one direction: unique per key because the counter never
-/// repeats on one connection and every connection has fresh keys.
-fn nonce(seq: u64) -> Nonce {
+/// The nonce of chunk `chunk` of frame `seq` of one direction: unique per key because the
+/// counter never repeats on one connection, a frame has fewer than 2^32 chunks, and every
+/// connection has fresh keys.
+fn nonce(seq: u64, chunk: u32) -> Nonce {
     let mut n = [0u8; 12];
+    n[..4].copy_from_slice(&chunk.to_be_bytes());
     n[4..].copy_from_slice(&seq.to_be_bytes());
     Nonce::assume_unique_for_key(n)
 }
@@ -220,7 +233,7 @@ fn mac_tag(key: &[u8; 32], seq: u64, prefix: &[u8], body: &[&[u8]]) -> [u8; TAG_
 pub struct Sealer {
     key: Option<Key>,
     seq: u64,
-    /// Reused buffer for the ciphertext of one frame (aead).
+    /// Reused buffer for the ciphertext of one chunk (aead).
     scratch: Vec<u8>,
 }
 
@@ -229,35 +242,58 @@ impl Sealer {
     pub async fn write<W: AsyncWrite + Unpin>(&mut self, w: &mut W, frame: &Frame) -> std::io::Result<()> {
         let Some(key) = &self.key else {
             w.write_all(&frame.encode_prefix()).await?;
-            return w.write_all(&frame.payload).await;
+            for part in frame.payload.parts() {
+                w.write_all(part).await?;
+            }
+            return Ok(());
         };
         let seq = self.seq;
         self.seq += 1;
         let mut prefix = frame.encode_prefix();
-        let len = (frame.body_len() + TAG_LEN) as u32;
-        prefix[..LEN_PREFIX].copy_from_slice(&len.to_be_bytes());
+        let body = frame.body_len();
+        let len = match key {
+            Key::Aead(_) => body + TAG_LEN * chunks(body),
+            Key::Mac(_) => body + TAG_LEN,
+        };
+        let len = (len as u32).to_be_bytes();
+        prefix[..LEN_PREFIX].copy_from_slice(&len);
         match key {
             Key::Aead(cipher) => {
-                self.scratch.clear();
-                self.scratch.extend_from_slice(&prefix[LEN_PREFIX..]);
-                self.scratch.extend_from_slice(&frame.payload);
-                let tag: Tag = cipher
-                    .seal_in_place_separate_tag(nonce(seq), Aad::from(&prefix[..LEN_PREFIX]), &mut self.scratch)
-                    .map_err(|_| std::io::Error::other("frame too large to seal"))?;
-                w.write_all(&prefix[..LEN_PREFIX]).await?;
-                w.write_all(&self.scratch).await?;
-                w.write_all(tag.as_ref()).await?;
-                // Keep the buffer for frames up to 1 MiB (a fresh large allocation per frame
-                // costs more in page faults than the cipher); let a larger one go.
-                if self.scratch.capacity() > SCRATCH_KEEP {
-                    self.scratch = Vec::new();
+                w.write_all(&len).await?;
+                // The plain body is the header (after the prefix) and then the payload's
+                // pieces; each chunk is gathered from them into the scratch buffer.
+                let mut pieces =
+                    std::iter::once(&prefix[LEN_PREFIX..]).chain(frame.payload.parts().iter().map(|b| &b[..]));
+                let mut rest: &[u8] = &[];
+                for i in 0..chunks(body) {
+                    self.scratch.clear();
+                    while self.scratch.len() < CHUNK {
+                        if rest.is_empty() {
+                            match pieces.next() {
+                                Some(p) => rest = p,
+                                None => break,
+                            }
+                        }
+                        let n = rest.len().min(CHUNK - self.scratch.len());
+                        self.scratch.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                    }
+                    let tag: Tag = cipher
+                        .seal_in_place_separate_tag(nonce(seq, i as u32), Aad::from(len), &mut self.scratch)
+                        .map_err(|_| std::io::Error::other("chunk too large to seal"))?;
+                    w.write_all(&self.scratch).await?;
+                    w.write_all(tag.as_ref()).await?;
                 }
                 Ok(())
             }
             Key::Mac(k) => {
-                let tag = mac_tag(k, seq, &prefix[..LEN_PREFIX], &[&prefix[LEN_PREFIX..], &frame.payload]);
+                let mut parts: Vec<&[u8]> = vec![&prefix[LEN_PREFIX..]];
+                parts.extend(frame.payload.parts().iter().map(|b| &b[..]));
+                let tag = mac_tag(k, seq, &prefix[..LEN_PREFIX], &parts);
                 w.write_all(&prefix).await?;
-                w.write_all(&frame.payload).await?;
+                for part in frame.payload.parts() {
+                    w.write_all(part).await?;
+                }
                 w.write_all(&tag).await
             }
         }
@@ -269,6 +305,8 @@ pub struct Opener {
     key: Option<Key>,
     seq: u64,
     codec: FrameCodec,
+    /// The most a sealed frame of the largest size carries beyond it (its tags).
+    extra: usize,
 }
 
 impl Opener {
@@ -282,6 +320,17 @@ impl Opener {
     pub fn verified(&self) -> u64 {
         self.seq
     }
+
+    /// Bytes still to arrive of the frame at the head of `src`; 0 until its length prefix has.
+    /// `decode` has reserved room for them, so a reader adds no room of its own (growing a
+    /// buffer that holds most of a large frame would double it).
+    pub fn missing(&self, src: &BytesMut) -> usize {
+        if src.len() < LEN_PREFIX {
+            return 0;
+        }
+        let body = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+        (LEN_PREFIX + body).saturating_sub(src.len())
+    }
 }
 
 impl Decoder for Opener {
@@ -292,25 +341,61 @@ impl Decoder for Opener {
         let Some(key) = &self.key else {
             return Ok(self.codec.decode(src)?);
         };
-        let Some(mut body) = self.codec.take_body(src, TAG_LEN)? else { return Ok(None) };
-        let prefix = (body.len() as u32).to_be_bytes();
-        if body.len() < TAG_LEN {
+        if src.len() >= LEN_PREFIX {
+            // Refused before the body is buffered, with the size the sender counted.
+            let sealed = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+            let max = self.codec.max_frame();
+            if sealed > max.saturating_add(self.extra) {
+                let plain = match key {
+                    Key::Aead(_) => {
+                        let whole = CHUNK + TAG_LEN;
+                        sealed / whole * CHUNK + (sealed % whole).saturating_sub(TAG_LEN)
+                    }
+                    Key::Mac(_) => sealed - TAG_LEN,
+                };
+                return Err(FrameError::TooLarge { size: plain as u64, max }.into());
+            }
+        }
+        let Some(mut body) = self.codec.take_body(src, self.extra)? else { return Ok(None) };
+        let sealed = body.len();
+        let prefix = (sealed as u32).to_be_bytes();
+        if sealed < TAG_LEN {
             return Err(OpenError::Frame(FrameError::Malformed(format!(
-                "sealed frame of {} bytes is shorter than its tag",
-                body.len()
+                "sealed frame of {sealed} bytes is shorter than its tag"
             ))));
         }
-        let tag_bytes = body.split_off(body.len() - TAG_LEN);
-        let mut tag = [0u8; TAG_LEN];
-        tag.copy_from_slice(&tag_bytes);
-        let ok = match key {
-            Key::Aead(cipher) => cipher
-                .open_in_place_separate_tag(nonce(self.seq), Aad::from(&prefix), Tag::from(tag), &mut body, 0..)
-                .is_ok(),
-            Key::Mac(k) => mac_tag(k, self.seq, &prefix, &[&body]).ct_eq(&tag).into(),
-        };
-        if !ok {
-            return Err(OpenError::Verification { seq: self.seq });
+        let bad = OpenError::Verification { seq: self.seq };
+        match key {
+            Key::Aead(cipher) => {
+                // Open each chunk where it lies and move its plain bytes down over the tags
+                // before it (`open_within`), so the frame is never copied whole.
+                let (mut plain, mut at) = (0, 0);
+                for i in 0u32.. {
+                    let take = (CHUNK + TAG_LEN).min(sealed - at);
+                    if take < TAG_LEN {
+                        return Err(bad);
+                    }
+                    cipher
+                        .open_within(nonce(self.seq, i), Aad::from(prefix), &mut body[plain..at + take], at - plain..)
+                        .map_err(|_| OpenError::Verification { seq: self.seq })?;
+                    plain += take - TAG_LEN;
+                    at += take;
+                    if at == sealed {
+                        break;
+                    }
+                }
+                body.truncate(plain);
+            }
+            Key::Mac(k) => {
+                let tag_bytes = body.split_off(sealed - TAG_LEN);
+                let ok: bool = mac_tag(k, self.seq, &prefix, &[&body]).ct_eq(&tag_bytes[..]).into();
+                if !ok {
+                    return Err(bad);
+                }
+            }
+        }
+        if body.len() > self.codec.max_frame() {
+            return Err(FrameError::TooLarge { size: body.len() as u64, max: self.codec.max_frame() }.into());
         }
         self.seq += 1;
         Ok(Some(FrameCodec::parse_body(body)?))
@@ -359,6 +444,53 @@ mod tests {
                 assert_eq!(o.decode(&mut buf).unwrap().as_ref(), Some(f), "{mode}");
             }
             assert!(buf.is_empty());
+        }
+    }
+
+    fn pair_max(mode: LinkSecurity, max: usize) -> (Sealer, Opener) {
+        let secret = DvmSecret::from_bytes([7; 32]);
+        let (i, r) = ([1u8; 32], [2u8; 32]);
+        let p = |role| LinkParams { secret: &secret, mode, role, initiator_nonce: &i, responder_nonce: &r };
+        (p(Role::Initiator).keys(max).0, p(Role::Responder).keys(max).1)
+    }
+
+    #[test]
+    fn aead_frames_of_many_chunks_round_trip_and_cost_one_tag_per_chunk() {
+        // Around the chunk edges, with the header straddling none, and a frame of many chunks.
+        let sizes = [0, 1, CHUNK - 40, CHUNK - 20, CHUNK, CHUNK + 1, 3 * CHUNK + 12_345];
+        let (mut s, mut o) = pair_max(LinkSecurity::Aead, 4 * CHUNK);
+        for (k, n) in sizes.into_iter().enumerate() {
+            let payload: Vec<u8> = (0..n).map(|x| (x * 7 + k) as u8).collect();
+            let f = frame(k as u64, &payload);
+            let sealed = seal(&mut s, &f);
+            let body = f.body_len();
+            assert_eq!(sealed.len(), LEN_PREFIX + body + TAG_LEN * body.div_ceil(CHUNK).max(1), "{n}");
+            assert!(s.scratch.capacity() <= 2 * CHUNK, "scratch holds one chunk, not the frame");
+            let mut buf = BytesMut::from(&sealed[..]);
+            assert_eq!(o.decode(&mut buf).unwrap().as_ref(), Some(&f), "{n}");
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn aead_chunks_altered_swapped_or_cut_fail() {
+        let payload: Vec<u8> = (0..3 * CHUNK).map(|x| x as u8).collect();
+        let (mut s, _) = pair_max(LinkSecurity::Aead, 4 * CHUNK);
+        let sealed = seal(&mut s, &frame(0, &payload));
+        let c = CHUNK + TAG_LEN;
+        let mut flipped = sealed.clone();
+        flipped[LEN_PREFIX + c + 100] ^= 1;
+        let mut swapped = sealed.clone();
+        swapped[LEN_PREFIX..LEN_PREFIX + 2 * c].rotate_left(c);
+        // Drop the second chunk and shorten the prefix to match.
+        let mut cut = sealed[..LEN_PREFIX + c].to_vec();
+        cut.extend_from_slice(&sealed[LEN_PREFIX + 2 * c..]);
+        let len = (cut.len() - LEN_PREFIX) as u32;
+        cut[..LEN_PREFIX].copy_from_slice(&len.to_be_bytes());
+        for (what, bytes) in [("flipped", flipped), ("swapped", swapped), ("cut", cut)] {
+            let (_, mut o) = pair_max(LinkSecurity::Aead, 4 * CHUNK);
+            let mut buf = BytesMut::from(&bytes[..]);
+            assert!(matches!(o.decode(&mut buf), Err(OpenError::Verification { seq: 0 })), "{what}");
         }
     }
 
@@ -429,7 +561,7 @@ mod tests {
     fn oversized_sealed_prefix_is_refused_before_the_body() {
         let (_, mut o) = pair(LinkSecurity::Aead);
         let mut buf = BytesMut::new();
-        buf.put_u32(((1 << 20) + TAG_LEN + 1) as u32);
+        buf.put_u32(((1 << 20) + LinkSecurity::Aead.overhead(1 << 20) + 1) as u32);
         assert!(matches!(o.decode(&mut buf), Err(OpenError::Frame(FrameError::TooLarge { .. }))));
         assert!(buf.capacity() < 1 << 16);
     }

@@ -103,7 +103,7 @@ async fn forged_proof_with_pipelined_frame_delivers_nothing() {
     out.extend_from_slice(&handshake_msg(&AuthProof { mac: vec![0u8; 32].into() }));
     let f = frame(3, 0, 0, pattern(3, 0, 100));
     out.extend_from_slice(&f.encode_prefix());
-    out.extend_from_slice(&f.payload);
+    out.extend_from_slice(&f.payload.clone().into_bytes());
     s.write_all(&out).await.unwrap();
 
     let line = log.wait_for(&["authentication failed", &format!("addr={me}")]).await;

@@ -85,7 +85,7 @@ async fn garbage_does_not_hurt_the_listener() {
     good.set_contact(0, t.local_addr());
     good.send(0, frame(1, 0, 0, pattern(1, 0, 16))).unwrap();
     let (from, f) = next_frame(&mut rx).await;
-    assert_eq!((from, f.payload), (1, pattern(1, 0, 16)));
+    assert_eq!((from, f.payload), (1, pattern(1, 0, 16).into()));
     good.shutdown().await;
     t.shutdown().await;
 }

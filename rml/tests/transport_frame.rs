@@ -28,7 +28,7 @@ proptest! {
         for f in &frames {
             // The writer's path (prefix, then the shared payload) equals the Encoder's.
             let mut by_parts = f.encode_prefix();
-            by_parts.extend_from_slice(&f.payload);
+            by_parts.extend_from_slice(&f.payload.clone().into_bytes());
             let before = wire.len();
             codec.encode(f.clone(), &mut wire).unwrap();
             prop_assert_eq!(&wire[before..], &by_parts[..]);

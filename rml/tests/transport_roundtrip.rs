@@ -75,7 +75,7 @@ async fn request_and_reply_between_two() {
         a.send(1, frame(0, 1, seq, pattern(0, seq, 10))).unwrap();
         let (from, f) = next_frame(&mut brx).await;
         assert_eq!((from, f.header.seq), (0, seq));
-        b.send(0, frame(1, 0, seq, f.payload.clone())).unwrap();
+        b.send(0, frame(1, 0, seq, f.payload.clone().into_bytes())).unwrap();
         let (from, back) = next_frame(&mut arx).await;
         assert_eq!((from, back.header.seq), (1, seq));
         assert_eq!(back.payload, pattern(0, seq, 10));

@@ -45,7 +45,7 @@ async fn tampered_run(mode: LinkSecurity, t: Tamper) -> (Vec<u64>, LinkError, Tr
     for seq in 0..2 {
         a.send(1, frame(0, 1, seq, pattern(0, seq, 5000))).unwrap();
         let (from, f) = next_frame(&mut brx).await;
-        assert_eq!((from, f.header.seq, f.payload), (0, seq, pattern(0, seq, 5000)));
+        assert_eq!((from, f.header.seq, f.payload), (0, seq, pattern(0, seq, 5000).into()));
         got.push(seq);
     }
     proxy.arm(t);

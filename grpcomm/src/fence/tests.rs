@@ -104,3 +104,19 @@ fn stash_and_early_errors_are_accounted_and_consumed() {
     assert!(!fx.iter().any(|e| matches!(e, Effect::FenceComplete { .. })), "waits for the root: {fx:?}");
     assert!(!net.node(1).fence.is_quiescent());
 }
+
+#[test]
+fn every_daemon_holds_only_the_last_successful_result() {
+    let sig = FenceSignature::new("s", Participants::All);
+    let mut net = daemons(3);
+    for data in [&b"aaaa"[..], b"bbbbbbbb", b"cccccccccccc"] {
+        for r in 0..3 {
+            net.start(r, FenceRequest { data: Bytes::from_static(data), ..modex(&sig, b"") }, 0);
+        }
+        assert_eq!(settle(&mut net).len(), 3);
+    }
+    for r in 0..3 {
+        // 3 x 12 bytes of the last fence; kept, the first two would add 3 x 4 + 3 x 8.
+        assert_eq!(net.node(r).fence.held_bytes(), 36, "daemon {r}");
+    }
+}

@@ -195,7 +195,10 @@ impl Net {
             match t {
                 Transmit::Frame { next_hop, header, payload } => {
                     self.links.insert((r.min(next_hop), r.max(next_hop)));
-                    self.push(now + LATENCY_NS, Ev::Arrive { from: r, to: next_hop, header, payload });
+                    self.push(
+                        now + LATENCY_NS,
+                        Ev::Arrive { from: r, to: next_hop, header, payload: payload.into_bytes() },
+                    );
                 }
                 Transmit::Disconnect(p) => {
                     if self.links.remove(&(r.min(p), r.max(p))) {

@@ -48,7 +48,7 @@ pub const EVICT_GRACE_NS: u64 = 1_000_000_000;
 #[derive(Debug)]
 pub enum Transmit {
     /// This frame on the link to `next_hop`.
-    Frame { next_hop: Rank, header: FrameHeader, payload: Bytes },
+    Frame { next_hop: Rank, header: FrameHeader, payload: dvm_proto::Payload },
     /// The contact table (WIREUP): address of every other daemon, before any frame to one.
     Contacts(Vec<(Rank, SocketAddr)>),
     /// Close every connection to this daemon (declared dead, told so): if it is alive, it

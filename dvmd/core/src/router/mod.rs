@@ -34,7 +34,7 @@ use dvm_proto::control::{BenchKind, BenchReply};
 use dvm_proto::daemon::{daemon_cmd, DaemonCmd, Evicted};
 use dvm_proto::grpcomm::GrpcommMsg;
 use dvm_proto::rml::{Checkin, Contact, FrameHeader, Tag};
-use dvm_proto::Message;
+use dvm_proto::{Message, Payload};
 pub use dvm_rml::{Rank, Route, Topology};
 use tracing::{debug, error, info, warn};
 
@@ -139,7 +139,7 @@ pub enum Input {
 #[derive(Debug)]
 pub enum Effect {
     /// Put this frame on the link to `next_hop`.
-    Transmit { next_hop: Rank, header: FrameHeader, payload: Bytes },
+    Transmit { next_hop: Rank, header: FrameHeader, payload: Payload },
     /// The contact table (WIREUP): address of every other daemon.
     SetContacts(Vec<(Rank, SocketAddr)>),
     /// HNP: the WIREUP broadcast is held by every daemon; the DVM is ready.
@@ -226,7 +226,7 @@ pub struct Core {
     hnp_pid: Option<u32>,
     /// The last grpcomm message encoded: forwards of one op to many children are encoded
     /// once and share their bytes.
-    last_encoded: Option<(GrpcommMsg, Bytes)>,
+    last_encoded: Option<(GrpcommMsg, Payload)>,
     /// HNP: why each daemon was declared lost (for the error text).
     loss_reasons: BTreeMap<Rank, String>,
     out: Vec<Effect>,
@@ -429,13 +429,13 @@ impl Core {
     }
 
     /// Straight to `dst` over its own link (check-in, loss reports, eviction).
-    fn transmit_direct(&mut self, dst: Rank, tag: Tag, payload: Bytes) {
+    fn transmit_direct(&mut self, dst: Rank, tag: Tag, payload: impl Into<Payload>) {
         let header = self.header(dst, tag);
-        self.out.push(Effect::Transmit { next_hop: dst, header, payload });
+        self.out.push(Effect::Transmit { next_hop: dst, header, payload: payload.into() });
     }
 
     /// Toward `header.dst`: along the tree once contacts are known, else directly.
-    fn route(&mut self, header: FrameHeader, payload: Bytes) {
+    fn route(&mut self, header: FrameHeader, payload: impl Into<Payload>) {
         let dst = header.dst;
         let next = if self.contacts_known {
             match self.g.topology().route_to(dst) {
@@ -452,7 +452,7 @@ impl Core {
         } else {
             dst
         };
-        self.out.push(Effect::Transmit { next_hop: next, header, payload });
+        self.out.push(Effect::Transmit { next_hop: next, header, payload: payload.into() });
     }
 
     /// A daemon command to `dst`. Reports to the HNP go straight over the lifeline every

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use dvm_grpcomm::{tags, Effect as G, FenceError, FenceId, FenceMovementMode, FenceRequest, Via, XcastId};
 use dvm_proto::grpcomm::GrpcommMsg;
 use dvm_proto::rml::Tag;
-use dvm_proto::Message;
+use dvm_proto::Payload;
 use tracing::{debug, info, warn};
 
 use super::{dtags, Core, Effect, FenceOwner, Rank, XcastOwner};
@@ -37,13 +37,15 @@ impl Core {
         }
     }
 
-    pub(super) fn encode_grpcomm(&mut self, msg: GrpcommMsg) -> Bytes {
+    /// `msg` encoded once for the children it goes to in one pump; its large fields are shared
+    /// with the frame they arrived in, not copied (`Payload::encode`).
+    pub(super) fn encode_grpcomm(&mut self, msg: GrpcommMsg) -> Payload {
         if let Some((last, bytes)) = &self.last_encoded {
             if *last == msg {
                 return bytes.clone();
             }
         }
-        let bytes = Bytes::from(msg.encode_to_vec());
+        let bytes = Payload::encode(&msg);
         self.last_encoded = Some((msg, bytes.clone()));
         bytes
     }
@@ -53,6 +55,9 @@ impl Core {
         loop {
             let effects: Vec<G> = self.g.drain().collect();
             if effects.is_empty() {
+                // The cache serves the sends of one pump; kept longer it would pin the last
+                // large payload in memory.
+                self.last_encoded = None;
                 return;
             }
             for e in effects {
@@ -60,10 +65,10 @@ impl Core {
                     // A lateral send (allgather blocks) goes straight to its destination over
                     // that daemon's own link; its loss is never a tree loss (see on_peer_lost).
                     G::Send { to, msg, via: Via::Direct } => {
-                        self.transmit_direct(to, Tag::Grpcomm, Bytes::from(msg.encode_to_vec()));
+                        self.transmit_direct(to, Tag::Grpcomm, Payload::encode(&msg));
                     }
                     G::Send { to, msg, .. } if self.answering == Some(to) => {
-                        self.transmit_direct(to, Tag::Grpcomm, Bytes::from(msg.encode_to_vec()));
+                        self.transmit_direct(to, Tag::Grpcomm, Payload::encode(&msg));
                     }
                     G::Send { to, msg, .. } => {
                         let payload = self.encode_grpcomm(msg);

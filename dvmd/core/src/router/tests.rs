@@ -97,7 +97,9 @@ impl Net {
         let effects: Vec<Effect> = self.cores[r as usize].drain().collect();
         for e in effects {
             match e {
-                Effect::Transmit { next_hop, header, payload } => self.wire.push_back((r, next_hop, header, payload)),
+                Effect::Transmit { next_hop, header, payload } => {
+                    self.wire.push_back((r, next_hop, header, payload.into_bytes()))
+                }
                 other => self.seen[r as usize].push(other),
             }
         }

@@ -94,7 +94,7 @@ impl CoreEngine<'_> {
             }
             for t in transmits {
                 if let Transmit::Frame { next_hop, header, payload } = t {
-                    self.transmit(r, next_hop, header, payload);
+                    self.transmit(r, next_hop, header, payload.into_bytes());
                 }
             }
             self.after_step(r, &mut inbox);
