@@ -312,6 +312,27 @@ impl Exchange {
         concat_in_participant_order(&self.members, &self.blocks)
     }
 
+    /// Point every block at its bytes in `whole`, this exchange's own output: an exchange
+    /// kept after its fence (to resend blocks after a repair) then holds no second copy of the
+    /// fence's data beside its result. Anything but that output is left alone.
+    pub fn share_blocks_with(&mut self, whole: &Bytes) {
+        if self
+            .blocks
+            .iter()
+            .map(|b| b.as_ref().map_or(usize::MAX, Bytes::len))
+            .try_fold(0usize, |a, n| a.checked_add(n))
+            != Some(whole.len())
+        {
+            return;
+        }
+        let mut at = 0;
+        for b in self.blocks.iter_mut().flatten() {
+            let n = b.len();
+            *b = whole.slice(at..at + n);
+            at += n;
+        }
+    }
+
     pub fn state_bytes(&self) -> usize {
         let blocks: usize = self.blocks.iter().flatten().map(Bytes::len).sum();
         let held: usize = self.held.values().flatten().map(Bytes::len).sum();
@@ -373,6 +394,14 @@ mod tests {
             assert!(!e.owes_sends(), "{members:?} paced from {pace_from}");
             assert_eq!(e.output().unwrap(), Bytes::from(want.clone()));
         }
+        // Kept after the fence, the blocks share the output's memory.
+        let whole = ex[0].output().unwrap();
+        ex[0].share_blocks_with(&whole);
+        let range = whole.as_ptr() as usize..whole.as_ptr() as usize + whole.len();
+        assert!(ex[0].blocks.iter().flatten().all(|b| b.is_empty() || range.contains(&(b.as_ptr() as usize))));
+        assert_eq!(ex[0].output().unwrap(), whole);
+        ex[0].share_blocks_with(&Bytes::from_static(b"not the output"));
+        assert_eq!(ex[0].output().unwrap(), whole, "another length is ignored");
     }
 
     #[test]

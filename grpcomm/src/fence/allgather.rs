@@ -213,6 +213,11 @@ pub(super) fn drive(ctx: &mut Ctx<'_>, sig: &FenceSignature, seq: u64, rec: &mut
     }
     if ex.is_complete() {
         let result = ex.output().map_err(|e| FenceError::Protocol(format!("daemon {me}, fence {seq}: {e}")));
+        if let Ok(whole) = &result {
+            // The exchange is kept until the next one finishes; its blocks become slices of
+            // the result (held too) instead of a second copy of the fence's data.
+            ex.share_blocks_with(whole);
+        }
         retire(ctx, sig, seq, rec, result, None);
     }
 }
