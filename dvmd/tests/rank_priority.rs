@@ -4,7 +4,8 @@
 //! job chooses otherwise with `-x DVM_RANK_PRIORITY=idle|same|nice:N`, a DVM with
 //! `dvmd --rank-priority`, and a malformed value fails the launch naming it. Read from each
 //! rank's own /proc/self/stat (policy and nice) and /proc/self/cgroup; the groups are gone
-//! once their job ended and once their daemon stopped.
+//! once their job ended and once their daemon stopped, and so is what a job left running
+//! outside its process groups.
 
 mod common;
 
@@ -189,5 +190,38 @@ fn groups_left_by_a_killed_dvm_are_removed_by_the_next() {
     let placed = placed(&dvm, &["-n", "1"], Expect::Group);
     assert!(placed[0].2.path.starts_with("/dvm-"), "{:?}", placed[0].2);
     assert!(!stale.exists(), "{} is still there after a DVM made its groups", stale.display());
+    dvm.stop();
+}
+
+/// A rank that leaves a process running in a session of its own (outside the job's process
+/// groups, which is all the daemon signals): the job ends, and that process is killed with the
+/// rest of the job's cpu group.
+#[test]
+fn what_a_job_left_running_in_its_group_is_killed_at_its_end() {
+    if groups_mount().is_none() {
+        return;
+    }
+    let dvm = Dvm::start("prio-stray", Nodes::Local { daemons: 2, slots: 1 }, 2, &[]);
+    let pidfile = dvm.root.join("stray.pid");
+    // The rank forks once it is in its job's group (the daemon moves it in just after exec).
+    let script = format!(
+        "i=0; while [ $i -lt 200 ]; do {GROUP}; case \"$g\" in /dvm-*) break;; esac; sleep 0.05; i=$((i+1)); done; \
+         setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {}",
+        pidfile.display()
+    );
+    let o = dvm.prun(&["-n", "1", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    // Killed here if the DVM did not: a test leaves nothing running.
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _reap = Reap(pid);
+    let alive = || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    common::until(std::time::Duration::from_secs(10), "the stray killed at the job's end", || !alive());
     dvm.stop();
 }

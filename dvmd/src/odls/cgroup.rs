@@ -13,6 +13,9 @@
 //! Why groups rather than SCHED_IDLE alone: both let a waking daemon preempt a spinning rank at
 //! once, but SCHED_IDLE procs share the cpus as equals, so a job of 4 short procs next to a job
 //! of 16 spinning ones gets 4/20 of the node; jobs in sibling groups get equal halves.
+//! A job's group also contains what its procs started and left running outside their process
+//! groups (`setsid`, a daemonizing helper): when the job is forgotten (it ended on every
+//! daemon), whatever is still in its group is killed, as a batch system's job containment does.
 //! Traps: a group can be removed only once no process is in it; a job's last procs may still
 //! be dying when the job is forgotten, so removal is retried (`sweep`: at the next job's
 //! launch or end here, and at exit). Another daemon of the machine (of another DVM, starting)
@@ -111,10 +114,16 @@ impl CpuGroups {
         Ok(())
     }
 
-    /// The job is over here: its group goes once its procs are gone.
+    /// The job is over (on every daemon): whatever is still in its group is killed, and the
+    /// group goes once its procs are gone.
     pub(super) fn forget(&mut self, job: u32) {
         if self.jobs.remove(&job).is_some() {
-            self.stale.push(self.job_dir(job));
+            let dir = self.job_dir(job);
+            let killed = kill_members(&dir);
+            if !killed.is_empty() {
+                tracing::debug!(job, ?killed, "killed what was left in the job's cpu group");
+            }
+            self.stale.push(dir);
         }
         self.sweep();
     }
@@ -131,6 +140,27 @@ impl CpuGroups {
     fn job_dir(&self, job: u32) -> PathBuf {
         self.root.join(format!("job-{job}"))
     }
+}
+
+/// SIGKILL every process in the group at `dir` (a few rounds, for what forks meanwhile); the
+/// pids signalled. The job's own procs, already killed by process group, may be among them.
+fn kill_members(dir: &Path) -> Vec<i32> {
+    let mut killed = Vec::new();
+    for _ in 0..TRIES {
+        let Ok(list) = fs::read_to_string(dir.join("cgroup.procs")) else { break };
+        let pids: Vec<i32> = list.lines().filter_map(|l| l.trim().parse().ok()).filter(|&p| p > 0).collect();
+        let fresh: Vec<i32> = pids.into_iter().filter(|p| !killed.contains(p)).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for pid in fresh {
+            // SAFETY: kill(2) with a positive pid and a valid signal has no memory effects.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed.push(pid);
+            }
+        }
+    }
+    killed
 }
 
 /// `step` until it succeeds, at most [`TRIES`] times; its last error.
