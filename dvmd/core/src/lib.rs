@@ -30,6 +30,7 @@ pub mod jobmap;
 pub mod jobs;
 pub mod node;
 pub mod pmixdef;
+pub mod pmixops;
 mod router;
 pub mod stage;
 pub mod timer;

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 
 use bytes::Bytes;
 use dvm_core::Input as CoreInput;
-use dvm_grpcomm::{FenceRequest as GFence, FenceSignature, Participants};
+use dvm_grpcomm::FenceRequest as GFence;
 use dvm_proto::daemon::{daemon_cmd, DataOp, DataReq, DataResp, JobLog, SpawnReq, SpawnResp};
 use dvm_proto::job::{AppContext, MapBy};
 use dvm_proto::pmixworker as wire;
@@ -110,41 +110,6 @@ fn is_directive(key: &str) -> bool {
     directives.iter().any(|k| key_str(k) == key)
 }
 
-/// A participant set written canonically: nspaces in order, each with its ranks as sorted
-/// ranges (`ns:0-3,7`) or `*`. Every daemon of the operation derives the same text from the
-/// same procs, whatever order libpmix listed them in.
-pub fn canonical_procs(procs: &[ProcId]) -> String {
-    let mut by_ns: std::collections::BTreeMap<&str, Option<BTreeSet<u32>>> = Default::default();
-    for p in procs {
-        let e = by_ns.entry(p.nspace.as_str()).or_insert_with(|| Some(BTreeSet::new()));
-        match (proc_rank(p), e.as_mut()) {
-            (Some(r), Some(set)) => {
-                set.insert(r);
-            }
-            (None, _) => *e = None,
-            (Some(_), None) => {}
-        }
-    }
-    let mut out = Vec::new();
-    for (ns, ranks) in by_ns {
-        let Some(ranks) = ranks else {
-            out.push(format!("{ns}:*"));
-            continue;
-        };
-        let mut ranges: Vec<String> = Vec::new();
-        let mut it = ranks.into_iter().peekable();
-        while let Some(first) = it.next() {
-            let mut last = first;
-            while it.peek() == Some(&(last + 1)) {
-                last = it.next().expect("peeked");
-            }
-            ranges.push(if first == last { first.to_string() } else { format!("{first}-{last}") });
-        }
-        out.push(format!("{ns}:{}", ranges.join(",")));
-    }
-    out.join(";")
-}
-
 impl PmixHost {
     /// Every daemon learns every job's placement (and its daemons' hosts, in placement order)
     /// from its maps broadcast.
@@ -219,22 +184,7 @@ impl PmixHost {
     /// The daemons hosting any of `procs` (a wildcard: every daemon of that job); an error
     /// names the first proc of a job this daemon does not know.
     pub(crate) fn daemons_of(&self, procs: &[ProcId]) -> Result<Vec<Rank>, String> {
-        let mut daemons = BTreeSet::new();
-        for p in procs {
-            let Some((_, placement, _)) = self.known.get(&p.nspace) else {
-                return Err(format!("{p} is of no job this DVM runs"));
-            };
-            match proc_rank(p) {
-                None => daemons.extend(placement.daemons()),
-                Some(r) => match placement.node_of(r) {
-                    Some(d) => {
-                        daemons.insert(d);
-                    }
-                    None => return Err(format!("{p}: the job has {} ranks", placement.nprocs())),
-                },
-            }
-        }
-        Ok(daemons.into_iter().collect())
+        dvm_core::pmixops::daemons_of(&super::procs_view(procs), |ns| self.known.get(ns).map(|(_, p, _)| p))
     }
 
     /// A collective over procs of several jobs (connect, disconnect, a fence across jobs): a
@@ -248,10 +198,9 @@ impl PmixHost {
         timeout: Option<i32>,
         reply: WorkerReplyHandle,
     ) {
-        if let Some(p) = procs
-            .iter()
-            .find(|p| !self.known.contains_key(&p.nspace) && !may_still_come(&p.nspace, self.highest_learned))
-        {
+        if let Some(p) = procs.iter().find(|p| {
+            !self.known.contains_key(&p.nspace) && !dvm_core::pmixops::may_still_come(&p.nspace, self.highest_learned)
+        }) {
             // A client may name any nspace: one that is no job still to come fails now.
             warn!(
                 "{what} on daemon {} refused: it names namespace {}, which is no running job of this DVM",
@@ -277,8 +226,7 @@ impl PmixHost {
             }
         };
         self.register_foreign(procs);
-        let key = format!("{what}|{}", canonical_procs(procs));
-        let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons.clone()));
+        let sig = dvm_core::pmixops::union_fence(what, None, &super::procs_view(procs), daemons.clone());
         // Forgotten with the first local job among the participants that ends here.
         let local: Vec<u32> = procs.iter().filter_map(|p| self.by_nspace.get(&p.nspace).copied()).collect();
         if let Some(job) = local.first().and_then(|j| self.jobs.get_mut(j)) {
@@ -448,32 +396,9 @@ impl PmixHost {
     }
 }
 
-/// Jobs whose maps may still be on their way to a daemon that has learned job `highest`: the
-/// HNP numbers jobs in order and broadcasts their maps in order, so a job not yet learned is
-/// a later one, and no more than this many are launched while one daemon lags.
-const MAX_JOBS_AHEAD: u32 = 64;
-
-/// Whether `nspace` may name a job of this DVM whose maps have not reached this daemon yet:
-/// a job namespace (`nspace_of`) numbered above the highest job learned, by at most
-/// [`MAX_JOBS_AHEAD`]. Anything else (a job that ended, or a name no job of this DVM has)
-/// never comes, and a request waiting for it would wait forever.
-pub(crate) fn may_still_come(nspace: &str, highest_learned: Option<u32>) -> bool {
-    let Some(jobid) = nspace
-        .rsplit_once("-job")
-        .and_then(|(dvm, n)| (dvm.starts_with("dvm-") && !n.starts_with('+')).then(|| n.parse::<u32>().ok()).flatten())
-    else {
-        return false;
-    };
-    match highest_learned {
-        Some(h) => jobid > h && jobid - h <= MAX_JOBS_AHEAD,
-        None => jobid <= MAX_JOBS_AHEAD,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pmix_shim::Rank as PRank;
 
     #[test]
     fn map_by_values() {
@@ -485,34 +410,5 @@ mod tests {
         assert!(parse_map_by("socket").unwrap_err().contains("unknown policy"));
         assert!(parse_map_by("ppr:0:node").is_err());
         assert!(parse_map_by("node:pe=2").unwrap_err().contains("modifier"));
-    }
-
-    /// The canonical text depends on the set only, never on the order libpmix gave.
-    #[test]
-    fn canonical_set_is_order_free() {
-        let p = |ns: &str, r: u32| ProcId::new(ns, PRank::Id(r));
-        let a = vec![p("b", 1), p("a", 3), p("a", 0), p("a", 1), p("a", 2), p("b", 0), p("a", 7)];
-        let mut b = a.clone();
-        b.reverse();
-        assert_eq!(canonical_procs(&a), "a:0-3,7;b:0-1");
-        assert_eq!(canonical_procs(&a), canonical_procs(&b));
-        let w = vec![p("a", 2), ProcId::new("a", PRank::Wildcard), p("c", 5)];
-        assert_eq!(canonical_procs(&w), "a:*;c:5");
-    }
-
-    #[test]
-    fn only_a_later_job_of_this_dvm_may_still_come() {
-        let ns = |j: u32| super::super::nspace_of("abc", j);
-        // Later jobs, within reach, may come; the last one learned and earlier ones never do.
-        assert!(may_still_come(&ns(8), Some(7)));
-        assert!(may_still_come(&ns(7 + MAX_JOBS_AHEAD), Some(7)));
-        assert!(!may_still_come(&ns(7), Some(7)));
-        assert!(!may_still_come(&ns(3), Some(7)));
-        assert!(!may_still_come(&ns(8 + MAX_JOBS_AHEAD), Some(7)));
-        // Names that are no job namespace at all.
-        for bad in ["", "bogus", "dvm-abc-job", "dvm-abc-jobx", "dvm-abc-job+9", "other-job9", "dvm-abc-job99999999999"]
-        {
-            assert!(!may_still_come(bad, Some(7)), "{bad:?}");
-        }
     }
 }

@@ -31,9 +31,10 @@ use dvm_grpcomm::{FenceRequest as GFence, FenceSignature, Participants};
 use pmix_shim::{find_info, key_str, sys, GroupOp, Info, InfoValue, ProcId, Query};
 use tracing::{debug, info, warn};
 
-use super::dynamic::{canonical_procs, may_still_come, Deferred};
+use super::dynamic::Deferred;
 use super::link::WorkerReplyHandle;
 use super::{FenceWaiter, PmixHost};
+use dvm_core::pmixops::may_still_come;
 
 /// A group operation this daemon runs, waiting for its fence.
 #[derive(Debug)]
@@ -88,7 +89,7 @@ pub fn group_key(op: GroupOp, id: &str, procs: &[ProcId]) -> String {
         GroupOp::Construct => "group-construct",
         GroupOp::Destruct => "group-destruct",
     };
-    format!("{what}|{id}|{}", canonical_procs(procs))
+    dvm_core::pmixops::canonical_key(what, Some(id), &super::procs_view(procs))
 }
 
 fn flag(info: &[Info], key: &'static [u8]) -> bool {

@@ -318,3 +318,8 @@ fn proc_rank(p: &ProcId) -> Option<u32> {
         _ => None,
     }
 }
+
+/// `procs` as the core's rules take them (`dvm_core::pmixops`): a rank, or all of them.
+fn procs_view(procs: &[ProcId]) -> Vec<dvm_core::pmixops::Proc<'_>> {
+    procs.iter().map(|p| dvm_core::pmixops::Proc { nspace: &p.nspace, rank: proc_rank(p) }).collect()
+}

@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use dvm_core::Input as CoreInput;
-use dvm_grpcomm::{FenceError, FenceRequest as GFence, FenceSignature, Participants};
+use dvm_grpcomm::{FenceError, FenceRequest as GFence};
 use dvm_proto::daemon::{daemon_cmd, DmodexReq, DmodexResp, JobAbort, JobLog};
 use dvm_rml::Rank;
 use pmix_shim::ProcId;
@@ -157,26 +157,13 @@ impl PmixHost {
             return;
         }
         let job = self.jobs.get_mut(&jobid).expect("indexed by by_nspace");
-        let wildcard = req.procs.iter().any(|p| proc_rank(p).is_none());
-        let (key, mut daemons): (String, Vec<Rank>) = if wildcard {
-            (format!("{nspace}:*"), job.placement.daemons().collect())
-        } else {
-            let mut ranks: Vec<u32> = req.procs.iter().filter_map(proc_rank).collect();
-            ranks.sort_unstable();
-            ranks.dedup();
-            let ds = ranks.iter().filter_map(|&r| job.placement.node_of(r)).collect();
-            (format!("{nspace}:{}", ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(",")), ds)
-        };
-        daemons.sort_unstable();
-        daemons.dedup();
-        let sig = FenceSignature::new(key.into_bytes(), Participants::Daemons(daemons));
+        let (sig, nprocs) = dvm_core::pmixops::job_fence(&nspace, &super::procs_view(&req.procs), &job.placement);
         job.sigs.insert(sig.clone());
         let timeout = req.timeout.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000);
         let key = self.next_id;
         self.next_id += 1;
         self.fences.insert(key, FenceWaiter::Upcall(req.reply));
         debug!(jobid, %nspace, collect = req.collect, key, "PMIx fence upcall -> grpcomm fence");
-        let nprocs = if wildcard { u64::from(job.placement.nprocs()) } else { req.procs.len() as u64 };
         let size_hint = req.collect.then(|| nprocs * MODEX_BYTES_PER_PROC);
         let fence = GFence { sig, collect: req.collect, data: req.data, timeout, size_hint };
         self.out.push(CoreInput::Fence { owner: dvm_core::FenceOwner::Pmix(key), req: fence });
@@ -191,7 +178,7 @@ impl PmixHost {
         if owner.is_none()
             && proc_rank(&proc).is_some()
             && !self.known.contains_key(&proc.nspace)
-            && dynamic::may_still_come(&proc.nspace, self.highest_learned)
+            && dvm_core::pmixops::may_still_come(&proc.nspace, self.highest_learned)
         {
             debug!(%proc, "direct modex for a job whose maps have not arrived yet: deferred");
             self.deferred.push(dynamic::Deferred::Modex { proc, reply });
