@@ -36,7 +36,7 @@ use std::str::FromStr;
 
 use bytes::BytesMut;
 use hkdf::Hkdf;
-use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -260,6 +260,7 @@ impl Sealer {
         match key {
             Key::Aead(cipher) => {
                 w.write_all(&len).await?;
+                self.scratch.reserve_exact((CHUNK + TAG_LEN).saturating_sub(self.scratch.len()));
                 // The plain body is the header (after the prefix) and then the payload's
                 // pieces; each chunk is gathered from them into the scratch buffer.
                 let mut pieces =
@@ -278,11 +279,11 @@ impl Sealer {
                         self.scratch.extend_from_slice(&rest[..n]);
                         rest = &rest[n..];
                     }
-                    let tag: Tag = cipher
-                        .seal_in_place_separate_tag(nonce(seq, i as u32), Aad::from(len), &mut self.scratch)
+                    // The tag goes after the chunk in the same buffer: one write per chunk.
+                    cipher
+                        .seal_in_place_append_tag(nonce(seq, i as u32), Aad::from(len), &mut self.scratch)
                         .map_err(|_| std::io::Error::other("chunk too large to seal"))?;
                     w.write_all(&self.scratch).await?;
-                    w.write_all(tag.as_ref()).await?;
                 }
                 Ok(())
             }
@@ -465,7 +466,7 @@ mod tests {
             let sealed = seal(&mut s, &f);
             let body = f.body_len();
             assert_eq!(sealed.len(), LEN_PREFIX + body + TAG_LEN * body.div_ceil(CHUNK).max(1), "{n}");
-            assert!(s.scratch.capacity() <= 2 * CHUNK, "scratch holds one chunk, not the frame");
+            assert!(s.scratch.capacity() <= CHUNK + TAG_LEN, "scratch holds one chunk, not the frame");
             let mut buf = BytesMut::from(&sealed[..]);
             assert_eq!(o.decode(&mut buf).unwrap().as_ref(), Some(&f), "{n}");
             assert!(buf.is_empty());
