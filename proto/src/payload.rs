@@ -76,18 +76,6 @@ impl From<Bytes> for Payload {
     }
 }
 
-impl From<Vec<u8>> for Payload {
-    fn from(v: Vec<u8>) -> Payload {
-        Payload::from(Bytes::from(v))
-    }
-}
-
-impl From<&'static [u8]> for Payload {
-    fn from(s: &'static [u8]) -> Payload {
-        Payload::from(Bytes::from_static(s))
-    }
-}
-
 /// Equal when the bytes are, however they are cut.
 impl PartialEq for Payload {
     fn eq(&self, other: &Payload) -> bool {

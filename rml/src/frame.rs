@@ -108,10 +108,7 @@ impl FrameCodec {
     /// it has fully arrived. `extra` is what a sealed frame carries beyond the plain body (its
     /// tag); the prefix is checked against `max_frame + extra` before anything is buffered.
     pub fn take_body(&self, src: &mut BytesMut, extra: usize) -> Result<Option<BytesMut>, FrameError> {
-        if src.len() < LEN_PREFIX {
-            return Ok(None);
-        }
-        let body = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+        let Some(body) = announced(src) else { return Ok(None) };
         if body > self.max_frame.saturating_add(extra) {
             // The size of the frame inside the seal, as the sender counted it.
             return Err(FrameError::TooLarge { size: (body - extra) as u64, max: self.max_frame });
@@ -140,6 +137,12 @@ impl FrameCodec {
             FrameHeader::decode(body.split_to(hlen)).map_err(|e| FrameError::Malformed(format!("header: {e}")))?;
         Ok(Frame { header, payload: body.freeze().into() })
     }
+}
+
+/// The body length the frame at the head of `src` announces, once its prefix has arrived.
+pub fn announced(src: &[u8]) -> Option<usize> {
+    let prefix: [u8; LEN_PREFIX] = src.get(..LEN_PREFIX)?.try_into().ok()?;
+    Some(u32::from_be_bytes(prefix) as usize)
 }
 
 impl Decoder for FrameCodec {

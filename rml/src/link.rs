@@ -43,7 +43,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
 use crate::auth::{DvmSecret, Role};
-use crate::frame::{Frame, FrameCodec, FrameError, LEN_PREFIX};
+use crate::frame::{announced, Frame, FrameCodec, FrameError, LEN_PREFIX};
 
 /// Bytes of the tag a sealed frame carries after its body.
 pub const TAG_LEN: usize = 16;
@@ -326,11 +326,7 @@ impl Opener {
     /// `decode` has reserved room for them, so a reader adds no room of its own (growing a
     /// buffer that holds most of a large frame would double it).
     pub fn missing(&self, src: &BytesMut) -> usize {
-        if src.len() < LEN_PREFIX {
-            return 0;
-        }
-        let body = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-        (LEN_PREFIX + body).saturating_sub(src.len())
+        announced(src).map_or(0, |body| (LEN_PREFIX + body).saturating_sub(src.len()))
     }
 }
 
@@ -342,22 +338,22 @@ impl Decoder for Opener {
         let Some(key) = &self.key else {
             return Ok(self.codec.decode(src)?);
         };
-        if src.len() >= LEN_PREFIX {
-            // Refused before the body is buffered, with the size the sender counted.
-            let sealed = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-            let max = self.codec.max_frame();
-            if sealed > max.saturating_add(self.extra) {
+        let mut body = match self.codec.take_body(src, self.extra) {
+            Ok(Some(body)) => body,
+            Ok(None) => return Ok(None),
+            // Refused before the body is buffered; say the size the sender counted.
+            Err(FrameError::TooLarge { size, max }) => {
+                let sealed = size as usize + self.extra;
                 let plain = match key {
                     Key::Aead(_) => {
-                        let whole = CHUNK + TAG_LEN;
-                        sealed / whole * CHUNK + (sealed % whole).saturating_sub(TAG_LEN)
+                        sealed / (CHUNK + TAG_LEN) * CHUNK + (sealed % (CHUNK + TAG_LEN)).saturating_sub(TAG_LEN)
                     }
                     Key::Mac(_) => sealed - TAG_LEN,
                 };
                 return Err(FrameError::TooLarge { size: plain as u64, max }.into());
             }
-        }
-        let Some(mut body) = self.codec.take_body(src, self.extra)? else { return Ok(None) };
+            Err(e) => return Err(e.into()),
+        };
         let sealed = body.len();
         let prefix = (sealed as u32).to_be_bytes();
         if sealed < TAG_LEN {
