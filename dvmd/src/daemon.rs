@@ -16,6 +16,7 @@ use dvm_core::jobs::{ClientId, Forward, ProcCmd};
 use dvm_core::node::{
     Control, Effect, HnpConfig, LauncherExit, LinkEvent, NodeConfig, PrunEvent, Reply, Start, Transmit,
 };
+use dvm_core::pmix::PmixEffect;
 use dvm_core::{CoreConfig, Node};
 use dvm_grpcomm::{Config, Topology};
 use dvm_proto::control::{AttachRequest, StackTracesRequest};
@@ -26,6 +27,7 @@ use tracing::debug;
 
 use crate::control::ControlCmd;
 use crate::host::ShellHost;
+use crate::pmix::HostEvent;
 
 /// Why the actor loop ended (the core's reasons, and the shell's boot failures).
 pub use dvm_core::Exit;
@@ -94,6 +96,8 @@ struct Pending {
     cfg: NodeConfig,
     host: ShellHost,
     start: Start,
+    /// This daemon hosts a PMIx server: when the node replaces its idle worker.
+    pmix_recycle_kib: Option<u64>,
 }
 
 pub struct Daemon {
@@ -125,7 +129,7 @@ enum Woke {
     Control(ControlCmd),
     Input(Input),
     Proc(crate::odls::OdlsEvent),
-    Pmix(u64, crate::pmix::HostEvent),
+    Pmix(u64, HostEvent),
     Prun(PrunEvent),
     Timer,
 }
@@ -183,7 +187,7 @@ impl Daemon {
         Daemon {
             me,
             host: host.clone(),
-            pending: Some(Pending { cfg, host: shell_host, start: Start::AwaitCheckIns }),
+            pending: Some(Pending { cfg, host: shell_host, start: Start::AwaitCheckIns, pmix_recycle_kib: None }),
             node: None,
             topo,
             t,
@@ -231,6 +235,7 @@ impl Daemon {
     /// worker starts when the first job reaches this daemon (an idle daemon stays small and
     /// boots fast), or at once with [`Daemon::start_pmix_background`].
     pub fn set_pmix_settings(&mut self, settings: crate::pmix::PmixSettings) {
+        self.pending().pmix_recycle_kib = Some(settings.recycle_kib);
         self.pending().host.pmix.configure(settings);
     }
     /// Start the PMIx worker now, in the background (a one-shot DVM knows a job is coming).
@@ -263,11 +268,14 @@ impl Daemon {
         mut control: mpsc::Receiver<ControlCmd>,
         mut inputs: mpsc::UnboundedReceiver<Input>,
     ) -> Exit {
-        let Pending { cfg, host, start } = self.pending.take().expect("run is called once");
+        let Pending { cfg, host, start, pmix_recycle_kib } = self.pending.take().expect("run is called once");
         let session = cfg.local.session_dir.clone().map(Into::into);
         self.disk =
             Some(crate::stage::StageDisk::new(crate::stage::Place { rank: self.me, host: self.host.clone(), session }));
-        let node = Node::new(cfg, host).expect("the topology was built from the same radix and size");
+        let mut node = Node::new(cfg, host).expect("the topology was built from the same radix and size");
+        if let Some(kib) = pmix_recycle_kib {
+            node.configure_pmix(kib);
+        }
         let node = self.node.insert(node);
         let mut odls_rx = self.odls_rx.take().expect("run is called once");
         let mut pmix_rx = self.pmix_rx.take().expect("run is called once");
@@ -306,7 +314,7 @@ impl Daemon {
                 Woke::Control(cmd) => self.on_control(cmd),
                 Woke::Input(inp) => self.on_input(inp),
                 Woke::Proc(ev) => self.node_mut().handle_proc(now, ev),
-                Woke::Pmix(gen, ev) => self.node_mut().handle_pmix(now, |h| h.pmix.on_event(gen, ev)),
+                Woke::Pmix(gen, ev) => self.on_pmix(now, gen, ev),
                 Woke::Prun(ev) => {
                     if let PrunEvent::Closed(c) = &ev {
                         self.clients.remove(&c.0);
@@ -410,7 +418,33 @@ impl Daemon {
                     self.node_mut().handle_stage(now, done);
                 }
             }
+            // The live daemon starts no fence of its own (`FenceOwner::Driver` is the simulator's).
+            Effect::FenceDone { key, .. } => debug!(key, "a driver's fence ended"),
+            Effect::Pmix(p) => {
+                let worker = &mut self.node_mut().host_mut().pmix;
+                match p {
+                    PmixEffect::Reply { reply, status, data } => worker.complete(reply, status, data),
+                    PmixEffect::Replace => worker.replace(),
+                    PmixEffect::End => worker.end_now(),
+                }
+            }
             Effect::Exit(e) => self.exit = Some(e),
+        }
+    }
+
+    /// An event of PMIx worker `gen`: one of a worker already replaced is dropped (its replies
+    /// could not reach a client any more).
+    fn on_pmix(&mut self, now: u64, gen: u64, ev: HostEvent) {
+        let node = self.node_mut();
+        if node.host().pmix.current_gen() != Some(gen) {
+            return debug!(gen, "event from a former PMIx worker dropped");
+        }
+        match ev {
+            HostEvent::Upcall(ev) => node.handle_pmix(now, ev),
+            HostEvent::Ended { how } => {
+                let pid = node.host_mut().pmix.lost();
+                node.handle_pmix_lost(now, pid, &how);
+            }
         }
     }
 

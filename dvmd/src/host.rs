@@ -4,10 +4,8 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use dvm_core::jobmap::Placement;
-use dvm_core::{Host, Input, JobStart};
-use dvm_grpcomm::FenceError;
-use dvm_proto::daemon::daemon_cmd;
+use dvm_core::{Host, Namespace};
+use dvm_proto::pmixworker as wire;
 use dvm_rml::Rank;
 use tracing::warn;
 
@@ -45,53 +43,36 @@ impl Host for ShellHost {
     fn trim_heap(&mut self) {
         crate::sys::trim_heap();
     }
-    fn pmix_learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>) {
-        self.pmix.learn_job(jobid, nspace, placement, hosts);
+    fn pmix_ready(&mut self) -> bool {
+        self.pmix.ready()
     }
-    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool {
-        self.pmix.job_start(start)
+    fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
+        self.pmix.register_nspace(ns)
     }
-    fn pmix_proc_env(
+    fn pmix_register_clients(&mut self, nspace: &str, ranks: Vec<u32>) -> Result<(), String> {
+        self.pmix.register_clients(nspace, ranks)
+    }
+    fn pmix_prepare_client(
         &mut self,
-        jobid: u32,
+        nspace: &str,
         rank: u32,
-        session: Option<String>,
-        loopback: bool,
-        yield_idle: bool,
-    ) -> Vec<(String, String)> {
-        self.pmix.proc_env(jobid, rank, session, loopback, yield_idle)
+        registered: bool,
+    ) -> Result<Vec<(String, String)>, String> {
+        self.pmix.prepare_client(nspace, rank, registered)
     }
-    fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
-        self.pmix.proc_exit(jobid, rank)
+    fn pmix_deregister_nspace(&mut self, nspace: &str) -> Result<(), String> {
+        self.pmix.deregister_nspace(nspace)
     }
-    fn pmix_job_done(&mut self, jobid: u32) {
-        self.pmix.job_done(jobid);
+    fn pmix_dmodex_request(&mut self, nspace: &str, rank: u32) -> Result<u64, String> {
+        self.pmix.dmodex_request(nspace, rank)
     }
-    fn pmix_forget_job(&mut self, jobid: u32) {
-        self.pmix.forget_job(jobid);
+    fn pmix_notify(&mut self, event: wire::Notify) -> Result<(), String> {
+        self.pmix.notify(event)
     }
-    fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
-        self.pmix.fence_done(key, result);
-    }
-    fn pmix_deliver_event(&mut self, payload: Bytes) {
-        self.pmix.deliver_event(payload);
-    }
-    fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body) {
-        match body {
-            daemon_cmd::Body::DmodexReq(req) => self.pmix.serve_dmodex(origin, req),
-            daemon_cmd::Body::DmodexResp(resp) => self.pmix.on_dmodex_resp(resp),
-            daemon_cmd::Body::SpawnResp(resp) => self.pmix.on_spawn_resp(resp),
-            daemon_cmd::Body::DataResp(resp) => self.pmix.on_data_resp(resp),
-            other => warn!(origin, "unexpected daemon command for PMIx {other:?}"),
-        }
+    fn pmix_growth_kib(&mut self) -> Option<u64> {
+        self.pmix.growth_kib()
     }
     fn deliver(&mut self, tag: u32, _payload: Bytes) {
         warn!(tag, "a broadcast with a tag no daemon uses");
-    }
-    fn pmix_end_now(&mut self) {
-        self.pmix.end_now();
-    }
-    fn pmix_requests(&mut self) -> Vec<Input> {
-        self.pmix.drain().collect()
     }
 }

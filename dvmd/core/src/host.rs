@@ -1,18 +1,17 @@
 //! What the core asks of the process it runs in, synchronously and in order: the PMIx server
 //! the daemon hosts (in the spirit of raft-rs's `Storage`: the shell implements it with its
-//! PMIx worker; the simulator with a model) and the daemon's own memory figures.
+//! PMIx worker; the simulator with a model) and the daemon's own memory figures. What each
+//! upcall becomes is decided in [`crate::pmix`]; the server only carries it out.
 //!
 //! Never: a decision. The order of the calls is the core's and must not change: a job's maps
 //! are learned before its namespace is registered, which comes before any of its ranks'
 //! environments.
 
 use bytes::Bytes;
-use dvm_grpcomm::FenceError;
-use dvm_proto::daemon::daemon_cmd;
+use dvm_proto::pmixworker as wire;
 use dvm_rml::Rank;
 
 use crate::jobmap::Placement;
-use crate::Input;
 
 /// What a daemon knows of a job when it starts its local procs.
 #[derive(Debug)]
@@ -27,6 +26,20 @@ pub struct JobStart<'a> {
     /// Where each bound local rank runs: (rank, its PUs' OS indices as a list "0-3", its
     /// locality "SK0:CR0-1:HT0-3:NM0:"), published to its peers through PMIx.
     pub bound: Vec<(u32, String, String)>,
+}
+
+/// A namespace as the server is told it: the job's maps (libpmix derives the rest).
+#[derive(Debug)]
+pub struct Namespace<'a> {
+    pub nspace: &'a str,
+    pub placement: &'a Placement,
+    /// Host of each daemon of `placement`, in `placement.daemons()` order.
+    pub hosts: &'a [String],
+    pub nprocs: u32,
+    /// Its procs on this daemon (0: a job of another daemon, for a connect or direct modex).
+    pub nlocal: u32,
+    /// Where each bound local rank runs, as in [`JobStart::bound`].
+    pub bound: &'a [(u32, String, String)],
 }
 
 /// How well the daemon's loop keeps time (µs), as its shell measures it: how late its timers
@@ -53,36 +66,30 @@ pub trait Host {
     fn launched(&mut self, daemon: Rank) -> Option<(String, String)>;
     /// The daemon went idle: give freed memory back to the system.
     fn trim_heap(&mut self);
-    /// A job's maps reached this daemon (hosted here or not).
-    fn pmix_learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>);
-    /// Register a job's namespace and its local clients before its first local rank starts;
-    /// false: the job runs without PMIx.
-    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool;
-    /// The PMIx environment of one local rank.
-    fn pmix_proc_env(
+    /// The PMIx server is up (its worker started now if none runs); false (logged): none can
+    /// run, MPI ranks will fail at MPI_Init, other jobs run.
+    fn pmix_ready(&mut self) -> bool;
+    /// Register a namespace with the server (`nlocal` 0: a job with no proc here).
+    fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String>;
+    /// Register these local ranks of a namespace as clients, all at once.
+    fn pmix_register_clients(&mut self, nspace: &str, ranks: Vec<u32>) -> Result<(), String>;
+    /// The server's environment for one local rank (`registered`: its client is registered).
+    fn pmix_prepare_client(
         &mut self,
-        jobid: u32,
+        nspace: &str,
         rank: u32,
-        session: Option<String>,
-        loopback: bool,
-        yield_idle: bool,
-    ) -> Vec<(String, String)>;
-    /// A local rank ended: the sentence if it was an MPI rank that never finalized.
-    fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String>;
-    /// Every local rank of a job is gone.
-    fn pmix_job_done(&mut self, jobid: u32);
-    /// The job ended everywhere.
-    fn pmix_forget_job(&mut self, jobid: u32);
-    /// A fence started for PMIx finished.
-    fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>);
-    /// A PMIx event broadcast by another daemon or the HNP.
-    fn pmix_deliver_event(&mut self, payload: Bytes);
-    /// A daemon command for PMIx hosting (direct modex, spawn and data server answers).
-    fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body);
+        registered: bool,
+    ) -> Result<Vec<(String, String)>, String>;
+    /// Let go of a namespace (the server says when with a `NspaceDeregistered` upcall).
+    fn pmix_deregister_nspace(&mut self, nspace: &str) -> Result<(), String>;
+    /// Ask the server for a local rank's modex blob: the request's id, answered by a
+    /// `DmodexData` upcall.
+    fn pmix_dmodex_request(&mut self, nspace: &str, rank: u32) -> Result<u64, String>;
+    /// Hand an event to the server for its clients.
+    fn pmix_notify(&mut self, event: wire::Notify) -> Result<(), String>;
+    /// How much the running worker grew since it was first idle after a job (KiB); None when
+    /// none runs.
+    fn pmix_growth_kib(&mut self) -> Option<u64>;
     /// A broadcast with a tag the daemon itself does not use (the simulator's workloads).
     fn deliver(&mut self, tag: u32, payload: Bytes);
-    /// The DVM ends: the PMIx server goes now.
-    fn pmix_end_now(&mut self);
-    /// What PMIx hosting asks of the router (fences, commands, broadcasts), in order.
-    fn pmix_requests(&mut self) -> Vec<Input>;
 }

@@ -29,13 +29,14 @@ pub mod host;
 pub mod jobmap;
 pub mod jobs;
 pub mod node;
+pub mod pmix;
 pub mod pmixdef;
 pub mod pmixops;
 mod router;
 pub mod stage;
 pub mod timer;
 
-pub use host::{Host, JobStart, LoopStats};
+pub use host::{Host, JobStart, LoopStats, Namespace};
 pub use node::Node;
 pub use router::{bench, dtags, probe, Core, CoreConfig, Effect, Exit, FenceOwner, Input, XcastOwner};
 pub use router::{Rank, Route, Topology};

@@ -5,7 +5,11 @@
 /// A PMIx status code.
 pub type Status = i32;
 
+pub const SUCCESS: Status = 0;
+pub const ERROR: Status = -1;
 pub const ERR_TIMEOUT: Status = -24;
+pub const ERR_NOT_SUPPORTED: Status = -47;
+pub const ERR_PARTIAL_SUCCESS: Status = -52;
 pub const ERR_BAD_PARAM: Status = -27;
 pub const ERR_NOT_FOUND: Status = -46;
 pub const ERR_DUPLICATE_KEY: Status = -53;
@@ -19,6 +23,40 @@ pub const EVENT_NODE_DOWN: Status = -231;
 pub const RANGE_CUSTOM: u32 = 6;
 /// `PMIX_RANK_WILDCARD` as a raw rank: every proc of a namespace.
 pub const RANK_WILDCARD: u32 = u32::MAX - 1;
+/// `PMIX_RANK_VALID`: raw ranks at or above it are reserved values, not ranks.
+pub const RANK_VALID: u32 = u32::MAX - 50;
+
+/// `pmix_data_range_t` values.
+pub mod range {
+    pub const RM: u32 = 1;
+    pub const LOCAL: u32 = 2;
+    pub const NAMESPACE: u32 = 3;
+    pub const SESSION: u32 = 4;
+    pub const CUSTOM: u32 = super::RANGE_CUSTOM;
+    pub const PROC_LOCAL: u32 = 7;
+}
+
+/// Info keys the PMIx host reads or answers with.
+pub mod key {
+    pub const MAPBY: &str = "pmix.mapby";
+    pub const WDIR: &str = "pmix.wdir";
+    pub const RANGE: &str = "pmix.range";
+    pub const PERSISTENCE: &str = "pmix.persist";
+    pub const USERID: &str = "pmix.euid";
+    pub const GRPID: &str = "pmix.egid";
+    pub const TIMEOUT: &str = "pmix.timeout";
+    pub const WAIT: &str = "pmix.wait";
+    pub const LOCAL_COLLECTIVE_STATUS: &str = "pmix.loc.col.st";
+    pub const GROUP_ASSIGN_CONTEXT_ID: &str = "pmix.grp.actxid";
+    pub const GROUP_ENDPT_DATA: &str = "pmix.grp.endpt";
+    pub const GROUP_CONTEXT_ID: &str = "pmix.grp.ctxid";
+    pub const QUERY_NUM_PSETS: &str = "pmix.qry.psetnum";
+    pub const QUERY_NAMESPACES: &str = "pmix.qry.ns";
+    pub const JOB_SIZE: &str = "pmix.job.size";
+    pub const NSPACE: &str = "pmix.nspace";
+    pub const PROCID: &str = "pmix.procid";
+    pub const EVENT_CUSTOM_RANGE: &str = "pmix.evrange";
+}
 
 pub const KEY_EVENT_AFFECTED_PROC: &str = "pmix.evproc";
 pub const KEY_EVENT_AFFECTED_PROCS: &str = "pmix.evaffected";

@@ -8,17 +8,16 @@
 //! [`WORKER_OP_TIMEOUT`] plus a slack to answer or to take a command breaks the link: the actor
 //! is never held longer than that, even by a stopped worker.
 //! Events are read by a thread and posted, tagged with the worker's generation, into the
-//! actor's channel. A reply handle completes at most once; dropped, it fails its upcall
-//! (`PMIX_ERROR`), so no client is left blocked; a reply for a worker that is gone is a no-op.
+//! actor's channel. An upcall is answered by its reply id ([`Worker::complete`]); an answer
+//! for a worker that is gone is a no-op.
 //!
 //! Split by concept: `process` (the worker's process and the prefork), `protocol` (the command
-//! socket's request/reply), `reply` (reply handles), `host_event` (the event stream). This file
+//! socket's request/reply), `host_event` (the event stream). This file
 //! is [`Worker`]: starting one, its calls, ending it.
 
 mod host_event;
 mod process;
 mod protocol;
-mod reply;
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -32,12 +31,11 @@ use pmix_shim::{JobInfo, ServerConfig};
 use tracing::{debug, warn};
 
 use host_event::read_events;
-pub(crate) use host_event::{EventTx, FenceUpcall, HostEvent};
+pub(crate) use host_event::{EventTx, HostEvent};
 pub use process::{discard_preforked, init_preforked, prefork};
 use process::{init_cmd, take_preforked, WorkerProc};
 pub use protocol::WorkerError;
 use protocol::WorkerLink;
-pub(crate) use reply::WorkerReplyHandle;
 
 /// A running worker process.
 pub(crate) struct Worker {
@@ -133,10 +131,9 @@ impl Worker {
                 return Err(WorkerError::Spawn(e));
             }
         };
-        let events_link = link.clone();
         let thread = std::thread::Builder::new()
             .name(format!("pmix-worker-{gen}"))
-            .spawn(move || read_events(ev_ours, events_link, gen, events));
+            .spawn(move || read_events(ev_ours, gen, events));
         if let Err(e) = thread {
             proc.kill();
             let _ = proc.wait();
@@ -245,7 +242,18 @@ impl Worker {
         self.link.call(Cmd::Notify(event)).map(drop)
     }
 
-    /// Ask for a local proc's modex blob; the id its [`HostEvent::DmodexData`] will carry.
+    /// Answer upcall `reply` (posted, not waited for; the bytes are handed on as they are: a
+    /// fence's result may be tens of MiB). Reply id 0 asks for no answer.
+    pub fn complete(&self, reply: u64, status: i32, data: bytes::Bytes) {
+        if reply == 0 {
+            return;
+        }
+        if let Err(e) = self.link.post(Cmd::Complete(wire::Complete { reply, status, data })) {
+            debug!(reply, "PMIx reply not delivered: {e}");
+        }
+    }
+
+    /// Ask for a local proc's modex blob; the id its `DmodexData` event will carry.
     pub fn dmodex_request(&self, nspace: &str, rank: u32) -> Result<u64, WorkerError> {
         let reply = self.link.call(Cmd::DmodexRequest(wire::DmodexRequest { nspace: nspace.into(), rank }))?;
         Ok(reply.request)

@@ -1,106 +1,51 @@
-//! The daemon as a PMIx host: every daemon runs libpmix's server in a worker process of its
-//! own ([`worker`], driven through `link`), registers each job's namespace from the job map,
-//! gives every local rank the environment `setup_fork` returns, and answers the upcalls from
-//! its actor loop — never inside them.
+//! The daemon's PMIx server, carried out: every daemon runs libpmix's server in a worker
+//! process of its own ([`worker`], driven through `link`). What each upcall becomes is decided
+//! in the core (`dvm_core::pmix`); this module starts, calls, answers and ends the worker.
 //!
-//! - fence_nb -> grpcomm fence: participants from the procs array (wildcard = every daemon
-//!   hosting the job), movement from `PMIX_COLLECT_DATA` only, `PMIX_TIMEOUT` honoured; the
-//!   k-th fence over a participant set is fence k (grpcomm numbers them).
-//! - direct_modex -> asked of the daemon hosting the proc (routed on the tree), which answers
-//!   with `PMIx_server_dmodex_request`.
-//! - abort: reply first, then the job fails once the aborting rank has exited (the order that
-//!   keeps libpmix healthy); log: the text reaches prun.
-//! - spawn, connect/disconnect, publish/lookup/unpublish: `dynamic` (docs/dynamic-mpi.md).
-//! - group construct/destruct (a grpcomm allgather / barrier over the members' daemons) and
-//!   query: `group`.
-//! - events: a client's event for other servers, and the DVM's own (a rank or a daemon
-//!   lost), reach every daemon hosting a proc in range as one xcast: `events`.
+//! - The node's synchronous calls (register a namespace and its clients, a rank's environment,
+//!   a direct-modex request, an event) are the worker's calls ([`PmixHost`], behind
+//!   `dvm_core::Host`, `crate::host`).
+//! - Upcalls arrive as the worker's wire events, tagged with its generation: the shell hands
+//!   those of the current worker to the node and drops the others (their replies cannot reach
+//!   a client). Answers leave as the node's `PmixEffect::Reply`, by the upcall's reply id.
 //! - topology: libpmix discovers the node's hardware topology once, in `PMIx_server_init`;
-//!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it as
-//!   job-level data and Open MPI 4.1's ranks adopt it instead of each discovering it again.
-//!   The worker itself loads it from the user's topology cache ([`topo_cache`]) rather than
-//!   discovering it, so a machine's topology is discovered once per boot and cgroup, not once per server.
+//!   the daemon asks it to share it ([`share_topology`]), so every namespace carries it and
+//!   Open MPI 4.1's ranks adopt it. The worker loads it from the user's topology cache
+//!   ([`topo_cache`]) rather than discovering it, once per boot and cgroup.
 //!
 //! Why a worker process (libpmix 4.2.2, measured in docs/soak.md): the server never frees what
-//! it holds for a client once the client has connected — not when it disconnects, not on
-//! `deregister_client` or `deregister_nspace`; only `PMIx_server_finalize` does, and the server
-//! cannot be started again in the same process (its listener is set up once per process). So
-//! the server lives in a child process, and a worker that has grown by more than
-//! [`PmixSettings::recycle_kib`] is ended when no job uses it and a fresh one started: the
-//! daemon's memory stays flat however many jobs it serves. Ranks also use the hash store
-//! ([`CLIENT_GDS`]), which makes libpmix keep far less per client than its shared-memory store.
-//! A job may still choose with `-x PMIX_GDS_MODULE=...`.
+//! it holds for a client once the client has connected, and cannot be started again in the
+//! same process. So the server lives in a child process, and a worker that grew by more than
+//! [`PmixSettings::recycle_kib`] is replaced when no job uses it (the node decides when).
+//! Ranks use the hash store ([`CLIENT_GDS`]), which makes libpmix keep far less per client.
 //!
-//! Files: this one holds `PmixHost`'s state and the settings; `lifecycle` (start, recycle, end
-//! or lose the worker), `jobs` (a job's namespace and its ranks' environment), `upcalls`
-//! (answering the worker's upcalls, fences and direct modex), and `dynamic`, `group`, `events`.
-//! `lifecycle`, `jobs` and `upcalls` each implement part of `PmixHost` and import from here;
-//! this file imports nothing from them (it only re-exports a few items of `link` and `events`).
+//! Files: this one (the worker's calls), `lifecycle` (start, replace, end), `link` (the
+//! worker's sockets), `worker` (the worker process itself), `value`, `frame`, `topo_cache`.
 //!
-//! Shape: `PmixHost` is a plain struct the shell owns. The shell calls it (a job's launch,
-//! a proc's exit, a fence's completion, a worker event) and drains what it asks of the daemon
-//! core — fences to start, commands to other daemons — with `PmixHost::drain`, in order,
-//! in the shell's one drain loop.
-//!
-//! Traps: a worker's upcall replies are only valid for that worker (events carry its
-//! generation; a stale one is dropped, which fails its upcall); a worker is replaced only when
-//! idle (no namespace, no fence, no direct modex in flight), never under a running job.
+//! Traps: a worker is replaced only when the node says so (idle), never under a running job;
+//! no server starts after `end_now`.
 
-mod dynamic;
-mod events;
 mod frame;
-mod group;
-mod jobs;
 mod lifecycle;
 mod link;
 pub mod topo_cache;
-mod upcalls;
 pub mod value;
 pub mod worker;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use dvm_core::Input as CoreInput;
-use dvm_grpcomm::{FenceError, FenceSignature};
-use dvm_proto::daemon::daemon_cmd;
+use bytes::Bytes;
+use dvm_core::Namespace;
+use dvm_proto::pmixworker as wire;
 use dvm_rml::Rank;
-use pmix_shim::{JobInfo, ProcId, ServerConfig};
+use pmix_shim::{JobInfo, ServerConfig};
 
-use crate::jobmap::Placement;
-pub use events::{event_payload, FROM_DVM};
+pub use dvm_core::pmix::{CLIENT_GDS, PER_DAEMON_VARS};
 pub use link::{discard_preforked, prefork};
 pub(crate) use link::{EventTx, HostEvent};
-use link::{Worker, WorkerReplyHandle};
+use link::{Worker, WorkerError};
 
-/// What `auto` prices the first collecting fence over a set of procs with, per proc: Open
-/// MPI 4.1's modex with the TCP BTL is 44–68 bytes a rank. Every daemon of the fence derives
-/// the same hint from the procs array (or the job's size, for a wildcard).
-pub(crate) const MODEX_BYTES_PER_PROC: u64 = 64;
-
-/// One job's namespace on this daemon.
-struct PmixJob {
-    nspace: String,
-    placement: Placement,
-    registered: bool,
-    /// Every local rank was registered with `register_client` when the job started.
-    clients_registered: bool,
-    connected: BTreeSet<u32>,
-    finalized: BTreeSet<u32>,
-    sigs: BTreeSet<FenceSignature>,
-}
-
-/// Who waits for a fence this daemon runs for libpmix (recorded when the fence starts).
-#[derive(Debug)]
-pub(crate) enum FenceWaiter {
-    /// A fence, connect or disconnect upcall: completed with the fence's bytes.
-    Upcall(WorkerReplyHandle),
-    /// A group construct or destruct: its answer is derived from the fence's bytes.
-    Group(group::GroupWait),
-}
-
-/// This daemon's PMIx hosting: its worker, the namespaces registered there and the upcalls
-/// waiting for an answer.
+/// This daemon's PMIx worker: the one running, those ending.
 pub(crate) struct PmixHost {
     me: Rank,
     host: String,
@@ -114,54 +59,7 @@ pub(crate) struct PmixHost {
     retiring: Vec<std::thread::JoinHandle<()>>,
     /// Set at shutdown: workers still ending are killed at once.
     hurry: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    jobs: BTreeMap<u32, PmixJob>,
-    by_nspace: BTreeMap<String, u32>,
-    /// Fences this daemon runs for libpmix, by the key the core returns them with.
-    fences: BTreeMap<u64, FenceWaiter>,
-    /// Context ids this daemon offered so far (or the highest chosen, if larger): see
-    /// [`group`].
-    ctx_counter: u64,
-    /// Direct modex requests this daemon asked of others (by our id).
-    asked: BTreeMap<u64, WorkerReplyHandle>,
-    /// Requests this daemon serves: worker request id -> (asking daemon, its id).
-    serving: BTreeMap<u64, (Rank, u64)>,
-    next_id: u64,
-    /// What this asks of the daemon core, in order (see [`PmixHost::drain`]).
-    out: Vec<CoreInput>,
-    /// Every job of the DVM by nspace, hosted here or not, with its hosts ([`dynamic`]).
-    known: BTreeMap<String, (u32, Placement, Vec<String>)>,
-    /// Namespaces of jobs with no proc here that this daemon registered with its server
-    /// (participants of a connect or targets of a direct modex).
-    foreign: BTreeSet<String>,
-    /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer
-    /// can overtake its child's maps broadcast): retried as each job's maps arrive.
-    deferred: Vec<dynamic::Deferred>,
-    /// The highest job id whose maps reached this daemon: a request naming a job at or below
-    /// it that is not known names a job that ended or never was, and is refused at once.
-    highest_learned: Option<u32>,
-    /// Connect barriers this daemon reports to the HNP when they complete: fence key -> the
-    /// jobs joined. Every participating daemon reports, before its clients return from the
-    /// connect, so the HNP knows the jobs are joined before it can hear of any failure of
-    /// theirs from this daemon (a report from one daemon raced with a failure reported by
-    /// another, and the joined job was never told: docs/dynamic-mpi.md, "Events").
-    connects: BTreeMap<u64, Vec<u32>>,
-    /// The sets of jobs this daemon reported joined (each once), until one of them ends.
-    reported_connects: BTreeSet<Vec<u32>>,
-    /// Ranks the DVM reported dead (`PMIX_ERR_PROC_ABORTED`), by namespace, while their job
-    /// runs: a group operation naming one fails ([`group`]).
-    dead: BTreeMap<String, BTreeSet<u32>>,
-    /// Group ids the current worker's libpmix keeps a record of: constructed (whatever the
-    /// outcome) and not destructed since. libpmix 4.2.2 reuses a recorded id's member list
-    /// for any later construct of that id, even by another job, which then waits for members
-    /// that are gone; so a worker holding any is replaced once no job uses it.
-    group_records: BTreeSet<String>,
-    /// Spawns asked of the HNP, by our id.
-    spawns: BTreeMap<u64, WorkerReplyHandle>,
-    /// Data server requests asked of the HNP, by our id.
-    data: BTreeMap<u64, (dvm_proto::daemon::DataOp, WorkerReplyHandle)>,
 }
-
-pub(crate) use dvm_core::JobStart;
 
 /// How this daemon runs its PMIx workers.
 #[derive(Debug, Clone)]
@@ -181,11 +79,6 @@ pub const DEFAULT_RECYCLE_KIB: u64 = 512;
 /// one (Open MPI derives its job id and session paths from it).
 pub use dvm_core::jobs::nspace_of;
 
-/// The PMIx data store every rank uses (`PMIX_GDS_MODULE`). libpmix 4.2.2 keeps the
-/// shared-memory store's per-client records for the daemon's lifetime; the hash store keeps
-/// far less (docs/soak.md).
-pub const CLIENT_GDS: &str = "hash";
-
 /// The data stores the server itself opens (`PMIX_MCA_gds` in the worker's environment, unless
 /// dvmd's environment sets it). Its ranks use [`CLIENT_GDS`], so the shared-memory stores
 /// would only cost the server their segments: creating them at `PMIx_server_init` (median
@@ -193,12 +86,6 @@ pub const CLIENT_GDS: &str = "hash";
 /// job that picks `-x PMIX_GDS_MODULE=ds21` still runs (its ranks fall back to the hash
 /// store); a DVM started with `PMIX_MCA_gds=ds21,hash` serves it from shared memory.
 pub const SERVER_GDS: &str = "hash";
-
-/// Open MPI settings a daemon gives its own ranks (its scratch directory). Open MPI 4.1's
-/// MPI_Comm_spawn copies every `OMPI_MCA_*` variable of the spawning rank into the child's
-/// environment: these are dropped from it, so each child rank gets its own daemon's (a child
-/// rank with another daemon's shared-memory directory crashes in its first collective).
-pub const PER_DAEMON_VARS: [&str; 2] = ["OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base"];
 
 pub use dvm_core::jobs::local::{oversubscribed, YIELD_VAR};
 
@@ -221,25 +108,18 @@ pub fn share_topology() -> bool {
 
 /// The job-level facts of a job as registered with a server (the maps; libpmix derives the
 /// rest).
-fn job_info(nspace: &str, placement: &Placement, hosts: &[String], nprocs: u32) -> JobInfo {
-    let proc_map: Vec<Vec<u32>> = placement.daemons().map(|d| placement.procs_on(d).iter().collect()).collect();
+fn job_info(ns: &Namespace<'_>) -> JobInfo {
+    let p = ns.placement;
+    let proc_map: Vec<Vec<u32>> = p.daemons().map(|d| p.procs_on(d).iter().collect()).collect();
     JobInfo {
-        node_map: hosts.to_vec(),
+        node_map: ns.hosts.to_vec(),
         proc_map,
-        job_size: nprocs,
-        universe_size: nprocs,
+        job_size: ns.nprocs,
+        universe_size: ns.nprocs,
         appnum: 0,
-        jobid: Some(nspace.to_owned()),
+        jobid: Some(ns.nspace.to_owned()),
         max_procs: None,
         extra: Vec::new(),
-    }
-}
-
-fn fence_status(e: &FenceError) -> pmix_shim::Status {
-    match e {
-        FenceError::Timeout { .. } => pmix_shim::ERR_TIMEOUT,
-        FenceError::Abandoned { .. } => pmix_shim::ERR_PROC_ABORTED,
-        _ => pmix_shim::ERROR,
     }
 }
 
@@ -273,24 +153,6 @@ impl PmixHost {
             worker: None,
             retiring: Vec::new(),
             hurry: Default::default(),
-            jobs: BTreeMap::new(),
-            by_nspace: BTreeMap::new(),
-            fences: BTreeMap::new(),
-            ctx_counter: 0,
-            asked: BTreeMap::new(),
-            serving: BTreeMap::new(),
-            next_id: 1,
-            out: Vec::new(),
-            known: BTreeMap::new(),
-            foreign: BTreeSet::new(),
-            deferred: Vec::new(),
-            highest_learned: None,
-            connects: BTreeMap::new(),
-            reported_connects: BTreeSet::new(),
-            dead: BTreeMap::new(),
-            group_records: BTreeSet::new(),
-            spawns: BTreeMap::new(),
-            data: BTreeMap::new(),
         }
     }
 
@@ -301,25 +163,125 @@ impl PmixHost {
         self.settings = Some(settings);
     }
 
-    /// What this asks of the daemon core since the last drain, in order.
-    pub(crate) fn drain(&mut self) -> std::vec::Drain<'_, CoreInput> {
-        self.out.drain(..)
+    /// The generation of the running worker (its events carry it).
+    pub(crate) fn current_gen(&self) -> Option<u64> {
+        self.worker.as_ref().map(|w| w.gen)
     }
 
-    fn send_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
-        self.out.push(CoreInput::Cmd { dst, body });
+    fn running(&self) -> Result<&Worker, String> {
+        self.worker.as_ref().ok_or_else(|| "no PMIx server runs here".to_string())
+    }
+
+    pub(crate) fn register_nspace(&self, ns: &Namespace<'_>) -> Result<(), String> {
+        let w = self.running()?;
+        w.register_nspace(ns.nspace, ns.nlocal, &job_info(ns), ns.bound).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn register_clients(&self, nspace: &str, ranks: Vec<u32>) -> Result<(), String> {
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        self.running()?.register_clients(nspace, ranks, uid, gid).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn prepare_client(
+        &self,
+        nspace: &str,
+        rank: u32,
+        registered: bool,
+    ) -> Result<Vec<(String, String)>, String> {
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        self.running()?.prepare_client(nspace, rank, uid, gid, registered).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn deregister_nspace(&self, nspace: &str) -> Result<(), String> {
+        self.running()?.deregister_nspace_nb(nspace).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn dmodex_request(&self, nspace: &str, rank: u32) -> Result<u64, String> {
+        self.running()?.dmodex_request(nspace, rank).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn notify(&self, event: wire::Notify) -> Result<(), String> {
+        self.running()?.notify(event).map_err(|e: WorkerError| e.to_string())
+    }
+
+    /// How much the running worker grew since it was first idle (None: none runs).
+    pub(crate) fn growth_kib(&mut self) -> Option<u64> {
+        self.worker.as_mut().map(Worker::idle_growth_kib)
+    }
+
+    /// Answer the running worker's upcall `reply` (a no-op if the worker is gone).
+    pub(crate) fn complete(&self, reply: u64, status: i32, data: Bytes) {
+        if let Some(w) = self.worker.as_ref() {
+            w.complete(reply, status, data);
+        }
     }
 }
 
-/// A concrete rank of a proc name (None for the wildcard and libpmix's other reserved ranks).
-fn proc_rank(p: &ProcId) -> Option<u32> {
-    match p.rank {
-        pmix_shim::Rank::Id(r) => Some(r),
-        _ => None,
-    }
-}
+#[cfg(test)]
+mod tests {
+    use dvm_core::pmixdef::{self as def, key, range};
+    use pmix_shim::{key_str, sys};
 
-/// `procs` as the core's rules take them (`dvm_core::pmixops`): a rank, or all of them.
-fn procs_view(procs: &[ProcId]) -> Vec<dvm_core::pmixops::Proc<'_>> {
-    procs.iter().map(|p| dvm_core::pmixops::Proc { nspace: &p.nspace, rank: proc_rank(p) }).collect()
+    /// The core decides with PMIx's values without linking libpmix: each is the library's.
+    #[test]
+    fn the_cores_pmix_values_are_the_librarys() {
+        let statuses = [
+            (def::ERROR, sys::PMIX_ERROR),
+            (def::ERR_TIMEOUT, sys::PMIX_ERR_TIMEOUT),
+            (def::ERR_BAD_PARAM, sys::PMIX_ERR_BAD_PARAM),
+            (def::ERR_NOT_FOUND, sys::PMIX_ERR_NOT_FOUND),
+            (def::ERR_NOT_SUPPORTED, sys::PMIX_ERR_NOT_SUPPORTED),
+            (def::ERR_PARTIAL_SUCCESS, sys::PMIX_ERR_PARTIAL_SUCCESS),
+            (def::ERR_DUPLICATE_KEY, sys::PMIX_ERR_DUPLICATE_KEY),
+            (def::ERR_LOST_CONNECTION, sys::PMIX_ERR_LOST_CONNECTION),
+            (def::ERR_JOB_FAILED_TO_MAP, sys::PMIX_ERR_JOB_FAILED_TO_MAP),
+            (def::ERR_JOB_FAILED_TO_LAUNCH, sys::PMIX_ERR_JOB_FAILED_TO_LAUNCH),
+            (def::EVENT_NODE_DOWN, sys::PMIX_EVENT_NODE_DOWN),
+        ];
+        for (ours, lib) in statuses {
+            assert_eq!(ours, lib);
+        }
+        assert_eq!(i64::from(def::SUCCESS), i64::from(sys::PMIX_SUCCESS));
+        assert_eq!(def::ERR_PROC_ABORTED, pmix_shim::ERR_PROC_ABORTED);
+        assert_eq!((def::RANK_WILDCARD, def::RANK_VALID), (sys::PMIX_RANK_WILDCARD, sys::PMIX_RANK_VALID));
+        let ranges = [
+            (range::RM, sys::PMIX_RANGE_RM),
+            (range::LOCAL, sys::PMIX_RANGE_LOCAL),
+            (range::NAMESPACE, sys::PMIX_RANGE_NAMESPACE),
+            (range::SESSION, sys::PMIX_RANGE_SESSION),
+            (range::CUSTOM, sys::PMIX_RANGE_CUSTOM),
+            (range::PROC_LOCAL, sys::PMIX_RANGE_PROC_LOCAL),
+        ];
+        for (ours, lib) in ranges {
+            assert_eq!(ours, u32::from(lib as u8));
+        }
+        let keys: [(&str, &[u8]); 23] = [
+            (key::MAPBY, sys::PMIX_MAPBY),
+            (key::WDIR, sys::PMIX_WDIR),
+            (key::RANGE, sys::PMIX_RANGE),
+            (key::PERSISTENCE, sys::PMIX_PERSISTENCE),
+            (key::USERID, sys::PMIX_USERID),
+            (key::GRPID, sys::PMIX_GRPID),
+            (key::TIMEOUT, sys::PMIX_TIMEOUT),
+            (key::WAIT, sys::PMIX_WAIT),
+            (key::LOCAL_COLLECTIVE_STATUS, sys::PMIX_LOCAL_COLLECTIVE_STATUS),
+            (key::GROUP_ASSIGN_CONTEXT_ID, sys::PMIX_GROUP_ASSIGN_CONTEXT_ID),
+            (key::GROUP_ENDPT_DATA, sys::PMIX_GROUP_ENDPT_DATA),
+            (key::GROUP_CONTEXT_ID, sys::PMIX_GROUP_CONTEXT_ID),
+            (key::QUERY_NUM_PSETS, sys::PMIX_QUERY_NUM_PSETS),
+            (key::QUERY_NAMESPACES, sys::PMIX_QUERY_NAMESPACES),
+            (key::JOB_SIZE, sys::PMIX_JOB_SIZE),
+            (key::NSPACE, sys::PMIX_NSPACE),
+            (key::PROCID, sys::PMIX_PROCID),
+            (key::EVENT_CUSTOM_RANGE, sys::PMIX_EVENT_CUSTOM_RANGE),
+            (def::KEY_EVENT_AFFECTED_PROC, sys::PMIX_EVENT_AFFECTED_PROC),
+            (def::KEY_EVENT_AFFECTED_PROCS, sys::PMIX_EVENT_AFFECTED_PROCS),
+            (def::KEY_EXIT_CODE, sys::PMIX_EXIT_CODE),
+            (def::KEY_EVENT_TEXT_MESSAGE, sys::PMIX_EVENT_TEXT_MESSAGE),
+            (def::KEY_HOSTNAME, sys::PMIX_HOSTNAME),
+        ];
+        for (ours, lib) in keys {
+            assert_eq!(ours, key_str(lib));
+        }
+    }
 }

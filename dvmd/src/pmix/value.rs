@@ -74,6 +74,15 @@ pub fn infos_to_wire(infos: &[Info]) -> Vec<wire::Value> {
     infos.iter().filter_map(to_wire).collect()
 }
 
+/// Every info, one with no wire form kept as its key with kind 0, so the node can refuse it by
+/// name (a publish must not drop a value silently).
+pub fn infos_to_wire_marked(infos: &[Info]) -> Vec<wire::Value> {
+    infos
+        .iter()
+        .map(|i| to_wire(i).unwrap_or_else(|| wire::Value { key: i.key.clone(), ..Default::default() }))
+        .collect()
+}
+
 /// Every value that decodes.
 pub fn infos_from_wire(values: &[wire::Value]) -> Vec<Info> {
     values.iter().filter_map(from_wire).collect()

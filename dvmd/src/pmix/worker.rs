@@ -400,7 +400,7 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
         }
         PmixEvent::Publish { proc, info, reply } => (
             Some(Pending::Op(reply)),
-            Ev::Publish(wire::Publish { proc: Some(proc_of(&proc)), info: super::value::infos_to_wire(&info) }),
+            Ev::Publish(wire::Publish { proc: Some(proc_of(&proc)), info: super::value::infos_to_wire_marked(&info) }),
         ),
         PmixEvent::Lookup { proc, keys, info, reply } => (
             Some(Pending::Lookup(reply)),

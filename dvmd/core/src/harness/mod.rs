@@ -16,38 +16,38 @@ mod net;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::FenceError;
 use dvm_proto::control::job_event;
-use dvm_proto::daemon::daemon_cmd;
+use dvm_proto::pmixworker as wire;
 use dvm_rml::Rank;
 
-use crate::host::{Host, JobStart};
-use crate::jobmap::Placement;
+use crate::host::{Host, Namespace};
 use crate::jobs::{ClientId, ExitKind, Forward, ProcCmd, ProcEvent, ProcSpec, Stream};
 use crate::node::{Effect, Reply, Transmit};
-use crate::{Exit, Input};
+use crate::Exit;
 
 pub use disk::SimDisk;
 pub use net::{contact, job, Net, LATENCY_NS};
 
-/// A PMIx host with no server: it registers what it is told, answers no upcall, and hands the
-/// node the fences it is asked to start.
+/// A PMIx server as the node sees it: it registers what it is told, serves direct-modex
+/// requests by id (the driver answers each with a `DmodexData` upcall), keeps the events it is
+/// handed, and says how much its worker grew.
 #[derive(Debug, Default)]
 pub struct SimHost {
-    /// Router inputs to hand the node at its next step (fences of simulated clients).
-    pub requests: Vec<Input>,
-    /// Fences finished, by key.
-    pub fences_done: Vec<(u64, Result<Bytes, FenceError>)>,
-    /// Jobs whose namespace is registered here and not done.
-    pub namespaces: BTreeSet<u32>,
-    /// Jobs learned (maps seen).
-    pub learned: BTreeSet<u32>,
-    pub events: Vec<Bytes>,
-    pub cmds: Vec<(Rank, daemon_cmd::Body)>,
+    /// No server can start (`pmix_ready` is false).
+    pub broken: bool,
+    /// Namespaces registered and not let go, with their local procs.
+    pub namespaces: BTreeMap<String, u32>,
+    /// Namespaces let go, in order.
+    pub deregistered: Vec<String>,
+    /// Direct-modex requests asked of the server and not answered: id -> (nspace, rank).
+    pub dmodex: BTreeMap<u64, (String, u32)>,
+    next_request: u64,
+    /// Events handed to the server, in order.
+    pub events: Vec<wire::Notify>,
     /// Broadcasts of tags the node does not use, in order.
     pub delivered: Vec<(u32, Bytes)>,
-    /// The PMIx server was ended (TERMINATE).
-    pub ended: bool,
+    /// What the worker grew by since it was first idle (KiB).
+    pub growth_kib: u64,
     pub trims: u64,
 }
 
@@ -61,43 +61,41 @@ impl Host for SimHost {
     fn trim_heap(&mut self) {
         self.trims += 1;
     }
-    fn pmix_learn_job(&mut self, jobid: u32, _nspace: String, _placement: Placement, _hosts: Vec<String>) {
-        self.learned.insert(jobid);
+    fn pmix_ready(&mut self) -> bool {
+        !self.broken
     }
-    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool {
-        self.namespaces.insert(start.jobid);
-        true
+    fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
+        self.namespaces.insert(ns.nspace.to_owned(), ns.nlocal);
+        Ok(())
     }
-    fn pmix_proc_env(&mut self, jobid: u32, rank: u32, _: Option<String>, _: bool, _: bool) -> Vec<(String, String)> {
-        vec![("PMIX_RANK".into(), rank.to_string()), ("PMIX_NAMESPACE".into(), format!("job{jobid}"))]
+    fn pmix_register_clients(&mut self, nspace: &str, _ranks: Vec<u32>) -> Result<(), String> {
+        match self.namespaces.contains_key(nspace) {
+            true => Ok(()),
+            false => Err(format!("namespace {nspace} is not registered")),
+        }
     }
-    fn pmix_proc_exit(&mut self, _jobid: u32, _rank: u32) -> Option<String> {
-        None
+    fn pmix_prepare_client(&mut self, nspace: &str, rank: u32, _: bool) -> Result<Vec<(String, String)>, String> {
+        Ok(vec![("PMIX_RANK".into(), rank.to_string()), ("PMIX_NAMESPACE".into(), nspace.to_owned())])
     }
-    fn pmix_job_done(&mut self, jobid: u32) {
-        self.namespaces.remove(&jobid);
+    fn pmix_deregister_nspace(&mut self, nspace: &str) -> Result<(), String> {
+        self.namespaces.remove(nspace);
+        self.deregistered.push(nspace.to_owned());
+        Ok(())
     }
-    fn pmix_forget_job(&mut self, jobid: u32) {
-        self.namespaces.remove(&jobid);
-        self.learned.remove(&jobid);
+    fn pmix_dmodex_request(&mut self, nspace: &str, rank: u32) -> Result<u64, String> {
+        self.next_request += 1;
+        self.dmodex.insert(self.next_request, (nspace.to_owned(), rank));
+        Ok(self.next_request)
     }
-    fn pmix_fence_done(&mut self, key: u64, result: Result<Bytes, FenceError>) {
-        self.fences_done.push((key, result));
+    fn pmix_notify(&mut self, event: wire::Notify) -> Result<(), String> {
+        self.events.push(event);
+        Ok(())
     }
-    fn pmix_deliver_event(&mut self, payload: Bytes) {
-        self.events.push(payload);
-    }
-    fn pmix_cmd(&mut self, origin: Rank, body: daemon_cmd::Body) {
-        self.cmds.push((origin, body));
+    fn pmix_growth_kib(&mut self) -> Option<u64> {
+        Some(self.growth_kib)
     }
     fn deliver(&mut self, tag: u32, payload: Bytes) {
         self.delivered.push((tag, payload));
-    }
-    fn pmix_end_now(&mut self) {
-        self.ended = true;
-    }
-    fn pmix_requests(&mut self) -> Vec<Input> {
-        std::mem::take(&mut self.requests)
     }
 }
 
@@ -171,6 +169,10 @@ pub struct SimShell {
     /// What each prun received, in order.
     pub clients: BTreeMap<ClientId, Vec<Forward>>,
     pub replies: Vec<(u64, Reply)>,
+    /// Fences the driver started that ended: (key, result), in order.
+    pub fences_done: Vec<(u64, Result<Bytes, dvm_grpcomm::FenceError>)>,
+    /// What the node asked of its PMIx worker (upcall answers, replace, end), in order.
+    pub pmix: Vec<crate::pmix::PmixEffect>,
     pub said: Vec<String>,
     pub ready: bool,
     pub exit: Option<Exit>,
@@ -260,6 +262,8 @@ impl SimShell {
             Effect::Ready => self.ready = true,
             Effect::Say(text) => self.said.push(text),
             Effect::Stage(io) => self.disk.apply(me, io),
+            Effect::Pmix(e) => self.pmix.push(e),
+            Effect::FenceDone { key, result } => self.fences_done.push((key, result)),
             Effect::Exit(e) => {
                 self.exit.get_or_insert(e);
                 self.procs.clear();
@@ -318,6 +322,14 @@ impl SimShell {
             })
             .collect()
     }
+}
+
+/// A node on a [`SimHost`], hosting PMIx as a daemon with a PMIx server does (its worker is
+/// replaced when idle once it grew by 512 KiB).
+pub fn sim_node(cfg: crate::node::NodeConfig) -> crate::Node<SimHost> {
+    let mut node = crate::Node::new(cfg, SimHost::default()).expect("a valid geometry");
+    node.configure_pmix(512);
+    node
 }
 
 /// Everything a node put out after an input, in order.

@@ -105,7 +105,7 @@ impl Net {
             if let Some(own) = cfg.hnp.as_mut().map(|h| &mut h.own) {
                 own.topo = hw.map(|t| t.to_wire());
             }
-            net.nodes.push(Some(Node::new(cfg, SimHost::default()).expect("valid geometry")));
+            net.nodes.push(Some(super::sim_node(cfg)));
         }
         for r in 0..n {
             let start = match (r, n) {
@@ -145,8 +145,7 @@ impl Net {
         assert!(!self.alive(r), "daemon {r} is dead before it restarts");
         let t = self.nodes.iter().flatten().next().expect("a live daemon").router().topology();
         let (n, radix) = (t.size(), t.radix());
-        self.nodes[r as usize] =
-            Some(Node::new(Self::config(r, n, radix, 1, epoch), SimHost::default()).expect("valid"));
+        self.nodes[r as usize] = Some(super::sim_node(Self::config(r, n, radix, 1, epoch)));
         self.shells[r as usize] = SimShell::default();
         let own = Contact { epoch, ..contact(r, 1) };
         self.with(r, |node, now| node.handle_start(now, Start::CheckIn(own)));
@@ -220,6 +219,29 @@ impl Net {
         } else if let Some(at) = timeout {
             self.push(at.max(now), Ev::Timeout { daemon: r });
         }
+    }
+
+    /// Daemon `r`'s PMIx server makes upcall `body`, to be answered with `reply`.
+    pub fn upcall(&mut self, r: Rank, reply: u64, body: dvm_proto::pmixworker::worker_event::Body) {
+        let ev = dvm_proto::pmixworker::WorkerEvent { reply, body: Some(body) };
+        self.with(r, |n, now| n.handle_pmix(now, ev));
+    }
+
+    /// The upcall answers daemon `r` gave its PMIx server: (reply, status, data), in order.
+    pub fn pmix_replies(&self, r: Rank) -> Vec<(u64, i32, bytes::Bytes)> {
+        let replies = self.shells[r as usize].pmix.iter();
+        replies
+            .filter_map(|e| match e {
+                crate::pmix::PmixEffect::Reply { reply, status, data } => Some((*reply, *status, data.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The PMIx name of rank `rank` of job `jobid` of this DVM.
+    pub fn proc(&self, jobid: u32, rank: u32) -> dvm_proto::pmixworker::Proc {
+        let nspace = crate::jobs::nspace_of(&self.node(0).router().dvm_id(), jobid);
+        dvm_proto::pmixworker::Proc { nspace, rank }
     }
 
     /// Daemon `r` dies: its procs with it, its peers hear one latency later.

@@ -24,8 +24,9 @@ use dvm_rml::Rank;
 use tracing::{debug, warn};
 
 use super::{nspace_of, ExitKind, ProcCmd, ProcEvent, ProcSpec};
-use crate::host::{Host, JobStart};
+use crate::host::JobStart;
 use crate::jobmap::{self, place_node, Bind, BindError, Level, NodeTopo, Placement, Plan};
+use crate::pmix::Hosting;
 use crate::Core;
 
 /// Timer slack (µs) of the procs on a machine the job oversubscribes (more of its procs than
@@ -146,7 +147,7 @@ impl LocalJobs {
         self.jobs.get(&jobid).map_or(0, |j| j.live)
     }
 
-    pub(crate) fn on_map(&mut self, r: &Core, host: &mut impl Host, payload: Bytes) {
+    pub(crate) fn on_map(&mut self, r: &Core, host: &mut impl Hosting, payload: Bytes) {
         let map = match JobMap::decode(payload) {
             Ok(m) => m,
             Err(e) => return warn!("undecodable launch map: {e}"),
@@ -168,7 +169,7 @@ impl LocalJobs {
         self.maybe_start(r, host, jobid);
     }
 
-    pub(crate) fn on_residual(&mut self, r: &Core, host: &mut impl Host, data: Bytes) {
+    pub(crate) fn on_residual(&mut self, r: &Core, host: &mut impl Hosting, data: Bytes) {
         match Residual::decode(data) {
             Ok(res) => {
                 let jobid = res.jobid;
@@ -182,7 +183,7 @@ impl LocalJobs {
         }
     }
 
-    fn maybe_start(&mut self, r: &Core, host: &mut impl Host, jobid: u32) {
+    fn maybe_start(&mut self, r: &Core, host: &mut impl Hosting, jobid: u32) {
         let me = r.me();
         let Some(lj) = self.jobs.get(&jobid) else { return };
         let (Some(map), Some(residual), false) = (lj.map.clone(), lj.residual.clone(), lj.started) else { return };
@@ -384,7 +385,7 @@ impl LocalJobs {
     /// from the contact table); false: the job runs without PMIx.
     fn pmix_job_start(
         r: &Core,
-        host: &mut impl Host,
+        host: &mut impl Hosting,
         jobid: u32,
         map: &JobMap,
         nlocal: u32,
@@ -404,7 +405,7 @@ impl LocalJobs {
 
     /// A `JOB_CONTROL` broadcast: kill, signal, or forget a job that ended. True when the
     /// daemon has no local job left after a cleanup.
-    pub(crate) fn on_control(&mut self, host: &mut impl Host, payload: Bytes) -> bool {
+    pub(crate) fn on_control(&mut self, host: &mut impl Hosting, payload: Bytes) -> bool {
         let Ok(ctl) = JobControl::decode(payload) else {
             warn!("undecodable job control");
             return false;
@@ -448,7 +449,7 @@ impl LocalJobs {
     }
 
     /// An event of one of this daemon's processes.
-    pub(crate) fn on_proc(&mut self, me: Rank, host: &mut impl Host, ev: ProcEvent) {
+    pub(crate) fn on_proc(&mut self, me: Rank, host: &mut impl Hosting, ev: ProcEvent) {
         match ev {
             ProcEvent::Started { jobid, rank, pid } => {
                 debug!(jobid, rank, pid, "proc started");
@@ -508,7 +509,7 @@ impl LocalJobs {
         free
     }
 
-    fn proc_done(&mut self, host: &mut impl Host, st: ProcStatus) {
+    fn proc_done(&mut self, host: &mut impl Hosting, st: ProcStatus) {
         let jobid = st.jobid;
         self.slot_of.remove(&(jobid, st.rank));
         self.cpus_of.remove(&(jobid, st.rank));

@@ -24,10 +24,8 @@
 
 use std::collections::BTreeSet;
 
-use bytes::Bytes;
-use dvm_proto::daemon::{JobAbort, PmixEvent};
+use dvm_proto::daemon::JobAbort;
 use dvm_proto::pmixworker as wire;
-use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::info;
 
@@ -38,7 +36,7 @@ use crate::timer::Timer;
 use crate::{dtags, Core};
 
 /// `origin` of an event the DVM raised (no client's server delivered it yet).
-pub const FROM_DVM: u32 = u32::MAX;
+pub use crate::pmix::FROM_DVM;
 
 fn proc(nspace: String, rank: u32) -> wire::Proc {
     wire::Proc { nspace, rank }
@@ -75,7 +73,7 @@ impl JobTable {
         let targets = jobs.iter().map(|&j| proc(nspace_of(&dvm, j), pmixdef::RANK_WILDCARD)).collect();
         info!(status, source = %format!("{}:{}", source.nspace, source.rank), ?jobs, "PMIx event raised by the DVM");
         let event = wire::Notify { status, source: Some(source), range: pmixdef::RANGE_CUSTOM, info };
-        let payload = Bytes::from(PmixEvent { origin: FROM_DVM, event: Some(event), targets }.encode_to_vec());
+        let payload = crate::pmix::event_payload(FROM_DVM, event, targets);
         self.out.push(JobOut::Xcast { tag: dtags::PMIX_EVENT, payload });
     }
 

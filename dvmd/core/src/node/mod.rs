@@ -36,6 +36,7 @@ use crate::host::Host;
 use crate::jobs::hnp::{JobOut, JobTable};
 use crate::jobs::local::{LocalConfig, LocalJobs, LocalOut};
 use crate::jobs::{ClientId, Forward, ProcCmd, ProcEvent, TERMINATE_GRACE_NS};
+use crate::pmix::{Pmix, PmixEffect, PmixOut, With};
 use crate::stage::{origin::Origin, sink::Sink};
 use crate::timer::{Timer, Timers};
 use crate::{dtags, Core, CoreConfig, Effect as R, Exit, Input};
@@ -67,6 +68,10 @@ pub enum Effect {
     Reply { token: u64, reply: Reply },
     /// HNP: the DVM is ready.
     Ready,
+    /// A fence the driver started with [`Node::handle_input`] (`FenceOwner::Driver`) ended.
+    FenceDone { key: u64, result: Result<Bytes, dvm_grpcomm::FenceError> },
+    /// For the PMIx worker: an upcall's answer, replace it, end it.
+    Pmix(PmixEffect),
     /// Disk work of a file transfer (answered with [`Node::handle_stage`]).
     Stage(crate::stage::StageIo),
     /// HNP: a line for the HNP's stderr (a lost daemon, named).
@@ -150,6 +155,8 @@ pub struct NodeConfig {
 pub struct Node<H: Host> {
     router: Core,
     host: H,
+    /// PMIx hosting's decisions (the server itself is the host's).
+    pmix: Pmix,
     /// HNP only.
     jobs: Option<JobTable>,
     ctl: Option<control::HnpControl>,
@@ -182,9 +189,11 @@ impl<H: Host> Node<H> {
             }
             control::HnpControl::new(h.session_dir, h.one_job, h.terminate_deadline_ns)
         });
+        let pmix = Pmix::new(router.me(), cfg.hostname.clone());
         Ok(Node {
             router,
             host,
+            pmix,
             jobs: ctl.as_ref().map(|_| JobTable::default()),
             stage_out: ctl.as_ref().map(|_| Origin::default()),
             stage_in: Sink::default(),
@@ -211,6 +220,13 @@ impl<H: Host> Node<H> {
     }
     pub fn host_mut(&mut self) -> &mut H {
         &mut self.host
+    }
+    pub fn pmix(&self) -> &Pmix {
+        &self.pmix
+    }
+    /// This daemon hosts a PMIx server; an idle worker grown by `recycle_kib` is replaced.
+    pub fn configure_pmix(&mut self, recycle_kib: u64) {
+        self.pmix.configure(recycle_kib);
     }
     /// HNP: the job table.
     pub fn jobs(&self) -> Option<&JobTable> {
@@ -264,15 +280,34 @@ impl<H: Host> Node<H> {
         self.tick(now);
         if !self.exited {
             let me = self.router.me();
-            self.local.on_proc(me, &mut self.host, ev);
+            self.local.on_proc(me, &mut With { pmix: &mut self.pmix, host: &mut self.host }, ev);
         }
         self.run(now);
     }
 
-    /// The PMIx host was given something (a worker event): `f` runs on it, then what it asks
-    /// of the DVM is carried out.
-    pub fn handle_pmix(&mut self, now: u64, f: impl FnOnce(&mut H)) {
-        f(&mut self.host);
+    /// A router input from a workload of the node's driver (the simulator's fence chains and
+    /// broadcasts), stepped like any other.
+    pub fn handle_input(&mut self, now: u64, input: Input) {
+        self.inbox.push_back(input);
+        self.run(now);
+    }
+
+    /// An upcall of the daemon's current PMIx worker (the shell drops those of a worker it
+    /// replaced): its answer leaves as [`PmixEffect::Reply`] with the upcall's reply id.
+    pub fn handle_pmix(&mut self, now: u64, ev: dvm_proto::pmixworker::WorkerEvent) {
+        self.tick(now);
+        if !self.exited {
+            self.pmix.on_upcall(&mut self.host, ev);
+        }
+        self.run(now);
+    }
+
+    /// The current PMIx worker (`pid`) ended by itself (`how`): the jobs with ranks here fail.
+    pub fn handle_pmix_lost(&mut self, now: u64, pid: u32, how: &str) {
+        self.tick(now);
+        if !self.exited {
+            self.pmix.worker_lost(pid, how);
+        }
         self.run(now);
     }
 
@@ -408,9 +443,13 @@ impl<H: Host> Node<H> {
                 }
             }
             moved |= self.carry_stage();
-            let asked = self.host.pmix_requests();
-            moved |= !asked.is_empty();
-            self.inbox.extend(asked);
+            for o in std::mem::take(&mut self.pmix.out) {
+                moved = true;
+                match o {
+                    PmixOut::Router(input) => self.inbox.push_back(input),
+                    PmixOut::Effect(e) => self.effects.push_back(Effect::Pmix(e)),
+                }
+            }
             if !moved {
                 return;
             }
@@ -451,7 +490,11 @@ impl<H: Host> Node<H> {
             R::Deliver { tag, payload } => self.on_deliver(tag, payload),
             R::ScatterDeliver { tag, data } => {
                 if tag == tags::LAUNCH_RESIDUALS {
-                    self.local.on_residual(&self.router, &mut self.host, data);
+                    self.local.on_residual(
+                        &self.router,
+                        &mut With { pmix: &mut self.pmix, host: &mut self.host },
+                        data,
+                    );
                 }
             }
             R::Cmd { origin, body } => self.on_cmd(origin, body),
@@ -476,7 +519,8 @@ impl<H: Host> Node<H> {
                     self.maybe_finish_tree_query();
                 }
             }
-            R::FenceDone { key, result } => self.host.pmix_fence_done(key, result),
+            R::FenceDone { key, result } => self.pmix.fence_done(&mut self.host, key, result),
+            R::DriverFenceDone { key, result } => self.effects.push_back(Effect::FenceDone { key, result }),
             R::BenchDone(r) => self.bench_done(r),
             R::Terminated => {
                 self.terminated();
@@ -488,9 +532,11 @@ impl<H: Host> Node<H> {
 
     fn on_deliver(&mut self, tag: u32, payload: Bytes) {
         match tag {
-            tags::LAUNCH => self.local.on_map(&self.router, &mut self.host, payload),
+            tags::LAUNCH => {
+                self.local.on_map(&self.router, &mut With { pmix: &mut self.pmix, host: &mut self.host }, payload)
+            }
             tags::JOB_CONTROL => {
-                let idle = self.local.on_control(&mut self.host, payload);
+                let idle = self.local.on_control(&mut With { pmix: &mut self.pmix, host: &mut self.host }, payload);
                 if idle && self.jobs.as_ref().is_none_or(|j| j.is_empty()) {
                     // Idle: what the job's messages, processes and streams used goes back to
                     // the system, so a DVM serving thousands of jobs stays at its idle size.
@@ -501,9 +547,9 @@ impl<H: Host> Node<H> {
                 // Every local process ends with the DVM, at once, and so does the PMIx worker
                 // (no job will use it), while the TERMINATE's acknowledgements roll up.
                 self.effects.push_back(Effect::Proc(ProcCmd::KillAll));
-                self.host.pmix_end_now();
+                self.pmix.end_now();
             }
-            dtags::PMIX_EVENT => self.host.pmix_deliver_event(payload),
+            dtags::PMIX_EVENT => self.pmix.deliver_event(&mut self.host, payload),
             dtags::TREE_QUERY => self.tree_view(payload),
             dtags::STAGE => self.stage_in.on_msg(self.router.me(), payload),
             // The router's own (WIREUP, DAEMON_DIED, the link model, benchmarks) never come here.
@@ -526,7 +572,7 @@ impl<H: Host> Node<H> {
             b @ (daemon_cmd::Body::DmodexReq(_)
             | daemon_cmd::Body::DmodexResp(_)
             | daemon_cmd::Body::SpawnResp(_)
-            | daemon_cmd::Body::DataResp(_)) => return self.host.pmix_cmd(origin, b),
+            | daemon_cmd::Body::DataResp(_)) => return self.pmix.on_cmd(&mut self.host, origin, b),
             other => other,
         };
         match self.jobs.as_mut() {

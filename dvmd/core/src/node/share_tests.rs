@@ -2,15 +2,14 @@
 //! cancel, detach/attach and arrays.
 
 use dvm_proto::control::{job_event, CancelRequest, StackTracesReply};
-use dvm_proto::daemon::{daemon_cmd, SpawnReq};
-use dvm_proto::job::{AppContext, ArraySpec, JobSpec};
+use dvm_proto::job::{ArraySpec, JobSpec};
+use dvm_proto::pmixworker::{self as wire, worker_event::Body as Ev};
 
 use super::{Control, Reply};
 use crate::harness::{job, Net, Program};
 use crate::jobs::queue::{ARRAY_INDEX_VAR, MAX_ARRAY};
 use crate::jobs::tools::CANCELLED_EXIT;
 use crate::jobs::ClientId;
-use crate::Input;
 
 const MS: u64 = 1_000_000;
 
@@ -233,17 +232,17 @@ fn spawned_and_prun_jobs_share_the_books_and_a_refused_spawn_names_the_holders()
     let mut net = Net::boot(2, 2, 1);
     let a = net.launch(job(1, hang()));
     net.run();
-    let apps = vec![AppContext { argv: exit(0, 50), np: 1, ..Default::default() }];
-    let req =
-        |id| daemon_cmd::Body::SpawnReq(SpawnReq { id, jobid: 1, rank: 0, apps: apps.clone(), ..Default::default() });
-    net.with(0, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: req(7) })));
+    let argv = exit(0, 50);
+    let app = wire::SpawnApp { cmd: argv[0].clone(), argv, maxprocs: 1, ..Default::default() };
+    let spawn = wire::Spawn { proc: Some(net.proc(1, 0)), job_info: Vec::new(), apps: vec![app] };
+    net.upcall(0, 7, Ev::Spawn(spawn.clone()));
     net.run_for(10 * MS);
     // The spawned job holds the other slot: a prun job waits for it.
     let b = net.launch(job(1, exit(0, 1)));
     net.run_for(MS);
     assert_eq!(queued(&net, b).map(|q| q.0), Some(1));
     // A second spawn finds no slot, and says who holds them.
-    net.with(0, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: req(8) })));
+    net.upcall(0, 8, Ev::Spawn(spawn));
     net.run_for(MS);
     let notices = net.shells[0].notices(a);
     assert!(notices.iter().any(|n| n.ends_with("(the DVM has 2 slots, 2 in use (job 1: 1, job 2: 1))")), "{notices:?}");

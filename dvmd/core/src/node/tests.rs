@@ -1,8 +1,8 @@
 //! The job, recovery, spawn and termination rules on the in-memory harness
 //! (`crate::harness::Net`): real nodes, simulated processes and prun streams.
 
-use dvm_proto::daemon::{daemon_cmd, JobAbort, SpawnReq};
 use dvm_proto::job::{AppContext, JobSpec};
+use dvm_proto::pmixworker::{self as wire, worker_event::Body as Ev};
 
 use super::{Control, Reply};
 use crate::harness::{job, Net, Program};
@@ -168,8 +168,14 @@ fn a_recovering_job_goes_on_after_a_rank_fails_and_exits_with_that_rank_status()
     let (code, why) = net.ended(c).expect("ended");
     assert_eq!(code, 7);
     assert!(why.starts_with("rank 0 on node n0"), "{why}");
-    // Every rank was told: one PMIx event reached each daemon hosting the job.
-    assert!(net.nodes.iter().flatten().all(|n| n.host().events.len() == 1));
+    // Every rank still running was told: one PMIx event reached the server of each daemon
+    // hosting one (daemon 0's only rank had ended), naming rank 0.
+    for d in [1, 2] {
+        let events = &net.node(d).host().events;
+        assert_eq!(events.len(), 1, "daemon {d}");
+        assert_eq!((events[0].status, events[0].source.as_ref().map(|p| p.rank)), (pmixdef::ERR_PROC_ABORTED, Some(0)));
+    }
+    assert!(net.node(0).host().events.is_empty(), "no rank of the job is left on daemon 0");
     assert_clean(&net);
 }
 
@@ -178,10 +184,9 @@ fn an_aborting_rank_that_does_not_exit_fails_its_job_after_the_grace() {
     let mut net = Net::boot(3, 2, 1);
     let c = net.launch(job(3, hang()));
     net.run();
-    let abort = JobAbort { jobid: 1, rank: 2, code: 9, message: String::new(), daemon: 2 };
-    net.with(2, |n, now| {
-        n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: daemon_cmd::Body::JobAbort(abort) }))
-    });
+    let abort = wire::Abort { proc: Some(net.proc(1, 2)), status: 9, message: String::new() };
+    net.upcall(2, 5, Ev::Abort(abort));
+    assert_eq!(net.pmix_replies(2), vec![(5, 0, bytes::Bytes::new())], "answered at once");
     net.run_for(S);
     assert_eq!(net.ended(c), None, "within its grace");
     net.run();
@@ -191,16 +196,17 @@ fn an_aborting_rank_that_does_not_exit_fails_its_job_after_the_grace() {
     assert_clean(&net);
 }
 
-fn spawn_req(id: u64, np: u32) -> daemon_cmd::Body {
-    let apps = vec![AppContext { argv: hang(), np, ..Default::default() }];
-    daemon_cmd::Body::SpawnReq(SpawnReq { id, jobid: 1, rank: 0, apps, ..Default::default() })
+/// A spawn upcall by rank 0 of job 1 for `np` hanging procs.
+fn spawn_upcall(net: &Net, np: i32) -> Ev {
+    let argv = hang();
+    let app = wire::SpawnApp { cmd: argv[0].clone(), argv, maxprocs: np, ..Default::default() };
+    Ev::Spawn(wire::Spawn { proc: Some(net.proc(1, 0)), job_info: Vec::new(), apps: vec![app] })
 }
 
-fn spawn_resp(net: &Net, daemon: u32, id: u64) -> Option<(i32, String)> {
-    net.node(daemon).host().cmds.iter().find_map(|(_, b)| match b {
-        daemon_cmd::Body::SpawnResp(r) if r.id == id => Some((r.status, r.error.clone())),
-        _ => None,
-    })
+/// Daemon `daemon`'s answer to upcall `reply`: (status, data as text).
+fn answer(net: &Net, daemon: u32, reply: u64) -> Option<(i32, String)> {
+    let replies = net.pmix_replies(daemon);
+    replies.into_iter().find(|r| r.0 == reply).map(|(_, st, data)| (st, String::from_utf8_lossy(&data).into_owned()))
 }
 
 #[test]
@@ -208,16 +214,17 @@ fn a_spawn_takes_free_slots_answers_once_started_and_ends_with_its_parent() {
     let mut net = Net::boot(4, 2, 2);
     let c = net.launch(job(4, hang()));
     net.run();
-    net.with(1, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: spawn_req(7, 4) })));
+    net.upcall(1, 7, spawn_upcall(&net, 4));
     net.run();
-    assert_eq!(spawn_resp(&net, 1, 7).map(|r| r.0), Some(0), "answered after its procs started");
+    let child = net.proc(2, 0).nspace;
+    assert_eq!(answer(&net, 1, 7), Some((0, child)), "answered with the child's namespace after its procs started");
     assert_eq!(net.live_procs(), 8);
     // No slot is left: the next spawn is refused by name, and nothing starts.
-    net.with(1, |n, now| n.handle_pmix(now, |h| h.requests.push(Input::Cmd { dst: 0, body: spawn_req(8, 1) })));
+    net.upcall(1, 8, spawn_upcall(&net, 1));
     net.run();
-    let (status, why) = spawn_resp(&net, 1, 8).expect("answered");
-    assert_eq!(status, pmixdef::ERR_JOB_FAILED_TO_MAP);
-    assert!(why.starts_with("MPI_Comm_spawn by rank 0 of job 1 failed: "), "{why}");
+    assert_eq!(answer(&net, 1, 8).map(|a| a.0), Some(pmixdef::ERR_JOB_FAILED_TO_MAP));
+    let notices = net.shells[0].notices(c);
+    assert!(notices.iter().any(|n| n.starts_with("MPI_Comm_spawn by rank 0 of job 1 failed: ")), "{notices:?}");
     assert_eq!(net.live_procs(), 8);
     // The parent's failure takes the spawned job with it; prun hears one end.
     net.kill(3);
@@ -334,9 +341,7 @@ fn a_job_launched_while_a_relay_lags_a_repair_runs_on_every_survivor() {
     let mut net = Net::boot(16, 2, 1);
     net.drop_frames(4, 8);
     let payload = bytes::Bytes::from_static(b"never reaches daemon 8 through 4");
-    net.with(0, |n, now| {
-        n.handle_pmix(now, |h| h.requests.push(Input::Xcast { tag: dvm_grpcomm::tags::USER, payload }))
-    });
+    net.with(0, |n, now| n.handle_input(now, Input::Xcast { tag: dvm_grpcomm::tags::USER, payload }));
     net.run_for(S / 1000);
     net.kill(2);
     net.kill(4);

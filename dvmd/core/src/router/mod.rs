@@ -60,6 +60,9 @@ pub enum FenceOwner {
     Pmix(u64),
     /// The collective benchmark with this id (run inside the core).
     Bench(u64),
+    /// The node's driver (the simulator's workloads): its end leaves as the node's
+    /// `Effect::FenceDone`.
+    Driver(u64),
 }
 
 /// Who asked for an xcast started on this daemon.
@@ -154,8 +157,10 @@ pub enum Effect {
     XcastHeld { key: u64 },
     /// These daemons were declared dead (applied here; HNP: their jobs fail).
     DaemonsFailed { newly: Vec<Rank> },
-    /// A fence owned by the shell (PMIx) finished.
+    /// A fence owned by PMIx hosting finished.
     FenceDone { key: u64, result: Result<Bytes, FenceError> },
+    /// A fence the node's driver started finished.
+    DriverFenceDone { key: u64, result: Result<Bytes, FenceError> },
     /// HNP: a benchmark finished.
     BenchDone(Result<BenchReply, String>),
     /// HNP: every daemon holds TERMINATE.

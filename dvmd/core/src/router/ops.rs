@@ -150,6 +150,7 @@ impl Core {
     pub(super) fn on_fence_complete(&mut self, id: FenceId, result: Result<Bytes, FenceError>) {
         match self.fence_owners.remove(&id) {
             Some(FenceOwner::Pmix(key)) => self.out.push(Effect::FenceDone { key, result }),
+            Some(FenceOwner::Driver(key)) => self.out.push(Effect::DriverFenceDone { key, result }),
             Some(FenceOwner::Bench(b)) => self.on_bench_fence_done(b, id, result),
             None => warn!(seq = id.seq, "a fence nobody owns completed"),
         }

@@ -114,10 +114,8 @@ impl CoreEngine<'_> {
     /// Rank 0 of launch `idx` (on daemon 0: the mapper fills daemon 0's slot first) spawns a
     /// job, if its job started and still runs.
     pub(super) fn spawn(&mut self, idx: usize) {
-        use dvm_core::Input;
         use dvm_proto::control::job_event;
-        use dvm_proto::daemon::{daemon_cmd, SpawnReq};
-        use dvm_proto::job::AppContext;
+        use dvm_proto::pmixworker::{self as wire, worker_event::Body as Ev};
         match self.nodes[0].state {
             State::Running => {}
             State::Stopped => return self.nodes[0].deferred.push(Kind::Spawn { idx }),
@@ -137,11 +135,16 @@ impl CoreEngine<'_> {
         });
         let Some(jobid) = started else { return };
         let sp = self.sc.launches[idx].spawn.clone().expect("planned");
-        let apps = vec![AppContext { argv: sp.program.argv(), np: sp.np, ..Default::default() }];
-        let req = SpawnReq { id: idx as u64 + 1, jobid, rank: 0, apps, ..Default::default() };
+        let argv = sp.program.argv();
+        let app = wire::SpawnApp { cmd: argv[0].clone(), argv, maxprocs: sp.np as i32, ..Default::default() };
+        let nspace = dvm_core::jobs::nspace_of(&self.nodes[0].node.router().dvm_id(), jobid);
+        let proc = wire::Proc { nspace, rank: 0 };
+        let spawn = wire::Spawn { proc: Some(proc), job_info: Vec::new(), apps: vec![app] };
         self.trace.spawns_asked[idx] = Some(self.q.now());
         self.q.note(|| format!("d0 SPAWN for launch {idx} (job {jobid})"));
-        self.drive(0, Input::Cmd { dst: 0, body: daemon_cmd::Body::SpawnReq(req) });
+        // The upcall's reply id is the launch's index + 1.
+        let ev = wire::WorkerEvent { reply: idx as u64 + 1, body: Some(Ev::Spawn(spawn)) };
+        self.drive_in(0, In::Pmix(ev));
     }
 
     /// pterm.
@@ -157,14 +160,13 @@ impl CoreEngine<'_> {
         }
     }
 
-    /// The spawn answers daemon 0's PMIx host received.
+    /// The spawn answers daemon 0's PMIx host gave its server.
     pub(super) fn collect_spawn_answers(&mut self) {
-        use dvm_proto::daemon::daemon_cmd;
-        let cmds = std::mem::take(&mut self.nodes[0].node.host_mut().cmds);
-        for (_, body) in cmds {
-            if let daemon_cmd::Body::SpawnResp(r) = body {
-                if let Some(a) = self.trace.spawn_answers.get_mut((r.id - 1) as usize) {
-                    a.push(r.status);
+        use dvm_core::pmix::PmixEffect;
+        for e in std::mem::take(&mut self.nodes[0].shell.pmix) {
+            if let PmixEffect::Reply { reply, status, .. } = e {
+                if let Some(a) = self.trace.spawn_answers.get_mut((reply - 1) as usize) {
+                    a.push(status);
                 }
             }
         }

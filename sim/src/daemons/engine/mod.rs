@@ -200,7 +200,7 @@ impl Node {
         // Projections stage large files to many daemons: count the bytes, keep none.
         shell.disk.count_only = !sc.stages.is_empty();
         Node {
-            node: dvm_core::Node::new(cfg, SimHost::default()).expect("scenario geometry is valid"),
+            node: dvm_core::harness::sim_node(cfg),
             shell,
             failed_seen: BTreeSet::new(),
             state: State::Running,
@@ -483,7 +483,7 @@ impl<'s> CoreEngine<'s> {
         self.pending.insert((daemon, key), self.trace.fence_calls.len());
         self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.q.now(), done: None });
         self.q.note(|| format!("d{daemon} FENCE job {job} step {step}"));
-        self.drive(daemon, Input::Fence { owner: FenceOwner::Pmix(key), req });
+        self.drive(daemon, Input::Fence { owner: FenceOwner::Driver(key), req });
     }
 
     fn fence_done(&mut self, daemon: Rank, key: u64, result: Result<Bytes, dvm_grpcomm::FenceError>) {

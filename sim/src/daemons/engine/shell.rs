@@ -26,6 +26,8 @@ pub(super) enum In {
     Control(u64, Control),
     /// The disk answered staging (at once, as the daemon's shell does).
     Stage(dvm_core::stage::StageDone),
+    /// An upcall of the daemon's PMIx server (a simulated client's request).
+    Pmix(dvm_proto::pmixworker::WorkerEvent),
 }
 
 impl CoreEngine<'_> {
@@ -98,11 +100,15 @@ impl CoreEngine<'_> {
                 }
             }
             self.after_step(r, &mut inbox);
-            if r == 0 {
-                self.collect_spawn_answers();
-            }
             for e in effects {
                 self.apply(r, e);
+            }
+            for (key, result) in std::mem::take(&mut self.nodes[r as usize].shell.fences_done) {
+                self.q.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
+                self.fence_done(r, key, result);
+            }
+            if r == 0 {
+                self.collect_spawn_answers();
             }
             inbox.extend(self.nodes[r as usize].shell.disk.answers.drain(..).map(In::Stage));
             if crash {
@@ -128,7 +134,6 @@ impl CoreEngine<'_> {
         let failed = n.node.router().topology().failed().clone();
         let newly: Vec<Rank> = failed.difference(&n.failed_seen).copied().collect();
         n.failed_seen = failed;
-        let done = std::mem::take(&mut n.node.host_mut().fences_done);
         let delivered = std::mem::take(&mut n.node.host_mut().delivered);
         if !newly.is_empty() {
             self.q.note(|| format!("d{r} DAEMONS_FAILED {newly:?}"));
@@ -140,10 +145,6 @@ impl CoreEngine<'_> {
             if r == 0 {
                 self.maybe_end_jobs();
             }
-        }
-        for (key, result) in done {
-            self.q.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
-            self.fence_done(r, key, result);
         }
         for (tag, payload) in delivered {
             if tag == JOB_END {
@@ -227,9 +228,10 @@ fn step(node: &mut dvm_core::Node<dvm_core::harness::SimHost>, now: u64, input: 
         In::Router(Input::SendFailed { peer }) => node.handle_link(now, LinkEvent::SendFailed { peer }),
         In::Router(Input::Tick) => node.handle_timeout(now),
         In::Router(Input::CheckIn(own)) => node.handle_start(now, Start::CheckIn(own)),
-        In::Router(other) => node.handle_pmix(now, |h| h.requests.push(other)),
+        In::Router(other) => node.handle_input(now, other),
         In::Proc(ev) => node.handle_proc(now, ev),
         In::Control(token, c) => node.handle_control(now, token, c),
         In::Stage(done) => node.handle_stage(now, done),
+        In::Pmix(ev) => node.handle_pmix(now, ev),
     }
 }
