@@ -18,7 +18,7 @@ fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64)
     }
     eprintln!(
         "n={n} radix={radix} {profile}: {} schedules, {} kills, {} mid-step kills, {} freezes, {} cuts, {} HNP losses, \
-         {} fence calls, {} benchmarks, {} jobs ({} failed), {} evictions, 0 violations",
+         {} fence calls, {} benchmarks, {} jobs ({} failed), {} PMIx upcalls, {} evictions, 0 violations",
         rep.runs,
         rep.kills,
         rep.step_kills,
@@ -29,6 +29,7 @@ fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64)
         rep.benches,
         rep.jobs,
         rep.failed_jobs,
+        rep.pmix_upcalls,
         rep.evictions
     );
 }
@@ -100,6 +101,10 @@ fn regression_seeds() {
         // The job-timeout timer is idle to the event queue: a run stopped with a job still in
         // the HNP's table before its --timeout fired (the engine now runs until the table empties).
         (80001, 7, 2, CoreProfile::Clean, "a hanging job's --timeout"),
+        // An MPI rank's direct modex was asked of a daemon that was then lost: the request
+        // was never answered, and its daemon's PMIx hosting never went idle (a lost owner
+        // now answers it with PMIX_ERR_LOST_CONNECTION, an ended job with NOT_FOUND).
+        (10167, 7, 3, CoreProfile::Faults, "a direct modex asked of a lost daemon"),
     ];
     for &(seed, n, radix, profile, what) in cases {
         let out = run(&CoreScenario::generate(seed, n, radix, profile));

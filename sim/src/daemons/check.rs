@@ -36,6 +36,7 @@ fn fmt_res(r: &Result<Bytes, FenceError>) -> String {
 /// Every violated invariant of one run, each naming the daemon and operation.
 pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     let mut v: Vec<String> = t.engine_errors.clone();
+    v.extend(t.pmix_errors.iter().cloned());
     v.extend(t.shell_errors.iter().cloned());
     let Some(ready) = t.ready_at else {
         v.push("the DVM never became ready (no Effect::Ready at the HNP)".into());

@@ -72,6 +72,8 @@ pub struct CoreCampaignReport {
     /// Jobs pruns submitted, and how many of them failed (a rank, a daemon, a timeout).
     pub jobs: u64,
     pub failed_jobs: u64,
+    /// PMIx upcalls the simulated MPI ranks' servers made (fences, direct modex, spawns).
+    pub pmix_upcalls: u64,
     /// Daemons evicted, and frames from declared-dead daemons that survivors dropped.
     pub evictions: u64,
     pub dead_frames: u64,
@@ -91,6 +93,7 @@ impl CoreCampaignReport {
         self.xcasts += o.xcasts;
         self.jobs += o.jobs;
         self.failed_jobs += o.failed_jobs;
+        self.pmix_upcalls += o.pmix_upcalls;
         self.evictions += o.evictions;
         self.dead_frames += o.dead_frames;
         self.failures.extend(o.failures);
@@ -135,6 +138,7 @@ pub fn campaign_with(
             rep.dead_frames += t.stats.dead_frames;
             rep.jobs += t.launched_at.iter().flatten().count() as u64;
             rep.failed_jobs += t.launch_ends.iter().flatten().filter(|e| e.1 != 0).count() as u64;
+            rep.pmix_upcalls += t.pmix_upcalls + t.spawns_asked.iter().flatten().count() as u64;
             rep.evictions +=
                 t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
         }

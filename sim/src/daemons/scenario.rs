@@ -352,7 +352,8 @@ impl CoreScenario {
 }
 
 /// 0 to 3 jobs of 1 to `n` procs (one slot per daemon): most exit 0, some fail, some hang
-/// until their `--timeout`; some have two apps, some spawn a job while they run. A quarter of
+/// until their `--timeout`; some have two apps, some spawn a job while they run; two in five
+/// are MPI jobs (1 to 3 PMIx fences and a direct modex). A quarter of
 /// the schedules without HNP loss end with `pterm`.
 fn launches(
     seed: u64,
@@ -365,6 +366,8 @@ fn launches(
     use dvm_core::harness::Program;
     use dvm_proto::job::{AppContext, JobSpec};
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a07_c4e5_0000_0025);
+    // Which jobs are MPI jobs comes from a stream of its own: the rest is what it was before.
+    let mut mpi = StdRng::seed_from_u64(seed ^ 0x3b1f_0d6a_0000_0025);
     let mut out = Vec::new();
     for _ in 0..rng.gen_range(0..=3) {
         let np = rng.gen_range(1..=n);
@@ -396,6 +399,15 @@ fn launches(
         } else {
             vec![AppContext { argv: program(&mut rng).argv(), np, ..Default::default() }]
         };
+        let mut apps = apps;
+        if mpi.gen_bool(0.4) {
+            // MPI ranks: fences and a direct modex through their daemons' PMIx servers.
+            let fences = mpi.gen_range(1..=3);
+            for a in &mut apps {
+                a.argv = Program::Mpi { fences }.argv();
+            }
+            runs_ns = runs_ns.max(u64::from(fences + 1) * 20 * alpha);
+        }
         let spec = JobSpec { apps, timeout_s, ..Default::default() };
         let spawn = rng.gen_bool(0.3).then(|| SpawnPlan {
             after: rng.gen_range(0..=4 * alpha),

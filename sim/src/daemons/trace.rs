@@ -100,6 +100,9 @@ pub struct CoreTrace {
     /// (status), in order.
     pub spawns_asked: Vec<Option<u64>>,
     pub spawn_answers: Vec<Vec<i32>>,
+    /// PMIx upcalls the simulated clients made, and what broke the PMIx rules.
+    pub pmix_upcalls: u64,
+    pub pmix_errors: Vec<String>,
 }
 
 impl CoreTrace {

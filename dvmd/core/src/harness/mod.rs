@@ -5,8 +5,9 @@
 //!
 //! A simulated proc does what its argv says ([`Program`]): `sim-exit CODE US` exits with CODE
 //! after US µs, `sim-hang` runs until killed, `sim-signal SIG US` dies by SIG after US µs,
-//! `sim-print TEXT US` writes TEXT to stdout then exits 0 after US µs. Anything else exits 0
-//! at once.
+//! `sim-print TEXT US` writes TEXT to stdout then exits 0 after US µs, `sim-mpi K` runs K
+//! PMIx fences through its daemon's server (driven by the simulator). Anything else exits 0 at
+//! once.
 //!
 //! Never: a socket, a thread or a clock.
 
@@ -35,8 +36,8 @@ pub use net::{contact, job, Net, LATENCY_NS};
 pub struct SimHost {
     /// No server can start (`pmix_ready` is false).
     pub broken: bool,
-    /// Namespaces registered and not let go, with their local procs.
-    pub namespaces: BTreeMap<String, u32>,
+    /// Namespaces registered and not let go: (local procs, procs of the job).
+    pub namespaces: BTreeMap<String, (u32, u32)>,
     /// Namespaces let go, in order.
     pub deregistered: Vec<String>,
     /// Direct-modex requests asked of the server and not answered: id -> (nspace, rank).
@@ -65,7 +66,7 @@ impl Host for SimHost {
         !self.broken
     }
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
-        self.namespaces.insert(ns.nspace.to_owned(), ns.nlocal);
+        self.namespaces.insert(ns.nspace.to_owned(), (ns.nlocal, ns.nprocs));
         Ok(())
     }
     fn pmix_register_clients(&mut self, nspace: &str, _ranks: Vec<u32>) -> Result<(), String> {
@@ -102,10 +103,24 @@ impl Host for SimHost {
 /// What a simulated proc does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Program {
-    Exit { code: i32, after_ns: u64 },
-    Signal { signal: i32, after_ns: u64 },
-    Print { text: String, after_ns: u64 },
+    Exit {
+        code: i32,
+        after_ns: u64,
+    },
+    Signal {
+        signal: i32,
+        after_ns: u64,
+    },
+    Print {
+        text: String,
+        after_ns: u64,
+    },
     Hang,
+    /// An MPI rank: it runs `fences` PMIx fences (and a direct modex) through its daemon's
+    /// server, then exits 0; the simulator's clients drive it (`sim/src/daemons/engine/clients.rs`).
+    Mpi {
+        fences: u32,
+    },
 }
 
 impl Program {
@@ -119,6 +134,7 @@ impl Program {
                 Program::Print { text: argv.get(1).cloned().unwrap_or_default(), after_ns: num(2) * 1_000 }
             }
             Some("sim-hang") => Program::Hang,
+            Some("sim-mpi") => Program::Mpi { fences: num(1) as u32 },
             _ => Program::Exit { code: 0, after_ns: 0 },
         }
     }
@@ -136,6 +152,7 @@ impl Program {
                 vec!["sim-print".into(), text.clone(), (after_ns / 1_000).to_string()]
             }
             Program::Hang => vec!["sim-hang".into()],
+            Program::Mpi { fences } => vec!["sim-mpi".into(), fences.to_string()],
         }
     }
 }
@@ -214,7 +231,7 @@ impl SimShell {
                         });
                         Some((now + after_ns, ExitKind::Code(0)))
                     }
-                    Program::Hang => None,
+                    Program::Hang | Program::Mpi { .. } => None,
                 };
                 if let Some((at, status)) = end {
                     due.push(Due { at, ev: ProcEvent::Exited { jobid, rank, pid, status } });

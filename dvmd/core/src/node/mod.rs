@@ -504,6 +504,8 @@ impl<H: Host> Node<H> {
                 }
             }
             R::DaemonsFailed { newly } => {
+                let failed: BTreeSet<Rank> = newly.iter().copied().collect();
+                self.pmix.daemons_lost(&mut self.host, &failed);
                 if self.jobs.is_some() {
                     for &r in &newly {
                         let why = self.router.loss_reason(r).unwrap_or("declared dead");
@@ -513,7 +515,6 @@ impl<H: Host> Node<H> {
                     for &r in &newly {
                         self.timers.set(Timer::Disconnect(r), self.now.saturating_add(EVICT_GRACE_NS));
                     }
-                    let failed: BTreeSet<Rank> = newly.iter().copied().collect();
                     self.stage_lost(&failed);
                     self.with_jobs(|j, r| j.lost_daemons(r, &failed));
                     self.maybe_finish_tree_query();

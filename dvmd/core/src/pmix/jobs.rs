@@ -230,6 +230,12 @@ impl Pmix {
         self.reported_connects.retain(|jobs| !jobs.contains(&jobid));
         let gone: Vec<String> = self.known.iter().filter(|(_, k)| k.0 == jobid).map(|(n, _)| n.clone()).collect();
         for nspace in gone {
+            // A direct modex of one of its ranks can no longer be answered.
+            let stale: Vec<u64> = self.asked.iter().filter(|(_, a)| a.nspace == nspace).map(|(id, _)| *id).collect();
+            for id in stale {
+                let a = self.asked.remove(&id).expect("listed");
+                self.reply(a.reply, crate::pmixdef::ERR_NOT_FOUND);
+            }
             self.known.remove(&nspace);
             self.dead.remove(&nspace);
             if self.foreign.remove(&nspace) && !self.ended {

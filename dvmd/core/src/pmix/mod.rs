@@ -35,7 +35,7 @@ use bytes::Bytes;
 use dvm_grpcomm::FenceSignature;
 use dvm_proto::daemon::{daemon_cmd, DataOp, JobFail};
 use dvm_rml::Rank;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 pub use dynamic::{parse_map_by, SpawnMapping};
 pub use events::{client_event_scope, event_payload, FROM_DVM};
@@ -93,6 +93,14 @@ struct PmixJob {
     sigs: BTreeSet<FenceSignature>,
 }
 
+/// A direct modex this daemon asked another daemon (or itself) for.
+#[derive(Debug)]
+struct Asked {
+    reply: u64,
+    owner: Rank,
+    nspace: String,
+}
+
 /// Who waits for a fence this daemon runs for libpmix.
 #[derive(Debug)]
 enum Waiter {
@@ -117,8 +125,9 @@ pub struct Pmix {
     fences: BTreeMap<u64, Waiter>,
     /// Context ids this daemon offered so far (or the highest chosen, if larger): `group`.
     ctx_counter: u64,
-    /// Direct modex requests this daemon asked of others: our id -> the upcall's reply.
-    asked: BTreeMap<u64, u64>,
+    /// Direct modex requests this daemon asked: our id -> the upcall's reply, and the daemon
+    /// and namespace asked for (a lost owner or an ended job answers it with an error).
+    asked: BTreeMap<u64, Asked>,
     /// Requests this daemon serves: the server's request id -> (asking daemon, its id).
     serving: BTreeMap<u64, (Rank, u64)>,
     next_id: u64,
@@ -292,6 +301,18 @@ impl Pmix {
         self.data.clear();
         self.deferred.clear();
         self.worker_gone();
+    }
+
+    /// These daemons were declared dead: a direct modex asked of one is answered now (its
+    /// answer can never come), so no client waits for ever and the worker can go idle.
+    pub(crate) fn daemons_lost(&mut self, host: &mut impl Host, failed: &BTreeSet<Rank>) {
+        let lost: Vec<u64> = self.asked.iter().filter(|(_, a)| failed.contains(&a.owner)).map(|(id, _)| *id).collect();
+        for id in lost {
+            let a = self.asked.remove(&id).expect("listed");
+            warn!(owner = a.owner, nspace = %a.nspace, "direct modex failed: daemon {} was lost", a.owner);
+            self.reply(a.reply, crate::pmixdef::ERR_LOST_CONNECTION);
+        }
+        self.maybe_recycle(host);
     }
 
     fn job_of(&self, nspace: &str) -> Option<u32> {

@@ -289,3 +289,15 @@ fn scope_of_client_events() {
     // A custom range naming nobody reaches nobody.
     assert_eq!(client_event_scope(&src, range::CUSTOM, &mut vec![]), None);
 }
+
+#[test]
+fn a_direct_modex_asked_of_a_daemon_that_is_lost_is_answered_with_an_error() {
+    let mut net = running(4);
+    net.upcall(1, 7, Ev::DirectModex(net.proc(1, 3)));
+    net.run_for(1_000_000);
+    assert!(!net.node(3).host().dmodex.is_empty(), "asked of daemon 3");
+    net.kill(3);
+    net.run();
+    assert_eq!(answers(&net, 1, 7), vec![(def::ERR_LOST_CONNECTION, Bytes::new())]);
+    assert_eq!(net.node(1).pmix().waiting(), 0, "nothing is kept for it");
+}

@@ -205,7 +205,7 @@ impl Pmix {
         let Some((owner, jobid, rank)) = owner else { return self.reply(reply, def::ERR_NOT_FOUND) };
         self.register_foreign(host, std::slice::from_ref(&proc));
         let id = self.next_id();
-        self.asked.insert(id, reply);
+        self.asked.insert(id, super::Asked { reply, owner, nspace: proc.nspace.clone() });
         info!(jobid, rank, owner, "direct modex: asking daemon {owner} for rank {rank}");
         let req = DmodexReq { id, nspace: proc.nspace, rank };
         if owner == self.me {
@@ -242,8 +242,8 @@ impl Pmix {
     /// The answer to a direct modex this daemon asked for.
     fn on_dmodex_resp(&mut self, host: &mut impl Host, resp: DmodexResp) {
         debug!(id = resp.id, status = resp.status, bytes = resp.data.len(), "direct modex answer");
-        if let Some(reply) = self.asked.remove(&resp.id) {
-            self.reply_with(reply, resp.status, resp.data);
+        if let Some(a) = self.asked.remove(&resp.id) {
+            self.reply_with(a.reply, resp.status, resp.data);
         }
         self.maybe_recycle(host);
     }

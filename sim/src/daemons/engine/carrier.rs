@@ -216,6 +216,7 @@ impl CoreEngine<'_> {
             return;
         }
         self.q.note(|| format!("KILL d{r} rst {rst}"));
+        self.clients_died(r);
         self.nodes[r as usize].state = State::Dead { rst };
         self.nodes[r as usize].queue.clear();
         self.trace.ends[r as usize] = End::Killed(self.q.now());

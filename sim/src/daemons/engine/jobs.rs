@@ -66,7 +66,14 @@ impl CoreEngine<'_> {
             State::Running => {
                 if self.nodes[daemon as usize].shell.take(&ev) {
                     self.q.note(|| format!("d{daemon} PROC {ev:?}"));
+                    let started = match ev {
+                        ProcEvent::Started { jobid, rank, .. } => Some((jobid, rank)),
+                        _ => None,
+                    };
                     self.drive_in(daemon, In::Proc(ev));
+                    if let Some((jobid, rank)) = started {
+                        self.client_started(daemon, jobid, rank);
+                    }
                 }
             }
             State::Stopped => self.nodes[daemon as usize].deferred.push(Kind::Proc { daemon, ev }),
@@ -157,18 +164,6 @@ impl CoreEngine<'_> {
             }
             State::Stopped => self.nodes[0].deferred.push(Kind::Terminate),
             State::Dead { .. } => {}
-        }
-    }
-
-    /// The spawn answers daemon 0's PMIx host gave its server.
-    pub(super) fn collect_spawn_answers(&mut self) {
-        use dvm_core::pmix::PmixEffect;
-        for e in std::mem::take(&mut self.nodes[0].shell.pmix) {
-            if let PmixEffect::Reply { reply, status, .. } = e {
-                if let Some(a) = self.trace.spawn_answers.get_mut((reply - 1) as usize) {
-                    a.push(status);
-                }
-            }
         }
     }
 }

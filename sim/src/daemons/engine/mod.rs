@@ -35,6 +35,7 @@ use crate::net::Carrier;
 use crate::queue::EventQueue;
 
 mod carrier;
+mod clients;
 mod jobs;
 mod shell;
 
@@ -124,6 +125,11 @@ enum Kind {
         daemon: Rank,
         ev: dvm_core::jobs::ProcEvent,
     },
+    /// An upcall of daemon `daemon`'s PMIx server (`clients`).
+    Upcall {
+        daemon: Rank,
+        ev: dvm_proto::pmixworker::WorkerEvent,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +183,8 @@ pub struct CoreEngine<'s> {
     job_ended: Vec<bool>,
     /// `(p, r) -> time` daemon `p` applied the DAEMON_DIED that declared `r` dead.
     declared: BTreeMap<(Rank, Rank), u64>,
+    /// Simulated MPI ranks and their PMIx upcalls.
+    clients: clients::Clients,
     pub trace: CoreTrace,
 }
 
@@ -262,6 +270,7 @@ impl<'s> CoreEngine<'s> {
             job_finished: vec![BTreeSet::new(); sc.jobs.len()],
             job_ended: vec![false; sc.jobs.len()],
             declared: BTreeMap::new(),
+            clients: Default::default(),
             trace,
         };
         for r in 1..sc.n {
@@ -294,6 +303,7 @@ impl<'s> CoreEngine<'s> {
         self.trace.stats.events = self.q.handled();
         self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
         self.trace.end_ns = self.q.now();
+        self.finish_clients();
         self.finish_jobs();
         for (r, n) in self.nodes.iter().enumerate() {
             self.trace.peak_unnamed[r] = n.shell.disk.peak_unnamed;
@@ -376,6 +386,7 @@ impl<'s> CoreEngine<'s> {
             },
             Kind::Launch { idx } => self.launch(idx),
             Kind::Proc { daemon, ev } => self.proc_event(daemon, ev),
+            Kind::Upcall { daemon, ev } => self.deliver_upcall(daemon, ev),
             Kind::Heard { idx } => self.heard(idx),
             Kind::Spawn { idx } => self.spawn(idx),
             Kind::Stage { idx } => self.stage(idx),

@@ -107,9 +107,7 @@ impl CoreEngine<'_> {
                 self.q.note(|| format!("d{r} FENCE_DONE {key:#x} ok {}", result.is_ok()));
                 self.fence_done(r, key, result);
             }
-            if r == 0 {
-                self.collect_spawn_answers();
-            }
+            self.after_pmix(r);
             inbox.extend(self.nodes[r as usize].shell.disk.answers.drain(..).map(In::Stage));
             if crash {
                 self.kill(r, true);
