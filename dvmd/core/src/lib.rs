@@ -12,7 +12,7 @@
 //! | a proc started, wrote, ended | `handle_proc` | [`jobs::local`] | a command to the HNP |
 //! | the HNP hears of a proc, a spawn, a lookup | (a frame) | [`jobs::hnp`] and its spawn and recovery parts | `Effect::ToClient`, broadcasts |
 //! | maps and residuals | (a frame) | [`jobs::local`] | `Effect::Proc(Spawn)`, PMIx calls by [`Host`] |
-//! | a PMIx upcall | `handle_pmix` | the shell's PMIx host (its requests come back in order) | fences, commands |
+//! | a PMIx upcall, the worker lost | `handle_pmix`, `handle_pmix_lost` | [`pmix`] (namespaces, fences, direct modex, deferral, groups, events, recycling) | `Effect::Pmix` (a reply by id, replace or end the worker), fences, commands |
 //! | a prun stream took output, went away, closed | `handle_prun` | [`jobs::hnp`], `node::control` | credit (`IofAck`) |
 //! | a boot process ended | `handle_boot` | `node::control` | `Effect::Exit` |
 //! | time | `handle_timeout` | [`timer`] table, grpcomm deadlines | whatever the timer's owner decides |

@@ -25,8 +25,7 @@ use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
 use super::info::{self, rank_id, view, Shown};
-use super::upcalls::timeout_ns;
-use super::{Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC, PER_DAEMON_VARS};
+use super::{timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC, PER_DAEMON_VARS};
 use crate::host::Host;
 use crate::pmixdef::{self as def, key};
 use crate::{FenceOwner, Input};

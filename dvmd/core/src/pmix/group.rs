@@ -26,8 +26,7 @@ use dvm_proto::Message;
 use tracing::{debug, info, warn};
 
 use super::info::{self, rank_id, view, Shown};
-use super::upcalls::{fence_status, timeout_ns};
-use super::{dynamic::Deferred, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
+use super::{dynamic::Deferred, fence_status, timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
 use crate::pmixdef::{self as def, key, Status, RANK_WILDCARD};
 use crate::{FenceOwner, Input};
 

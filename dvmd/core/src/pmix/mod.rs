@@ -32,7 +32,7 @@ mod upcalls;
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use dvm_grpcomm::FenceSignature;
+use dvm_grpcomm::{FenceError, FenceSignature};
 use dvm_proto::daemon::{daemon_cmd, DataOp, JobFail};
 use dvm_rml::Rank;
 use tracing::{error, info, warn};
@@ -44,7 +44,7 @@ pub use jobs::{Hosting, With};
 
 use crate::host::Host;
 use crate::jobmap::Placement;
-use crate::pmixdef::Status;
+use crate::pmixdef::{self as def, Status};
 use crate::Input;
 
 /// What `auto` prices the first collecting fence over a set of procs with, per proc: Open
@@ -62,6 +62,20 @@ pub const PER_DAEMON_VARS: [&str; 2] = ["OMPI_MCA_btl_vader_backing_directory", 
 /// shared-memory store's per-client records for the daemon's lifetime; the hash store keeps
 /// far less (docs/soak.md).
 pub const CLIENT_GDS: &str = "hash";
+
+/// The PMIx status a failed fence is answered with.
+fn fence_status(e: &FenceError) -> Status {
+    match e {
+        FenceError::Timeout { .. } => def::ERR_TIMEOUT,
+        FenceError::Abandoned { .. } => def::ERR_PROC_ABORTED,
+        _ => def::ERROR,
+    }
+}
+
+/// `PMIX_TIMEOUT` seconds as a fence's ns (0 or less: none).
+fn timeout_ns(secs: Option<i64>) -> Option<u64> {
+    secs.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000)
+}
 
 /// What PMIx hosting asks of the shell's worker.
 #[derive(Debug, Clone, PartialEq)]

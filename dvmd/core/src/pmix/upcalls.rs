@@ -14,24 +14,10 @@ use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
 use super::info::{rank_id, view, Shown};
-use super::{dynamic::Deferred, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
+use super::{dynamic::Deferred, fence_status, timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
 use crate::host::Host;
-use crate::pmixdef::{self as def, Status};
+use crate::pmixdef as def;
 use crate::{FenceOwner, Input};
-
-/// The PMIx status a failed fence is answered with.
-pub(super) fn fence_status(e: &FenceError) -> Status {
-    match e {
-        FenceError::Timeout { .. } => def::ERR_TIMEOUT,
-        FenceError::Abandoned { .. } => def::ERR_PROC_ABORTED,
-        _ => def::ERROR,
-    }
-}
-
-/// `PMIX_TIMEOUT` seconds as a fence's ns (0 or less: none).
-pub(super) fn timeout_ns(secs: Option<i64>) -> Option<u64> {
-    secs.filter(|&t| t > 0).map(|t| t as u64 * 1_000_000_000)
-}
 
 impl Pmix {
     /// An upcall of the current worker.
