@@ -107,8 +107,9 @@ pub(crate) struct FenceState {
     sigs: BTreeMap<FenceSignature, SigRecord>,
     /// Contributions from a newer topology epoch than ours, replayed when we catch up.
     stash: Vec<(Rank, FenceContrib)>,
-    /// The last signatures forgotten: an allgather block re-sent late (after a lateral loss)
-    /// for one of them is dropped instead of opening a tracker nobody will ever start.
+    /// The last signatures forgotten: an allgather block re-sent late (after a lateral loss),
+    /// or a contribution sent before its sender heard the fence was abandoned, for one of them
+    /// is dropped instead of opening a tracker nobody will ever start.
     forgotten: VecDeque<FenceSignature>,
     /// Daemons newly failed by each repair, in the order applied (identical on every daemon):
     /// the source of a deterministic `LostConnection` list.
@@ -195,6 +196,15 @@ impl FenceState {
         }
         let participant = sig.participants.contains(me);
         let tracked = self.sigs.get(&sig).is_some_and(|r| r.trackers.contains_key(&seq));
+        if !self.sigs.contains_key(&sig) && self.forgotten.contains(&sig) {
+            // Its job ended here (the fence was abandoned, the signature forgotten): the fence
+            // can never complete. The sender's subtree is released with that, instead of a
+            // tracker here waiting for ever for contributions that will not come.
+            debug!(rank = me, from, seq, "contribution for a forgotten signature: released as abandoned");
+            let abandoned = Err(FenceError::Abandoned { daemon: me });
+            ctx.send(from, Body::Release(wire::release_msg(&sig, seq, &abandoned)));
+            return;
+        }
         if !tracked {
             if let Some(rec) = self.sigs.get(&sig).filter(|r| r.is_retired(seq, participant)) {
                 // A re-sent contribution (after a repair) to a fence already done here: answer

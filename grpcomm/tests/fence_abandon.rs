@@ -81,3 +81,65 @@ fn abandoning_what_is_not_held_does_nothing() {
         assert_eq!(net.done[r as usize][0].1, Ok(oracle(&sig, 8, 0, true)));
     }
 }
+
+/// A job ends while its fence is in flight: its daemons abandon the fence and forget the
+/// signature, each as soon as it hears. A contribution sent before its sender heard reaches a
+/// daemon that forgot the signature already: it is dropped there, not made a tracker that
+/// waits for ever.
+#[test]
+fn a_contribution_that_reaches_a_daemon_after_it_forgot_the_signature_is_dropped() {
+    let mut late = 0;
+    for seed in 0..120u64 {
+        let mut rng = XorShift::new(seed + 1);
+        let (n, radix) = [(7, 2), (16, 2), (13, 3)][seed as usize % 3];
+        let sig = FenceSignature::new("job-ends", Participants::All);
+        let mut net = net(n, radix, seed, FenceMovementMode::Tree);
+        // Fence 0 everywhere, then fence 1 on every daemon but the root, whose job ends.
+        for r in 0..n {
+            net.start(r, request(&sig, r, 0, false), 0);
+        }
+        net.run();
+        for r in 1..n {
+            net.start(r, request(&sig, r, 1, false), 0);
+        }
+        for _ in 0..rng.below(3 * n as usize) {
+            net.step();
+        }
+        let in_flight = net.pending_messages();
+        net.with(0, |g| {
+            g.abandon_fences(&sig);
+            assert!(g.forget_fence_signature(&sig), "nothing of it is held after the abandon");
+        });
+        // The job's kill reaches every other daemon a little later: its fence is abandoned
+        // there too (if it still holds it) and the signature forgotten.
+        let mut ends: Vec<(usize, Rank)> = (1..n).map(|r| (rng.below(4 * n as usize), r)).collect();
+        ends.sort_unstable();
+        let mut step = 0;
+        let mut left = ends.into_iter().peekable();
+        loop {
+            while let Some(&(at, r)) = left.peek().filter(|e| e.0 <= step) {
+                let _ = at;
+                left.next();
+                net.with(r, |g| {
+                    g.abandon_fences(&sig);
+                    g.forget_fence_signature(&sig)
+                });
+            }
+            if !net.step() && left.peek().is_none() {
+                break;
+            }
+            step += 1;
+        }
+        // A daemon that still held a tracker when its job ended forgets once it is released.
+        for r in 1..n {
+            net.with(r, |g| g.forget_fence_signature(&sig));
+        }
+        net.run();
+        late += usize::from(in_flight > 0);
+        let held: Vec<(Rank, usize)> =
+            (0..n).map(|r| (r, net.with(r, |g| g.fences_in_flight()))).filter(|h| h.1 > 0).collect();
+        let done: Vec<usize> = (0..n).map(|r| net.done[r as usize].len()).collect();
+        assert!(net.all_quiescent(), "seed {seed} n {n} radix {radix}: trackers left {held:?}, results {done:?}");
+    }
+    assert!(late > 20, "only {late} job ends came with contributions in flight");
+}

@@ -105,6 +105,12 @@ fn regression_seeds() {
         // was never answered, and its daemon's PMIx hosting never went idle (a lost owner
         // now answers it with PMIX_ERR_LOST_CONNECTION, an ended job with NOT_FOUND).
         (10167, 7, 3, CoreProfile::Faults, "a direct modex asked of a lost daemon"),
+        // An MPI job ended (its --timeout) while its ranks' PMIx fence was in flight: the HNP's
+        // daemon abandoned it and forgot the signature, then another daemon's contribution,
+        // sent before it heard, opened a tracker there that waited for ever (grpcomm now
+        // releases such a contribution as abandoned).
+        (109647, 7, 2, CoreProfile::Faults, "a fence contribution after its job ended"),
+        (104198, 7, 2, CoreProfile::Faults, "a fence contribution after its job ended; the run never quiesced"),
     ];
     for &(seed, n, radix, profile, what) in cases {
         let out = run(&CoreScenario::generate(seed, n, radix, profile));
