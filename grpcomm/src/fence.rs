@@ -299,6 +299,13 @@ impl FenceState {
         let (me, seq) = (ctx.topo.me(), m.seq);
         let participant = sig.participants.contains(me);
         let result = if m.status != 0 { Err(wire::error_from_wire(m.status, &m.error)) } else { Ok(m.data) };
+        if !self.sigs.contains_key(&sig) && self.forgotten.contains(&sig) {
+            // A result pushed again after a repair, for a job that ended here: keeping a record
+            // of it would make the signature live again, and a contribution re-sent by a new
+            // child would then open a tracker that waits for ever.
+            debug!(rank = me, from, seq, "release for a forgotten signature dropped");
+            return;
+        }
         let rec = self.sigs.entry(sig.clone()).or_default();
         if !rec.trackers.contains_key(&seq) {
             if rec.is_retired(seq, participant) {

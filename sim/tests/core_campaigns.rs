@@ -111,6 +111,15 @@ fn regression_seeds() {
         // releases such a contribution as abandoned).
         (109647, 7, 2, CoreProfile::Faults, "a fence contribution after its job ended"),
         (104198, 7, 2, CoreProfile::Faults, "a fence contribution after its job ended; the run never quiesced"),
+        // A daemon whose job had ended got a fence's result pushed again after a repair (its
+        // new parent's), which made the forgotten signature live again; the re-sent
+        // contribution of a new child, which had missed the release on a lossy cut, then
+        // opened a tracker that waited for ever (a release for a forgotten signature is now
+        // dropped).
+        (303194, 16, 2, CoreProfile::Faults, "a release for a forgotten signature after a repair"),
+        // The engine delivered an upcall of a killed daemon's server to its next incarnation.
+        (202541, 7, 3, CoreProfile::Faults, "a restarted daemon and its former server's upcall"),
+        (312099, 16, 2, CoreProfile::Faults, "a restarted daemon and its former server's upcall"),
     ];
     for &(seed, n, radix, profile, what) in cases {
         let out = run(&CoreScenario::generate(seed, n, radix, profile));

@@ -1,30 +1,12 @@
 //! Mapping policies (Open MPI / PRRTE habits): per-node proc counts first, then the compact
 //! [`Placement`]. Rank sequence = apps concatenated (MPMD), mapped as one.
 
-use std::sync::Arc;
-
 use dvm_proto::job::{BindTo, JobSpec, MapBy, RankBy};
 
 use super::bind::{place_node, Bind, Plan};
-use super::placement::{Layout, Placement};
-use super::topo::{Level, NodeTopo};
+use super::placement::{block_layout, layout_of, Layout, NodeSlots, Placement};
+use super::topo::Level;
 use super::MapError;
-
-/// A candidate node of the DVM: the daemon on it, its host name, its slots and its hardware
-/// (when it reported it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeSlots {
-    pub daemon: u32,
-    pub host: String,
-    pub slots: u32,
-    pub topo: Option<Arc<NodeTopo>>,
-}
-
-impl NodeSlots {
-    pub fn new(daemon: u32, host: impl Into<String>, slots: u32) -> NodeSlots {
-        NodeSlots { daemon, host: host.into(), slots, topo: None }
-    }
-}
 
 /// How every node places its procs on its hardware, from the job's options.
 pub fn plan_of(spec: &JobSpec, nprocs: u32) -> Plan {
@@ -369,20 +351,6 @@ fn deal(rounds: &[Vec<u32>], nprocs: u32) -> Vec<u32> {
     node_of
 }
 
-/// The most compact layout giving node `node_of[r]` to rank `r` (`counts`: procs per node):
-/// round-robin when dealt one by one, blocks when ranks never go back to an earlier node, else
-/// the explicit list.
-pub(super) fn layout_of(node_of: Vec<u32>, counts: &[u32]) -> Layout {
-    let k = counts.len() as u32;
-    if node_of.iter().enumerate().all(|(r, &i)| i == r as u32 % k) {
-        Layout::RoundRobin
-    } else if node_of.windows(2).all(|w| w[1] >= w[0]) {
-        block_layout(counts)
-    } else {
-        Layout::Explicit { node_of }
-    }
-}
-
 /// Refuse before launch a binding some node cannot honour (each node placed as its daemon
 /// will place it, with none of its PUs held by other jobs).
 fn check_binding(spec: &JobSpec, p: &Placement, usable: &[&NodeSlots]) -> Result<(), MapError> {
@@ -430,25 +398,6 @@ fn ranges(daemons: &[u32]) -> Vec<(u32, u32)> {
 fn block(nprocs: u32, app_first_rank: Vec<u32>, daemons: &[u32], counts: &[u32]) -> Placement {
     Placement::new(nprocs, app_first_rank, ranges(daemons), block_layout(counts))
         .expect("the mapper builds a valid block placement")
-}
-
-/// Blocks of `counts`: uniform when every node but the last holds the same count and the last
-/// no more, else per node.
-fn block_layout(counts: &[u32]) -> Layout {
-    let each = counts[0];
-    let (last, body) = counts.split_last().expect("at least one node");
-    if body.iter().all(|&c| c == each) && *last <= each {
-        Layout::Block { each }
-    } else {
-        let mut first_rank = Vec::with_capacity(counts.len() + 1);
-        let mut r = 0;
-        first_rank.push(0);
-        for &c in counts {
-            r += c;
-            first_rank.push(r);
-        }
-        Layout::PerNode { first_rank }
-    }
 }
 
 #[cfg(test)]

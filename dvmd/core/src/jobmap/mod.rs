@@ -23,8 +23,8 @@ pub mod topo;
 mod wire;
 
 pub use bind::{place_node, rank_rounds, Bind, BindError, Placed, Plan};
-pub use mapper::{map_job, plan_of, NodeSlots};
-pub use placement::{Layout, Placement, ProcInfo, Ranks};
+pub use mapper::{map_job, plan_of};
+pub use placement::{Layout, NodeSlots, Placement, ProcInfo, Ranks};
 pub use rankfile::rankfile_cpus;
 pub use topo::{Level, NodeTopo};
 pub use wire::{encode, launch_sizes, local_procs, LaunchSizes, LocalProc, MAX_LOCAL_PROCS};

@@ -5,6 +5,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::topo::NodeTopo;
+
 /// A set of ranks in increasing order: `first`, `first + stride`, ... (`count` of them), or
 /// a list (a node's ranks under an explicit layout, shared with the placement).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -417,6 +419,55 @@ impl Placement {
     /// All procs in rank order, computed one at a time.
     pub fn procs(&self) -> impl Iterator<Item = ProcInfo> + '_ {
         (0..self.nprocs).filter_map(|r| self.proc(r))
+    }
+}
+
+/// A candidate node of the DVM: the daemon on it, its host name, its slots and its hardware
+/// (when it reported it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSlots {
+    pub daemon: u32,
+    pub host: String,
+    pub slots: u32,
+    pub topo: Option<Arc<NodeTopo>>,
+}
+
+impl NodeSlots {
+    pub fn new(daemon: u32, host: impl Into<String>, slots: u32) -> NodeSlots {
+        NodeSlots { daemon, host: host.into(), slots, topo: None }
+    }
+}
+
+/// The most compact layout giving node `node_of[r]` to rank `r` (`counts`: procs per node):
+/// round-robin when dealt one by one, blocks when ranks never go back to an earlier node, else
+/// the explicit list.
+pub(super) fn layout_of(node_of: Vec<u32>, counts: &[u32]) -> Layout {
+    let k = counts.len() as u32;
+    if node_of.iter().enumerate().all(|(r, &i)| i == r as u32 % k) {
+        Layout::RoundRobin
+    } else if node_of.windows(2).all(|w| w[1] >= w[0]) {
+        block_layout(counts)
+    } else {
+        Layout::Explicit { node_of }
+    }
+}
+
+/// Blocks of `counts`: uniform when every node but the last holds the same count and the last
+/// no more, else per node.
+pub(super) fn block_layout(counts: &[u32]) -> Layout {
+    let each = counts[0];
+    let (last, body) = counts.split_last().expect("at least one node");
+    if body.iter().all(|&c| c == each) && *last <= each {
+        Layout::Block { each }
+    } else {
+        let mut first_rank = Vec::with_capacity(counts.len() + 1);
+        let mut r = 0;
+        first_rank.push(0);
+        for &c in counts {
+            r += c;
+            first_rank.push(r);
+        }
+        Layout::PerNode { first_rank }
     }
 }
 

@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 
 use dvm_proto::job::{JobSpec, RankfileEntry};
 
-use super::mapper::NodeSlots;
-use super::placement::Placement;
+use super::placement::{layout_of, NodeSlots, Placement};
 use super::topo::{parse_list, Level, NodeTopo};
 use super::MapError;
 
@@ -68,7 +67,7 @@ pub fn map_rankfile(
     let node_idx: BTreeMap<u32, u32> = order.iter().enumerate().map(|(i, &d)| (d, i as u32)).collect();
     let idx: Vec<u32> = placed.iter().map(|(_, n)| node_idx[&n.daemon]).collect();
     let counts: Vec<u32> = order.iter().map(|d| count[d]).collect();
-    let layout = super::mapper::layout_of(idx, &counts);
+    let layout = layout_of(idx, &counts);
     let ranges = order.iter().map(|&d| (d, 1)).collect();
     Placement::new(np, app_first_rank, ranges, layout).map_err(|why| refuse(spec, 0, why))
 }

@@ -28,9 +28,7 @@ use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
-use super::queue::{ArrayState, Waiting};
-use super::stacks::StackQuery;
-use super::tools::{EndedJob, Kept};
+use super::records::{ArrayState, EndedJob, Kept, StackFor, StackQuery, Waiting};
 use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, LOST_EXIT, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::dataserver::DataServer;
 use crate::jobmap::{self, NodeSlots, Placement};
@@ -507,7 +505,7 @@ impl JobTable {
         if job.stacks_on_timeout && !job.failing() {
             // The ranks' stacks first (where it hung), then the kill.
             self.notice(jobid, format!("job {jobid} exceeded its --timeout of {t} s: its ranks' stack traces follow"));
-            self.request_stacks(r, jobid, super::stacks::StackFor::Timeout(why));
+            self.request_stacks(r, jobid, StackFor::Timeout(why));
             return;
         }
         self.fail_job(r, jobid, TIMEOUT_EXIT, why);

@@ -11,6 +11,7 @@ pub mod local;
 pub mod preload;
 pub mod proc;
 pub mod queue;
+mod records;
 mod recovery;
 mod spawn;
 pub mod stacks;

@@ -18,6 +18,7 @@ use dvm_proto::job::{BindTo, JobSpec};
 use tracing::{debug, info, warn};
 
 use super::hnp::JobTable;
+pub(crate) use super::records::{ArrayState, Waiting};
 use super::{event, ClientId};
 use crate::jobmap::{self, NodeSlots, Placement};
 use crate::Core;
@@ -28,42 +29,6 @@ pub const MAX_QUEUED: u64 = 100_000;
 pub const MAX_ARRAY: u64 = 100_000;
 /// The environment variable that gives an array element its index.
 pub const ARRAY_INDEX_VAR: &str = "DVM_ARRAY_INDEX";
-
-/// A submission waiting for slots.
-#[derive(Debug)]
-pub(crate) struct Waiting {
-    /// The job's id (an array's own id; its elements get theirs when they start).
-    pub jobid: u32,
-    pub spec: JobSpec,
-    pub client: ClientId,
-    /// When it was submitted (ns).
-    pub since: u64,
-    /// An array: the next index to start and the last.
-    pub next: Option<(u32, u32)>,
-    /// A detached job with a prun attached (as `client`) while it waits.
-    pub attached: bool,
-}
-
-impl Waiting {
-    /// Jobs this entry still stands for.
-    pub fn count(&self) -> u64 {
-        self.next.map_or(1, |(n, last)| u64::from(last - n) + 1)
-    }
-}
-
-/// An array's progress, for its prun's summary.
-#[derive(Debug, Clone)]
-pub(crate) struct ArrayState {
-    pub client: ClientId,
-    pub total: u64,
-    pub ended: u64,
-    pub failed: u64,
-    /// Elements that never started (cancelled, terminated, no longer fitting).
-    pub unrun: u64,
-    /// The first element that failed: (index, status, why).
-    pub first_failure: Option<(u32, i32, String)>,
-    pub spec: JobSpec,
-}
 
 /// Whether a job fits now.
 pub(crate) enum Fit {

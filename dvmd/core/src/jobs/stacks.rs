@@ -13,30 +13,13 @@ use dvm_proto::daemon::{daemon_cmd, StackReq, StackResp};
 use dvm_rml::Rank;
 
 use super::hnp::{JobOut, JobTable};
+pub(crate) use super::records::{StackFor, StackQuery};
 use super::TIMEOUT_EXIT;
 use crate::timer::Timer;
 use crate::Core;
 
 /// How long a stack-trace query waits for the daemons (ns).
 pub const STACKS_WAIT_NS: u64 = 30_000_000_000;
-
-/// Who asked.
-#[derive(Debug, Clone)]
-pub(crate) enum StackFor {
-    /// A control call, answered by its token.
-    Control(u64),
-    /// The job's `--timeout`: shown on its prun, then the job is killed with this sentence.
-    Timeout(String),
-}
-
-#[derive(Debug)]
-pub(crate) struct StackQuery {
-    jobid: u32,
-    waiting: BTreeSet<Rank>,
-    stacks: Vec<RankStack>,
-    errors: Vec<String>,
-    asked: StackFor,
-}
 
 impl JobTable {
     /// A control call for a running job's stacks; Err: no such job.

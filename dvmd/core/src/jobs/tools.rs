@@ -11,99 +11,23 @@
 //! Never: a job cancelled by another user (root excepted), or attached to while its own
 //! prun follows it.
 
-use std::collections::VecDeque;
-
-use dvm_proto::control::{
-    job_event, CancelReply, JobEnded, JobEvent, JobInfo, JobNotice, JobOutput, JobsReply, NodeInfo,
-};
+use dvm_proto::control::{job_event, CancelReply, JobEnded, JobEvent, JobInfo, JobOutput, JobsReply, NodeInfo};
 use dvm_proto::job::IofChunk;
 
 use super::hnp::JobTable;
-use super::queue::{Waiting, MAX_QUEUED};
+use super::queue::MAX_QUEUED;
+use super::records::Waiting;
+pub use super::records::KEPT_OUTPUT_BYTES;
+pub(crate) use super::records::{EndedJob, Kept};
 use super::{event, ClientId, Forward};
 use crate::Core;
 
-/// Output kept per detached job (bytes).
-pub const KEPT_OUTPUT_BYTES: usize = 1 << 20;
 /// Ended jobs listed.
 pub const ENDED_KEPT: usize = 1024;
 /// Ended detached jobs whose kept output can still be attached to.
 pub const ENDED_OUTPUT_KEPT: usize = 64;
 /// Exit status of a cancelled job (SIGTERM's).
 pub const CANCELLED_EXIT: i32 = 143;
-
-/// The output and notices of a detached job, oldest first, bounded.
-#[derive(Debug, Default, Clone)]
-pub struct Kept {
-    events: VecDeque<JobEvent>,
-    bytes: usize,
-    dropped: u64,
-}
-
-/// What the bound counts for each kept event besides its bytes (its record).
-const EVENT_COST: usize = 64;
-/// Consecutive output of one rank and stream is kept as one chunk up to this size.
-const MERGE_UP_TO: usize = 64 << 10;
-
-impl Kept {
-    fn size(e: &JobEvent) -> usize {
-        EVENT_COST
-            + match &e.event {
-                Some(job_event::Event::Output(o)) => o.data.len(),
-                Some(job_event::Event::Notice(n)) => n.text.len(),
-                _ => 0,
-            }
-    }
-
-    /// Keep `e`: output is copied (never a view into a larger read buffer) and joined to the
-    /// previous chunk of the same rank and stream while that stays small.
-    pub fn push(&mut self, mut e: JobEvent) {
-        if let Some(job_event::Event::Output(o)) = e.event.as_mut() {
-            if let Some(job_event::Event::Output(last)) = self.events.back_mut().and_then(|l| l.event.as_mut()) {
-                if last.rank == o.rank && last.stream == o.stream && last.data.len() + o.data.len() <= MERGE_UP_TO {
-                    let mut joined = Vec::with_capacity(last.data.len() + o.data.len());
-                    joined.extend_from_slice(&last.data);
-                    joined.extend_from_slice(&o.data);
-                    last.data = joined.into();
-                    self.bytes += o.data.len();
-                    return self.trim();
-                }
-            }
-            o.data = bytes::Bytes::copy_from_slice(&o.data);
-        }
-        self.bytes += Self::size(&e);
-        self.events.push_back(e);
-        self.trim();
-    }
-
-    fn trim(&mut self) {
-        while self.bytes > KEPT_OUTPUT_BYTES && self.events.len() > 1 {
-            let old = self.events.pop_front().expect("non-empty");
-            let n = Self::size(&old);
-            self.bytes -= n;
-            self.dropped += (n - EVENT_COST) as u64;
-        }
-    }
-
-    /// What an attaching prun is sent first.
-    fn replay(&self) -> Vec<JobEvent> {
-        let mut out = Vec::with_capacity(self.events.len() + 1);
-        if self.dropped > 0 {
-            let text =
-                format!("{} bytes of earlier output were dropped (a job keeps {KEPT_OUTPUT_BYTES})", self.dropped);
-            out.push(JobEvent { event: Some(job_event::Event::Notice(JobNotice { text })) });
-        }
-        out.extend(self.events.iter().cloned());
-        out
-    }
-}
-
-/// An ended job, as listed.
-#[derive(Debug, Clone)]
-pub(crate) struct EndedJob {
-    pub info: JobInfo,
-    pub kept: Option<Kept>,
-}
 
 impl JobTable {
     /// Output of a detached job: kept (and, while a prun is attached, forwarded by the caller).
@@ -318,32 +242,5 @@ impl JobTable {
             Some(_) => Err(format!("job {jobid} has ended and its output is no longer kept")),
             None => Err(format!("no job {jobid} in this DVM")),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn out(rank: u32, n: usize) -> JobEvent {
-        let data = bytes::Bytes::from(vec![b'x'; n]);
-        JobEvent { event: Some(job_event::Event::Output(JobOutput { rank, stream: 1, data, jobid: 1, read_at_us: 0 })) }
-    }
-
-    #[test]
-    fn kept_output_is_bounded_by_bytes_and_records_and_small_chunks_are_joined() {
-        let mut k = Kept::default();
-        for _ in 0..(4 * KEPT_OUTPUT_BYTES) {
-            k.push(out(0, 1));
-        }
-        assert!(k.bytes <= KEPT_OUTPUT_BYTES);
-        assert!(k.events.len() <= KEPT_OUTPUT_BYTES / MERGE_UP_TO + 2, "{} events kept", k.events.len());
-        assert_eq!(k.dropped as usize + k.bytes - k.events.len() * EVENT_COST, 4 * KEPT_OUTPUT_BYTES);
-        // Two ranks interleaved are not joined, and their order is kept.
-        let mut k = Kept::default();
-        for i in 0..4 {
-            k.push(out(i % 2, 10));
-        }
-        assert_eq!(k.events.len(), 4);
     }
 }

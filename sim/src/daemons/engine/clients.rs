@@ -44,6 +44,9 @@ pub(super) struct Clients {
     /// The first daemon's result of each fence (job, k).
     results: BTreeMap<(u32, u32), (Rank, Bytes)>,
     pub upcalls: u64,
+    /// Deaths of each daemon: an upcall of a server that died with its daemon never reaches
+    /// the daemon's next incarnation.
+    deaths: BTreeMap<Rank, u32>,
 }
 
 /// What a rank's server holds as its modex (what a direct modex of it must return).
@@ -83,7 +86,8 @@ impl CoreEngine<'_> {
         self.clients.upcalls += 1;
         let think = self.rng.gen_range(0..=self.sc.think_ns);
         let ev = wire::WorkerEvent { reply, body: Some(body) };
-        self.q.push(self.q.now() + think, Kind::Upcall { daemon: r, ev });
+        let life = self.clients.deaths.get(&r).copied().unwrap_or(0);
+        self.q.push(self.q.now() + think, Kind::Upcall { daemon: r, life, ev });
     }
 
     fn fence_upcall(&mut self, r: Rank, job: u32, k: u32, of: u32) {
@@ -95,10 +99,13 @@ impl CoreEngine<'_> {
     }
 
     /// An upcall reaches daemon `r`'s node (a frozen daemon's server waits with it).
-    pub(super) fn deliver_upcall(&mut self, r: Rank, ev: wire::WorkerEvent) {
+    pub(super) fn deliver_upcall(&mut self, r: Rank, life: u32, ev: wire::WorkerEvent) {
+        if self.clients.deaths.get(&r).copied().unwrap_or(0) != life {
+            return;
+        }
         match self.nodes[r as usize].state {
             State::Running => self.drive_in(r, super::shell::In::Pmix(ev)),
-            State::Stopped => self.nodes[r as usize].deferred.push(Kind::Upcall { daemon: r, ev }),
+            State::Stopped => self.nodes[r as usize].deferred.push(Kind::Upcall { daemon: r, life, ev }),
             State::Dead { .. } => {}
         }
     }
@@ -191,6 +198,7 @@ impl CoreEngine<'_> {
 
     /// Daemon `r` died: its clients and their upcalls with it.
     pub(super) fn clients_died(&mut self, r: Rank) {
+        *self.clients.deaths.entry(r).or_default() += 1;
         self.clients.outstanding.retain(|(d, _), _| *d != r);
         self.clients.started.retain(|(d, _), _| *d != r);
         self.clients.began.retain(|(d, _)| *d != r);

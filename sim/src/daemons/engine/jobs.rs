@@ -7,10 +7,7 @@ use dvm_core::stage::{SourceFile, StagePlan};
 use dvm_grpcomm::Rank;
 
 use super::shell::In;
-use super::{CoreEngine, Kind, State};
-
-/// Control tokens of staging requests: this plus the stage's index.
-pub(super) const STAGE_TOKEN: u64 = 1 << 40;
+use super::{CoreEngine, Kind, State, STAGE_TOKEN};
 
 /// The client id of launch `idx`.
 fn client(idx: usize) -> ClientId {

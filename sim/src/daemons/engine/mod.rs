@@ -43,6 +43,9 @@ mod shell;
 /// receiver to declare the sender dead, then is dropped.
 const MAX_DELAY_ROUNDS: u32 = 20;
 
+/// Control tokens of staging requests: this plus the stage's index.
+pub(super) const STAGE_TOKEN: u64 = 1 << 40;
+
 #[derive(Debug, Clone)]
 enum Msg {
     Frame {
@@ -125,9 +128,10 @@ enum Kind {
         daemon: Rank,
         ev: dvm_core::jobs::ProcEvent,
     },
-    /// An upcall of daemon `daemon`'s PMIx server (`clients`).
+    /// An upcall of daemon `daemon`'s PMIx server (`clients`), from its `life`-th incarnation.
     Upcall {
         daemon: Rank,
+        life: u32,
         ev: dvm_proto::pmixworker::WorkerEvent,
     },
 }
@@ -386,7 +390,7 @@ impl<'s> CoreEngine<'s> {
             },
             Kind::Launch { idx } => self.launch(idx),
             Kind::Proc { daemon, ev } => self.proc_event(daemon, ev),
-            Kind::Upcall { daemon, ev } => self.deliver_upcall(daemon, ev),
+            Kind::Upcall { daemon, life, ev } => self.deliver_upcall(daemon, life, ev),
             Kind::Heard { idx } => self.heard(idx),
             Kind::Spawn { idx } => self.spawn(idx),
             Kind::Stage { idx } => self.stage(idx),

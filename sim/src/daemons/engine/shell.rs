@@ -174,9 +174,9 @@ impl CoreEngine<'_> {
                 }
                 self.trace.bench_dones.push((self.q.now(), res));
             }
-            Effect::Reply { token, reply: Reply::Stage(rep) } if token >= super::jobs::STAGE_TOKEN => {
+            Effect::Reply { token, reply: Reply::Stage(rep) } if token >= super::STAGE_TOKEN => {
                 self.q.note(|| format!("d{r} STAGE_DONE {rep:?}"));
-                let idx = (token - super::jobs::STAGE_TOKEN) as usize;
+                let idx = (token - super::STAGE_TOKEN) as usize;
                 match self.trace.stage_dones.get_mut(idx) {
                     Some(slot @ None) if r == 0 => *slot = Some((self.q.now(), rep)),
                     _ => self.trace.engine_errors.push(format!("daemon {r}: a stray staging answer {rep:?}")),
