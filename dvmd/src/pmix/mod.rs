@@ -3,7 +3,7 @@
 //! in the core (`dvm_core::pmix`); this module starts, calls, answers and ends the worker.
 //!
 //! - The node's synchronous calls (register a namespace and its clients, a rank's environment,
-//!   a direct-modex request, an event) are the worker's calls ([`PmixHost`], behind
+//!   a direct-modex request, an event) are the worker's calls (`PmixHost`, behind
 //!   `dvm_core::Host`, `crate::host`).
 //! - Upcalls arrive as the worker's wire events, tagged with its generation: the shell hands
 //!   those of the current worker to the node and drops the others (their replies cannot reach

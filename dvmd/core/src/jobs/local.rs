@@ -10,7 +10,7 @@
 //! slack.
 //!
 //! Never: a process. Specs leave as [`ProcCmd::Spawn`], in rank order; the PMIx server is
-//! asked through [`Host`] in the order the job needs (learn, register, each rank's env).
+//! asked through [`crate::pmix::Hosting`] in the order the job needs (learn, register, each rank's env).
 //! Invariants: a job's procs start at most once; a daemon that cannot start its part reports
 //! every rank of its residual failed, so no job waits for procs that never start.
 
