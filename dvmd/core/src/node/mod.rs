@@ -2,19 +2,22 @@
 //!
 //! Inputs, each with `now` (ns, monotonic, from the shell): [`Node::handle_frame`],
 //! [`Node::handle_link`], [`Node::handle_control`], [`Node::handle_proc`],
-//! [`Node::handle_pmix`], [`Node::handle_prun`], [`Node::handle_boot`],
-//! [`Node::handle_timeout`] (and [`Node::handle_start`] once).
+//! [`Node::handle_pmix`], [`Node::handle_pmix_lost`], [`Node::handle_prun`],
+//! [`Node::handle_boot`], [`Node::handle_stage`], [`Node::handle_timeout`] (and
+//! [`Node::handle_start`] once; [`Node::handle_input`] for a driver's own workloads).
 //! Outputs, drained by the shell in one place, in this order after every input:
 //! [`Node::poll_transmit`] (frames and the contact table), [`Node::poll`] ([`Effect`]s:
-//! processes, prun streams, control replies, ready, exit), then [`Node::poll_timeout`].
+//! processes, prun streams, control replies, PMIx answers and the worker's replacement, disk
+//! work, ready, exit), then [`Node::poll_timeout`].
 //!
 //! Owns: the order in which its parts see an input and the one loop that carries what each
 //! asks of another: the router ([`crate::Core`]), the HNP's job table
 //! ([`crate::jobs::hnp::JobTable`]), the local jobs ([`crate::jobs::local::LocalJobs`]), the
-//! timers ([`crate::timer::Timers`]), the HNP's control requests (`control`), and the PMIx
-//! host (a [`Host`], called synchronously).
+//! timers ([`crate::timer::Timers`]), the HNP's control requests (`control`), file staging,
+//! and PMIx hosting ([`crate::pmix::Pmix`], whose server is the [`Host`]'s, called
+//! synchronously).
 //! Never: a socket, a clock, a process, a channel or a reply handle: a prun is a
-//! [`ClientId`], a control call a token.
+//! [`ClientId`], a control call a token, a PMIx upcall its reply id.
 //! Invariants: once an [`Effect::Exit`] is produced nothing more is decided; what one part asks
 //! of the router is stepped in the order asked.
 
