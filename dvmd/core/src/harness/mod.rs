@@ -36,6 +36,8 @@ pub use net::{contact, job, Net, LATENCY_NS};
 pub struct SimHost {
     /// No server can start (`pmix_ready` is false).
     pub broken: bool,
+    /// The server refuses to register namespaces, with this error.
+    pub refuse_register: Option<String>,
     /// Namespaces registered and not let go: (local procs, procs of the job).
     pub namespaces: BTreeMap<String, (u32, u32)>,
     /// Namespaces let go, in order.
@@ -66,6 +68,9 @@ impl Host for SimHost {
         !self.broken
     }
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
+        if let Some(e) = &self.refuse_register {
+            return Err(e.clone());
+        }
         self.namespaces.insert(ns.nspace.to_owned(), (ns.nlocal, ns.nprocs));
         Ok(())
     }

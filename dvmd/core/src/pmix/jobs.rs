@@ -90,7 +90,15 @@ impl Pmix {
                 true
             }
             Err(e) => {
+                // Its ranks here would start as singletons and the others wait for them in
+                // their first fence for ever: the job fails, naming this node.
                 warn!(jobid, %nspace, "cannot register the PMIx namespace: {e}");
+                let reason = format!(
+                    "the PMIx server of daemon {} on node {} could not register job {jobid}: {e}",
+                    self.me, self.host
+                );
+                let fail = dvm_proto::daemon::JobFail { jobid, code: 1, reason, daemon: self.me };
+                self.send_cmd(0, dvm_proto::daemon::daemon_cmd::Body::JobFail(fail));
                 false
             }
         };
@@ -174,6 +182,9 @@ impl Pmix {
     pub fn job_done(&mut self, host: &mut impl Host, jobid: u32) {
         let Some(job) = self.jobs.remove(&jobid) else { return };
         self.by_nspace.remove(&job.nspace);
+        if self.known.contains_key(&job.nspace) {
+            self.done_here.insert(job.nspace.clone());
+        }
         // The worker may be replaced once libpmix has let go of the namespace (it says so
         // with an upcall), or now if it never held it.
         let mut recycle_now = true;
@@ -230,6 +241,7 @@ impl Pmix {
         self.reported_connects.retain(|jobs| !jobs.contains(&jobid));
         let gone: Vec<String> = self.known.iter().filter(|(_, k)| k.0 == jobid).map(|(n, _)| n.clone()).collect();
         for nspace in gone {
+            self.done_here.remove(&nspace);
             // A direct modex of one of its ranks can no longer be answered.
             let stale: Vec<u64> = self.asked.iter().filter(|(_, a)| a.nspace == nspace).map(|(id, _)| *id).collect();
             for id in stale {
@@ -254,7 +266,9 @@ impl Pmix {
         let wanted: BTreeSet<&str> = procs
             .iter()
             .map(|p| p.nspace.as_str())
-            .filter(|ns| !self.by_nspace.contains_key(*ns) && !self.foreign.contains(*ns))
+            .filter(|ns| {
+                !self.by_nspace.contains_key(*ns) && !self.foreign.contains(*ns) && !self.done_here.contains(*ns)
+            })
             .collect();
         let mut added = Vec::new();
         for nspace in wanted {

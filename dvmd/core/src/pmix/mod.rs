@@ -151,6 +151,11 @@ pub struct Pmix {
     /// Namespaces of jobs with no proc here registered with the server (participants of a
     /// connect or targets of a direct modex).
     foreign: BTreeSet<String>,
+    /// Namespaces of jobs whose ranks here have all ended (and were let go), until the job
+    /// ends everywhere: a direct modex their dying clients still asked for is refused, and
+    /// the namespace is never registered again as another daemon's (libpmix 4.2.2 then hung
+    /// in the next job's `register_nspace`).
+    done_here: BTreeSet<String>,
     /// Requests naming a job whose maps have not reached this daemon yet (a spawn's answer can
     /// overtake its child's maps broadcast): retried as each job's maps arrive.
     deferred: Vec<dynamic::Deferred>,
@@ -195,6 +200,7 @@ impl Pmix {
             out: Vec::new(),
             known: BTreeMap::new(),
             foreign: BTreeSet::new(),
+            done_here: BTreeSet::new(),
             deferred: Vec::new(),
             highest_learned: None,
             connects: BTreeMap::new(),

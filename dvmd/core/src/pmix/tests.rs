@@ -301,3 +301,41 @@ fn a_direct_modex_asked_of_a_daemon_that_is_lost_is_answered_with_an_error() {
     assert_eq!(answers(&net, 1, 7), vec![(def::ERR_LOST_CONNECTION, Bytes::new())]);
     assert_eq!(net.node(1).pmix().waiting(), 0, "nothing is kept for it");
 }
+
+/// Found in CI: after a job's ranks on a daemon ended, libpmix still passed on direct modex
+/// requests of the dying clients; the daemon registered the job's namespace again as another
+/// daemon's, and libpmix then hung in the next job's registration.
+#[test]
+fn a_direct_modex_of_a_job_whose_ranks_here_ended_is_refused_and_registers_nothing() {
+    let mut net = Net::boot(2, 2, 1);
+    let spec = dvm_proto::job::JobSpec {
+        apps: vec![
+            dvm_proto::job::AppContext { argv: hang(), np: 1, ..Default::default() },
+            dvm_proto::job::AppContext {
+                argv: Program::Exit { code: 0, after_ns: 1_000 }.argv(),
+                np: 1,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    net.launch(spec);
+    net.run();
+    let ns = net.proc(1, 0).nspace;
+    assert_eq!(net.node(1).host().deregistered, vec![ns.clone()], "rank 1 ended: daemon 1 let go of the job");
+    net.upcall(1, 5, Ev::DirectModex(net.proc(1, 0)));
+    net.run();
+    assert_eq!(answers(&net, 1, 5), vec![(def::ERR_NOT_FOUND, Bytes::new())]);
+    assert!(!net.node(1).host().namespaces.contains_key(&ns), "not registered again");
+}
+
+#[test]
+fn a_namespace_the_server_refuses_fails_the_job_naming_the_node() {
+    let mut net = Net::boot(3, 2, 1);
+    net.nodes[2].as_mut().unwrap().host_mut().refuse_register = Some("it did not complete within 10000 ms".into());
+    let c = net.launch(job(3, hang()));
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended instead of hanging");
+    assert_ne!(code, 0);
+    assert!(why.contains("the PMIx server of daemon 2 on node n2 could not register job 1"), "{why}");
+}

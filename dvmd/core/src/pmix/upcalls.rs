@@ -176,6 +176,12 @@ impl Pmix {
     /// A client asks for a peer's modex blob its server does not hold: asked of the daemon
     /// hosting the peer (any job of the DVM: after a connect, peers of another job too).
     pub(super) fn direct_modex(&mut self, host: &mut impl Host, proc: wire::Proc, reply: u64) {
+        if self.done_here.contains(&proc.nspace) {
+            // Asked by a client of a job whose ranks here are gone (libpmix still passes on
+            // what the dying clients asked): nobody is left to answer.
+            debug!(proc = %Shown(&proc), "direct modex for a job whose ranks here have ended: refused");
+            return self.reply(reply, def::ERR_NOT_FOUND);
+        }
         let owner = match (self.job_of(&proc.nspace), rank_id(&proc)) {
             (Some(jobid), Some(rank)) => self.jobs[&jobid].placement.node_of(rank).map(|o| (o, jobid, rank)),
             _ => self.host_of_proc(&proc).map(|(jobid, rank, owner)| (owner, jobid, rank)),
