@@ -43,7 +43,7 @@ impl Host for ShellHost {
     fn trim_heap(&mut self) {
         crate::sys::trim_heap();
     }
-    fn pmix_ready(&mut self) -> bool {
+    fn pmix_ready(&mut self) -> Result<(), String> {
         self.pmix.ready()
     }
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {

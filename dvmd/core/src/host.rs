@@ -66,9 +66,8 @@ pub trait Host {
     fn launched(&mut self, daemon: Rank) -> Option<(String, String)>;
     /// The daemon went idle: give freed memory back to the system.
     fn trim_heap(&mut self);
-    /// The PMIx server is up (its worker started now if none runs); false (logged): none can
-    /// run, MPI ranks will fail at MPI_Init, other jobs run.
-    fn pmix_ready(&mut self) -> bool;
+    /// The PMIx server is up (its worker started now if none runs); Err: why none can run.
+    fn pmix_ready(&mut self) -> Result<(), String>;
     /// Register a namespace with the server (`nlocal` 0: a job with no proc here).
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String>;
     /// Register these local ranks of a namespace as clients, all at once.

@@ -41,20 +41,22 @@ impl PmixHost {
     }
 
     /// A server ready for a job: the running worker once its server is up, else a new worker.
-    /// False (logged) if there is none: MPI ranks then fail at MPI_Init, other jobs run.
-    pub(crate) fn ready(&mut self) -> bool {
+    /// Err (logged): why there is none (the node fails the job).
+    pub(crate) fn ready(&mut self) -> Result<(), String> {
         self.start_background();
-        let Some(w) = self.worker.as_mut() else { return false };
+        let Some(w) = self.worker.as_mut() else {
+            return Err("its worker process could not be started (see the daemon's log)".into());
+        };
         match w.ready() {
             Ok(Some(version)) => {
                 info!(%version, pid = w.pid(), topology_shared = share_topology(), "PMIx server up");
-                true
+                Ok(())
             }
-            Ok(None) => true,
+            Ok(None) => Ok(()),
             Err(e) => {
-                error!("daemon {} on host {}: PMIx server unavailable, MPI ranks will fail: {e}", self.me, self.host);
+                error!("daemon {} on host {}: PMIx server unavailable: {e}", self.me, self.host);
                 self.retire_worker();
-                false
+                Err(e.to_string())
             }
         }
     }

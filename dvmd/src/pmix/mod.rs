@@ -123,6 +123,11 @@ fn job_info(ns: &Namespace<'_>) -> JobInfo {
     }
 }
 
+/// The user and group the daemon's ranks run as (they are the daemon's).
+fn ids() -> (u32, u32) {
+    (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw())
+}
+
 /// The server of a daemon's `gen`-th worker on `host`.
 fn server_config(settings: &PmixSettings, host: &str, gen: u64) -> ServerConfig {
     let mut cfg = ServerConfig::new(settings.dir.join(format!("w{gen}")));
@@ -178,7 +183,7 @@ impl PmixHost {
     }
 
     pub(crate) fn register_clients(&self, nspace: &str, ranks: Vec<u32>) -> Result<(), String> {
-        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let (uid, gid) = ids();
         self.running()?.register_clients(nspace, ranks, uid, gid).map_err(|e| e.to_string())
     }
 
@@ -188,7 +193,7 @@ impl PmixHost {
         rank: u32,
         registered: bool,
     ) -> Result<Vec<(String, String)>, String> {
-        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let (uid, gid) = ids();
         self.running()?.prepare_client(nspace, rank, uid, gid, registered).map_err(|e| e.to_string())
     }
 

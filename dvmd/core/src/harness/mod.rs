@@ -34,7 +34,7 @@ pub use net::{contact, job, Net, LATENCY_NS};
 /// handed, and says how much its worker grew.
 #[derive(Debug, Default)]
 pub struct SimHost {
-    /// No server can start (`pmix_ready` is false).
+    /// No server can start (`pmix_ready` fails).
     pub broken: bool,
     /// The server refuses to register namespaces, with this error.
     pub refuse_register: Option<String>,
@@ -64,8 +64,11 @@ impl Host for SimHost {
     fn trim_heap(&mut self) {
         self.trims += 1;
     }
-    fn pmix_ready(&mut self) -> bool {
-        !self.broken
+    fn pmix_ready(&mut self) -> Result<(), String> {
+        match self.broken {
+            true => Err("its worker exited at once".into()),
+            false => Ok(()),
+        }
     }
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
         if let Some(e) = &self.refuse_register {

@@ -10,7 +10,7 @@
 //! slack.
 //!
 //! Never: a process. Specs leave as [`ProcCmd::Spawn`], in rank order; the PMIx server is
-//! asked through [`crate::pmix::Hosting`] in the order the job needs (learn, register, each rank's env).
+//! asked through [`crate::pmix::With`] in the order the job needs (learn, register, each rank's env).
 //! Invariants: a job's procs start at most once; a daemon that cannot start its part reports
 //! every rank of its residual failed, so no job waits for procs that never start.
 
@@ -24,9 +24,10 @@ use dvm_rml::Rank;
 use tracing::{debug, warn};
 
 use super::{nspace_of, ExitKind, ProcCmd, ProcEvent, ProcSpec};
+use crate::host::Host;
 use crate::host::JobStart;
 use crate::jobmap::{self, place_node, Bind, BindError, Level, NodeTopo, Placement, Plan};
-use crate::pmix::Hosting;
+use crate::pmix::With;
 use crate::Core;
 
 /// Timer slack (µs) of the procs on a machine the job oversubscribes (more of its procs than
@@ -147,7 +148,7 @@ impl LocalJobs {
         self.jobs.get(&jobid).map_or(0, |j| j.live)
     }
 
-    pub(crate) fn on_map(&mut self, r: &Core, host: &mut impl Hosting, payload: Bytes) {
+    pub(crate) fn on_map(&mut self, r: &Core, host: &mut With<'_, impl Host>, payload: Bytes) {
         let map = match JobMap::decode(payload) {
             Ok(m) => m,
             Err(e) => return warn!("undecodable launch map: {e}"),
@@ -169,7 +170,7 @@ impl LocalJobs {
         self.maybe_start(r, host, jobid);
     }
 
-    pub(crate) fn on_residual(&mut self, r: &Core, host: &mut impl Hosting, data: Bytes) {
+    pub(crate) fn on_residual(&mut self, r: &Core, host: &mut With<'_, impl Host>, data: Bytes) {
         match Residual::decode(data) {
             Ok(res) => {
                 let jobid = res.jobid;
@@ -183,7 +184,7 @@ impl LocalJobs {
         }
     }
 
-    fn maybe_start(&mut self, r: &Core, host: &mut impl Hosting, jobid: u32) {
+    fn maybe_start(&mut self, r: &Core, host: &mut With<'_, impl Host>, jobid: u32) {
         let me = r.me();
         let Some(lj) = self.jobs.get(&jobid) else { return };
         let (Some(map), Some(residual), false) = (lj.map.clone(), lj.residual.clone(), lj.started) else { return };
@@ -385,7 +386,7 @@ impl LocalJobs {
     /// from the contact table); false: the job runs without PMIx.
     fn pmix_job_start(
         r: &Core,
-        host: &mut impl Hosting,
+        host: &mut With<'_, impl Host>,
         jobid: u32,
         map: &JobMap,
         nlocal: u32,
@@ -405,7 +406,7 @@ impl LocalJobs {
 
     /// A `JOB_CONTROL` broadcast: kill, signal, or forget a job that ended. True when the
     /// daemon has no local job left after a cleanup.
-    pub(crate) fn on_control(&mut self, host: &mut impl Hosting, payload: Bytes) -> bool {
+    pub(crate) fn on_control(&mut self, host: &mut With<'_, impl Host>, payload: Bytes) -> bool {
         let Ok(ctl) = JobControl::decode(payload) else {
             warn!("undecodable job control");
             return false;
@@ -449,7 +450,7 @@ impl LocalJobs {
     }
 
     /// An event of one of this daemon's processes.
-    pub(crate) fn on_proc(&mut self, me: Rank, host: &mut impl Hosting, ev: ProcEvent) {
+    pub(crate) fn on_proc(&mut self, me: Rank, host: &mut With<'_, impl Host>, ev: ProcEvent) {
         match ev {
             ProcEvent::Started { jobid, rank, pid } => {
                 debug!(jobid, rank, pid, "proc started");
@@ -509,7 +510,7 @@ impl LocalJobs {
         free
     }
 
-    fn proc_done(&mut self, host: &mut impl Hosting, st: ProcStatus) {
+    fn proc_done(&mut self, host: &mut With<'_, impl Host>, st: ProcStatus) {
         let jobid = st.jobid;
         self.slot_of.remove(&(jobid, st.rank));
         self.cpus_of.remove(&(jobid, st.rank));

@@ -31,24 +31,13 @@ use tracing::info;
 
 use super::hnp::{JobOut, JobTable};
 use super::{nspace_of, ABORT_GRACE_NS};
-use crate::pmixdef::{self, kind};
+use crate::pmix::info::{i32_value, proc, proc_value, procs, string};
+use crate::pmixdef;
 use crate::timer::Timer;
 use crate::{dtags, Core};
 
 /// `origin` of an event the DVM raised (no client's server delivered it yet).
 pub use crate::pmix::FROM_DVM;
-
-fn proc(nspace: String, rank: u32) -> wire::Proc {
-    wire::Proc { nspace, rank }
-}
-
-fn value(key: &str, kind: u32) -> wire::Value {
-    wire::Value { key: key.to_string(), kind, ..Default::default() }
-}
-
-fn text(key: &str, s: String) -> wire::Value {
-    wire::Value { str: s, ..value(key, kind::STRING) }
-}
 
 impl JobTable {
     /// `jobid` and every running job joined to it by a connect or a spawn, transitively.
@@ -82,9 +71,9 @@ impl JobTable {
     pub(crate) fn proc_aborted_event(&mut self, r: &Core, jobid: u32, rank: u32, code: i32, why: &str) {
         let source = proc(nspace_of(&r.dvm_id(), jobid), rank);
         let info = vec![
-            wire::Value { procs: vec![source.clone()], ..value(pmixdef::KEY_EVENT_AFFECTED_PROC, kind::PROC) },
-            wire::Value { int: code.into(), ..value(pmixdef::KEY_EXIT_CODE, kind::I32) },
-            text(pmixdef::KEY_EVENT_TEXT_MESSAGE, why.to_string()),
+            proc_value(pmixdef::KEY_EVENT_AFFECTED_PROC, source.clone()),
+            i32_value(pmixdef::KEY_EXIT_CODE, code),
+            string(pmixdef::KEY_EVENT_TEXT_MESSAGE, why),
         ];
         let jobs = self.related_jobs(jobid);
         self.raise_event(r, pmixdef::ERR_PROC_ABORTED, source, &jobs, info);
@@ -104,9 +93,9 @@ impl JobTable {
         }
         let source = proc(format!("dvm-{dvm}"), daemon);
         let info = vec![
-            text(pmixdef::KEY_HOSTNAME, host.clone()),
-            wire::Value { procs: affected, ..value(pmixdef::KEY_EVENT_AFFECTED_PROCS, kind::PROCS) },
-            text(pmixdef::KEY_EVENT_TEXT_MESSAGE, format!("daemon {daemon} on node {host} was lost")),
+            string(pmixdef::KEY_HOSTNAME, host.clone()),
+            procs(pmixdef::KEY_EVENT_AFFECTED_PROCS, affected),
+            string(pmixdef::KEY_EVENT_TEXT_MESSAGE, format!("daemon {daemon} on node {host} was lost")),
         ];
         self.raise_event(r, pmixdef::ERR_LOST_CONNECTION, source.clone(), &jobs, info.clone());
         self.raise_event(r, pmixdef::EVENT_NODE_DOWN, source, &jobs, info);

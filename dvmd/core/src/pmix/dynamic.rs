@@ -16,7 +16,6 @@
 //! operation non-local but never stalls it.
 
 use bytes::Bytes;
-use dvm_grpcomm::FenceRequest as GFence;
 use dvm_proto::daemon::{daemon_cmd, DataOp, DataReq, DataResp, JobLog, SpawnReq, SpawnResp};
 use dvm_proto::job::{AppContext, MapBy};
 use dvm_proto::pmixworker as wire;
@@ -25,10 +24,9 @@ use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
 use super::info::{self, rank_id, view, Shown};
-use super::{timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC, PER_DAEMON_VARS};
+use super::{timeout_ns, FenceParts, Pmix, Waiter, PER_DAEMON_VARS};
 use crate::host::Host;
 use crate::pmixdef::{self as def, key};
-use crate::{FenceOwner, Input};
 
 /// A request waiting for the maps of a job it names.
 #[derive(Debug)]
@@ -153,8 +151,8 @@ impl Pmix {
         if let Some(job) = local.and_then(|j| self.jobs.get_mut(&j)) {
             job.sigs.insert(sig.clone());
         }
-        let key = self.next_id();
-        self.fences.insert(key, Waiter::Upcall(reply));
+        let parts = FenceParts { sig, collect, data, timeout: timeout_ns(timeout) };
+        let key = self.start_fence(Waiter::Upcall(reply), parts, procs.len() as u64);
         if what == "connect" {
             let mut jobids: Vec<u32> = procs.iter().filter_map(|p| self.known.get(&p.nspace).map(|k| k.0)).collect();
             jobids.sort_unstable();
@@ -162,9 +160,6 @@ impl Pmix {
             self.connects.insert(key, jobids);
         }
         info!(what, procs = procs.len(), key, "PMIx {what} -> grpcomm barrier over the participants' daemons");
-        let size_hint = collect.then(|| procs.len() as u64 * MODEX_BYTES_PER_PROC);
-        let fence = GFence { sig, collect, data, timeout: timeout_ns(timeout), size_hint };
-        self.out.push(PmixOut::Router(Input::Fence { owner: FenceOwner::Pmix(key), req: fence }));
     }
 
     /// Tell the requesting job's prun why a dynamic request failed (one sentence).
@@ -176,7 +171,7 @@ impl Pmix {
     }
 
     /// PMIx_Spawn from a local rank: asked of the HNP.
-    pub(super) fn spawn(&mut self, _host: &mut impl Host, proc: wire::Proc, spawn: wire::Spawn, reply: u64) {
+    pub(super) fn spawn(&mut self, proc: wire::Proc, spawn: wire::Spawn, reply: u64) {
         let (Some(jobid), Some(rank)) = (self.job_of(&proc.nspace), rank_id(&proc)) else {
             return self.reply(reply, def::ERR_NOT_FOUND);
         };

@@ -20,15 +20,15 @@
 //! when libpmix's own store lacks some key of it, and the upcall does not name the client.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use dvm_grpcomm::{FenceError, FenceRequest as GFence, FenceSignature, Participants};
+use dvm_grpcomm::{FenceError, FenceSignature, Participants};
 use dvm_proto::pmixworker as wire;
 use dvm_proto::Message;
 use tracing::{debug, info, warn};
 
 use super::info::{self, rank_id, view, Shown};
-use super::{dynamic::Deferred, fence_status, timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
+use super::{dynamic::Deferred, fence_status, timeout_ns, FenceParts, Pmix, Waiter};
 use crate::pmixdef::{self as def, key, Status, RANK_WILDCARD};
-use crate::{FenceOwner, Input};
+use crate::Input;
 
 /// A group operation this daemon runs, waiting for its fence.
 #[derive(Debug)]
@@ -148,13 +148,10 @@ impl Pmix {
             (false, Bytes::new())
         };
         let timeout = timeout_ns(info::num(&directives, key::TIMEOUT));
-        let fkey = self.next_id();
-        info!(what, %id, members = procs.len(), assign, key = fkey, "PMIx group {what} -> grpcomm fence");
-        let size_hint = collect.then(|| procs.len() as u64 * MODEX_BYTES_PER_PROC);
+        info!(what, %id, members = procs.len(), assign, "PMIx group {what} -> grpcomm fence");
+        let nprocs = procs.len() as u64;
         let wait = GroupWait { construct, id, assign, procs, sig: sig.clone(), reply };
-        self.fences.insert(fkey, Waiter::Group(wait));
-        let fence = GFence { sig, collect, data, timeout, size_hint };
-        self.out.push(PmixOut::Router(Input::Fence { owner: FenceOwner::Pmix(fkey), req: fence }));
+        self.start_fence(Waiter::Group(wait), FenceParts { sig, collect, data, timeout }, nprocs);
     }
 
     /// A group's fence completed: answer libpmix (a construct with its context id and every

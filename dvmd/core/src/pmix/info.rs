@@ -34,8 +34,8 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-pub fn proc(nspace: &str, rank: u32) -> wire::Proc {
-    wire::Proc { nspace: nspace.to_owned(), rank }
+pub fn proc(nspace: impl Into<String>, rank: u32) -> wire::Proc {
+    wire::Proc { nspace: nspace.into(), rank }
 }
 
 /// The first value under `key`.
@@ -81,6 +81,14 @@ pub fn u32_value(key: &str, n: u32) -> wire::Value {
 
 pub fn bytes(key: &str, b: Vec<u8>) -> wire::Value {
     wire::Value { key: key.into(), kind: kind::BYTES, bytes: b.into(), ..Default::default() }
+}
+
+pub fn i32_value(key: &str, n: i32) -> wire::Value {
+    wire::Value { key: key.into(), kind: kind::I32, int: n.into(), ..Default::default() }
+}
+
+pub fn proc_value(key: &str, p: wire::Proc) -> wire::Value {
+    wire::Value { key: key.into(), kind: kind::PROC, procs: vec![p], ..Default::default() }
 }
 
 pub fn procs(key: &str, ps: Vec<wire::Proc>) -> wire::Value {

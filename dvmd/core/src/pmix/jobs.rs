@@ -16,45 +16,26 @@ use crate::jobmap::Placement;
 use crate::jobs::local::YIELD_VAR;
 use crate::Input;
 
-/// What the local jobs ask of PMIx hosting, in the core's order: a job's maps are learned
-/// before its namespace is registered, which comes before any of its ranks' environments.
-pub trait Hosting {
-    /// A job's maps reached this daemon (hosted here or not).
-    fn pmix_learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>);
-    /// Register a job's namespace and its local clients before its first local rank starts;
-    /// false: the job runs without PMIx.
-    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool;
-    /// The PMIx environment of one local rank.
-    fn pmix_proc_env(
-        &mut self,
-        jobid: u32,
-        rank: u32,
-        session: Option<String>,
-        loopback: bool,
-        yield_idle: bool,
-    ) -> Vec<(String, String)>;
-    /// A local rank ended: the sentence if it was an MPI rank that never finalized.
-    fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String>;
-    /// Every local rank of a job is gone.
-    fn pmix_job_done(&mut self, jobid: u32);
-    /// The job ended everywhere.
-    fn pmix_forget_job(&mut self, jobid: u32);
-}
-
-/// PMIx hosting's decisions with the server they call.
+/// PMIx hosting's decisions with the server they call: what the local jobs ask of it, in the
+/// core's order (a job's maps are learned before its namespace is registered, which comes
+/// before any of its ranks' environments).
 pub struct With<'a, H> {
     pub pmix: &'a mut Pmix,
     pub host: &'a mut H,
 }
 
-impl<H: Host> Hosting for With<'_, H> {
-    fn pmix_learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>) {
+impl<H: Host> With<'_, H> {
+    /// A job's maps reached this daemon (hosted here or not).
+    pub fn pmix_learn_job(&mut self, jobid: u32, nspace: String, placement: Placement, hosts: Vec<String>) {
         self.pmix.learn_job(self.host, jobid, nspace, placement, hosts)
     }
-    fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool {
+    /// Register a job's namespace and its local clients before its first local rank starts;
+    /// false: the job runs without PMIx.
+    pub fn pmix_job_start(&mut self, start: JobStart<'_>) -> bool {
         self.pmix.job_start(self.host, start)
     }
-    fn pmix_proc_env(
+    /// The PMIx environment of one local rank.
+    pub fn pmix_proc_env(
         &mut self,
         jobid: u32,
         rank: u32,
@@ -64,23 +45,34 @@ impl<H: Host> Hosting for With<'_, H> {
     ) -> Vec<(String, String)> {
         self.pmix.proc_env(self.host, jobid, rank, session, loopback, yield_idle)
     }
-    fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
+    /// A local rank ended: the sentence if it was an MPI rank that never finalized.
+    pub fn pmix_proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
         self.pmix.proc_exit(jobid, rank)
     }
-    fn pmix_job_done(&mut self, jobid: u32) {
+    /// Every local rank of a job is gone.
+    pub fn pmix_job_done(&mut self, jobid: u32) {
         self.pmix.job_done(self.host, jobid)
     }
-    fn pmix_forget_job(&mut self, jobid: u32) {
+    /// The job ended everywhere.
+    pub fn pmix_forget_job(&mut self, jobid: u32) {
         self.pmix.forget_job(self.host, jobid)
     }
 }
 
 impl Pmix {
-    /// Register a job's namespace before its first local rank starts. False (the job runs
-    /// without PMIx) if there is no server or it refuses the namespace.
+    /// Register a job's namespace before its first local rank starts. False if the daemon
+    /// hosts no PMIx server (the job runs without PMIx), or if its server cannot start or
+    /// refuses the namespace (then the job fails, naming this node).
     pub fn job_start(&mut self, host: &mut impl Host, job: JobStart<'_>) -> bool {
-        if !self.ready(host) {
-            return false;
+        match self.ready(host) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                // Its MPI ranks here would start as singletons and the job's other ranks wait
+                // for them in their first fence for ever: the job fails, naming this node.
+                self.fail_job(job.jobid, &format!("is unavailable: {e}"));
+                return false;
+            }
         }
         let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal, bound } = job;
         let ns = Namespace { nspace: &nspace, placement: &placement, hosts, nprocs, nlocal, bound: &bound };
@@ -93,12 +85,7 @@ impl Pmix {
                 // Its ranks here would start as singletons and the others wait for them in
                 // their first fence for ever: the job fails, naming this node.
                 warn!(jobid, %nspace, "cannot register the PMIx namespace: {e}");
-                let reason = format!(
-                    "the PMIx server of daemon {} on node {} could not register job {jobid}: {e}",
-                    self.me, self.host
-                );
-                let fail = dvm_proto::daemon::JobFail { jobid, code: 1, reason, daemon: self.me };
-                self.send_cmd(0, dvm_proto::daemon::daemon_cmd::Body::JobFail(fail));
+                self.fail_job(jobid, &format!("could not register job {jobid}: {e}"));
                 false
             }
         };

@@ -5,7 +5,7 @@
 //!
 //! Inputs: upcalls in their wire form ([`Pmix::on_upcall`], `dvm.pmixworker.WorkerEvent`, each
 //! with the worker's reply id), the loss of the worker, the local jobs' starts and ends
-//! ([`Hosting`]), fences finished, daemon commands and events for PMIx. Outputs, in order, in
+//! ([`With`]), fences finished, daemon commands and events for PMIx. Outputs, in order, in
 //! `out`: router inputs and [`PmixEffect`]s (a reply by its id, replace or end the worker).
 //! The synchronous calls into the server (register a namespace or clients, a rank's
 //! environment, a direct-modex request, an event) go through [`Host`], in the core's order.
@@ -40,12 +40,12 @@ use tracing::{error, info, warn};
 pub use dynamic::{parse_map_by, SpawnMapping};
 pub use events::{client_event_scope, event_payload, FROM_DVM};
 pub use group::{decode_records, encode_record, group_key};
-pub use jobs::{Hosting, With};
+pub use jobs::With;
 
 use crate::host::Host;
 use crate::jobmap::Placement;
 use crate::pmixdef::{self as def, Status};
-use crate::Input;
+use crate::{FenceOwner, Input};
 
 /// What `auto` prices the first collecting fence over a set of procs with, per proc: Open
 /// MPI 4.1's modex with the TCP BTL is 44–68 bytes a rank. Every daemon of the fence derives
@@ -113,6 +113,14 @@ struct Asked {
     reply: u64,
     owner: Rank,
     nspace: String,
+}
+
+/// What a PMIx collective asks of grpcomm (`timeout` in ns).
+struct FenceParts {
+    sig: FenceSignature,
+    collect: bool,
+    data: Bytes,
+    timeout: Option<u64>,
 }
 
 /// Who waits for a fence this daemon runs for libpmix.
@@ -219,13 +227,7 @@ impl Pmix {
 
     /// Nothing of any job is left in the worker, and nobody waits on it.
     pub fn idle(&self) -> bool {
-        self.jobs.is_empty()
-            && self.fences.is_empty()
-            && self.asked.is_empty()
-            && self.serving.is_empty()
-            && self.spawns.is_empty()
-            && self.data.is_empty()
-            && self.deferred.is_empty()
+        self.jobs.is_empty() && self.serving.is_empty() && self.waiting() == 0
     }
 
     /// Upcalls waiting for an answer (fences, direct modex, spawns, data requests, deferred).
@@ -249,25 +251,39 @@ impl Pmix {
         }
     }
 
+    /// Start a grpcomm fence for `waiter` over `sig`, priced (when it collects) for `nprocs`
+    /// procs of modex; its key.
+    fn start_fence(&mut self, waiter: Waiter, req: FenceParts, nprocs: u64) -> u64 {
+        let key = self.next_id();
+        self.fences.insert(key, waiter);
+        let FenceParts { sig, collect, data, timeout } = req;
+        let size_hint = collect.then(|| nprocs * MODEX_BYTES_PER_PROC);
+        let req = dvm_grpcomm::FenceRequest { sig, collect, data, timeout, size_hint };
+        self.ask(Input::Fence { owner: FenceOwner::Pmix(key), req });
+        key
+    }
+
     fn send_cmd(&mut self, dst: Rank, body: daemon_cmd::Body) {
-        self.out.push(PmixOut::Router(Input::Cmd { dst, body }));
+        self.ask(Input::Cmd { dst, body });
     }
 
     fn ask(&mut self, input: Input) {
         self.out.push(PmixOut::Router(input));
     }
 
-    /// A server for a job: false (logged by the shell) if there is none.
-    fn ready(&mut self, host: &mut impl Host) -> bool {
+    /// A server for a job: Ok(false) if this daemon hosts none (its jobs run without PMIx),
+    /// Err if it should and cannot (the shell ended the broken worker).
+    fn ready(&mut self, host: &mut impl Host) -> Result<bool, String> {
         if self.ended || self.recycle_kib.is_none() {
-            return false;
+            return Ok(false);
         }
-        if host.pmix_ready() {
-            return true;
-        }
-        // The shell ended the broken worker: what it held is gone with it.
-        self.worker_gone();
-        false
+        host.pmix_ready().map(|()| true).inspect_err(|_| self.worker_gone())
+    }
+
+    /// Job `jobid` fails, this daemon's PMIx server being the cause (`why` names it).
+    fn fail_job(&mut self, jobid: u32, why: &str) {
+        let reason = format!("the PMIx server of daemon {} on node {} {why}", self.me, self.host);
+        self.send_cmd(0, daemon_cmd::Body::JobFail(JobFail { jobid, code: 1, reason, daemon: self.me }));
     }
 
     /// What the current worker held is gone (replaced, lost or never started).
@@ -303,11 +319,7 @@ impl Pmix {
         error!("daemon {} on host {}: its PMIx server process (pid {pid}) ended: {how}", self.me, self.host);
         let jobs: Vec<u32> = self.jobs.keys().copied().collect();
         for jobid in jobs {
-            let reason = format!(
-                "the PMIx server of daemon {} on node {} (pid {pid}) ended while job {jobid} ran: {how}",
-                self.me, self.host
-            );
-            self.send_cmd(0, daemon_cmd::Body::JobFail(JobFail { jobid, code: 1, reason, daemon: self.me }));
+            self.fail_job(jobid, &format!("(pid {pid}) ended while job {jobid} ran: {how}"));
         }
         // The jobs keep their entries until their procs end (exits still come), but no reply
         // can reach a client any more.

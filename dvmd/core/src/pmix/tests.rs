@@ -339,3 +339,15 @@ fn a_namespace_the_server_refuses_fails_the_job_naming_the_node() {
     assert_ne!(code, 0);
     assert!(why.contains("the PMIx server of daemon 2 on node n2 could not register job 1"), "{why}");
 }
+
+#[test]
+fn a_daemon_whose_pmix_server_cannot_start_fails_the_job_naming_the_node() {
+    let mut net = Net::boot(3, 2, 1);
+    net.nodes[1].as_mut().unwrap().host_mut().broken = true;
+    let c = net.launch(job(3, hang()));
+    net.run();
+    let (code, why) = net.ended(c).expect("the job ended instead of hanging");
+    assert_ne!(code, 0);
+    assert!(why.contains("the PMIx server of daemon 1 on node n1 is unavailable: its worker exited at once"), "{why}");
+    assert_eq!(net.live_procs(), 0);
+}

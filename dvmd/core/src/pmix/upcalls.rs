@@ -7,17 +7,16 @@
 //! once (an unknown one with `PMIX_ERR_NOT_SUPPORTED`).
 
 use bytes::Bytes;
-use dvm_grpcomm::{FenceError, FenceRequest as GFence};
+use dvm_grpcomm::FenceError;
 use dvm_proto::daemon::{daemon_cmd, DataOp, DmodexReq, DmodexResp, JobAbort, JobLog, JobsConnected};
 use dvm_proto::pmixworker::{self as wire, worker_event::Body as Ev};
 use dvm_rml::Rank;
 use tracing::{debug, info, warn};
 
 use super::info::{rank_id, view, Shown};
-use super::{dynamic::Deferred, fence_status, timeout_ns, Pmix, PmixOut, Waiter, MODEX_BYTES_PER_PROC};
+use super::{dynamic::Deferred, fence_status, timeout_ns, FenceParts, Pmix, Waiter};
 use crate::host::Host;
 use crate::pmixdef as def;
-use crate::{FenceOwner, Input};
 
 impl Pmix {
     /// An upcall of the current worker.
@@ -75,7 +74,7 @@ impl Pmix {
                 debug!(nspace = %n.nspace, status = n.status, "PMIx namespace deregistered");
                 self.maybe_recycle(host);
             }
-            Ev::Spawn(sp) => self.spawn(host, proc_of(sp.proc.clone()), sp, reply),
+            Ev::Spawn(sp) => self.spawn(proc_of(sp.proc.clone()), sp, reply),
             Ev::Connect(set) => {
                 let timeout = (set.timeout > 0).then_some(i64::from(set.timeout));
                 self.union_fence(host, "connect", &set.procs, false, Bytes::new(), timeout, reply)
@@ -165,12 +164,10 @@ impl Pmix {
         let job = self.jobs.get_mut(&jobid).expect("indexed by by_nspace");
         let (sig, nprocs) = crate::pmixops::job_fence(&nspace, &view(&f.procs), &job.placement);
         job.sigs.insert(sig.clone());
-        let key = self.next_id();
-        self.fences.insert(key, Waiter::Upcall(reply));
-        debug!(jobid, %nspace, collect = f.collect, key, "PMIx fence upcall -> grpcomm fence");
-        let size_hint = f.collect.then(|| nprocs * MODEX_BYTES_PER_PROC);
-        let fence = GFence { sig, collect: f.collect, data: f.data, timeout: timeout_ns(timeout), size_hint };
-        self.out.push(PmixOut::Router(Input::Fence { owner: FenceOwner::Pmix(key), req: fence }));
+        let collect = f.collect;
+        let parts = FenceParts { sig, collect, data: f.data, timeout: timeout_ns(timeout) };
+        let key = self.start_fence(Waiter::Upcall(reply), parts, nprocs);
+        debug!(jobid, %nspace, collect, key, "PMIx fence upcall -> grpcomm fence");
     }
 
     /// A client asks for a peer's modex blob its server does not hold: asked of the daemon
