@@ -191,9 +191,10 @@ impl StageDisk {
             StageIo::Write { id, seg } => StageDone::Sink { id, result: self.write(id, seg) },
             StageIo::Commit { id } => StageDone::Sink { id, result: self.commit(id).map(|()| true) },
             StageIo::Discard { id } => {
-                self.discard(id);
+                let _ = self.discard(id);
                 return None;
             }
+            StageIo::Remove { id } => StageDone::Removed { id, result: self.discard(id) },
             StageIo::Keep { id } => {
                 self.transfers.remove(&id);
                 return None;
@@ -327,21 +328,25 @@ impl StageDisk {
         Ok(())
     }
 
-    fn discard(&mut self, id: u64) {
-        let Some(t) = self.transfers.remove(&id) else { return };
-        for f in t.files {
-            if let Some(temp) = f.temp {
-                let _ = std::fs::remove_file(temp);
-            }
-        }
-        for p in t.named {
+    /// Nothing of transfer `id` stays here; the first path that could not be removed, if any.
+    fn discard(&mut self, id: u64) -> Result<(), String> {
+        let Some(t) = self.transfers.remove(&id) else { return Ok(()) };
+        let mut first = Ok(());
+        let temps = t.files.into_iter().filter_map(|f| f.temp);
+        for p in temps.chain(t.named) {
             match std::fs::remove_file(&p) {
                 Ok(()) => debug!(path = %p.display(), "staged file removed"),
                 // Daemons sharing a filesystem remove the same path; one of them finds it gone.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => warn!(path = %p.display(), "cannot remove a staged file: {e}"),
+                Err(e) => {
+                    warn!(path = %p.display(), "cannot remove a staged file: {e}");
+                    if first.is_ok() {
+                        first = Err(format!("cannot remove {}: {}", p.display(), io_text(&e)));
+                    }
+                }
             }
         }
+        first
     }
 }
 

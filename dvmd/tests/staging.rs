@@ -249,14 +249,26 @@ fn prun_preloads_a_binary_and_files_and_removes_them_when_the_job_ends() {
         let line = so.lines().find(|l| l.starts_with(&format!("{r} "))).unwrap_or_else(|| panic!("rank {r}: {so}"));
         let path = line.split_whitespace().nth(1).unwrap();
         assert!(path.contains("/preload/") && path.ends_with("/where") && path != prog.to_str().unwrap(), "{line}");
-        // Each node removes them as it hears of the job's end (in order with any later copy),
-        // which may come just after prun returns.
-        until(Duration::from_secs(30), &format!("the staged binary {path} to go with its job"), || {
-            !Path::new(path).exists()
-        });
+        // prun hears of the job's end only once every node removed its files.
+        assert!(!Path::new(path).exists(), "the staged binary {path} outlived its job");
     }
     assert_eq!(so.matches(&format!("{sum}  {staged_s}")).count(), 8, "{so}");
-    until(Duration::from_secs(30), "the preloaded file to go with its job", || !staged.exists());
+    assert!(!staged.exists(), "the preloaded file outlived its job");
+    // A job that fails still removes its files before prun returns.
+    let out = dvm.prun(&[
+        "-n",
+        "4",
+        "--preload-files",
+        data.to_str().unwrap(),
+        "--preload-files-dest-dir",
+        dd.to_str().unwrap(),
+        "sh",
+        "-c",
+        "test -f \"$0\" && exit 3",
+        staged_s,
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out).1);
+    assert!(!staged.exists(), "the preloaded file outlived its failed job");
     // Kept when asked.
     let out = dvm.prun(&[
         "-n",

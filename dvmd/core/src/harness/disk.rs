@@ -68,13 +68,10 @@ impl SimDisk {
                 self.named.insert(id, paths);
                 StageDone::Sink { id, result: Ok(true) }
             }
-            StageIo::Discard { id } => {
-                self.incoming.remove(&id);
-                self.unnamed.remove(&id);
-                for p in self.named.remove(&id).unwrap_or_default() {
-                    self.files.remove(&p);
-                }
-                return;
+            StageIo::Discard { id } => return self.discard(id),
+            StageIo::Remove { id } => {
+                self.discard(id);
+                StageDone::Removed { id, result: Ok(()) }
             }
             StageIo::Keep { id } => {
                 self.named.remove(&id);
@@ -82,6 +79,19 @@ impl SimDisk {
             }
         };
         self.answers.push(done);
+    }
+
+    /// Transfers being received here (their files unnamed).
+    pub fn receiving(&self) -> usize {
+        self.incoming.len()
+    }
+
+    fn discard(&mut self, id: u64) {
+        self.incoming.remove(&id);
+        self.unnamed.remove(&id);
+        for p in self.named.remove(&id).unwrap_or_default() {
+            self.files.remove(&p);
+        }
     }
 
     fn write(&mut self, id: u64, seg: StageSegment) -> Result<bool, String> {

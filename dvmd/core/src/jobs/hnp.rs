@@ -179,6 +179,9 @@ pub struct JobTable {
     /// Stack-trace queries waiting for daemons, by id.
     pub(crate) stacks: BTreeMap<u64, StackQuery>,
     pub(crate) next_stack_query: u64,
+    /// Ended jobs whose preloaded files are being removed: their prun and its `Ended`, told
+    /// once the files are gone.
+    pub(crate) unstaging: BTreeMap<u32, (ClientId, Forward)>,
 }
 
 impl JobTable {
@@ -466,7 +469,11 @@ impl JobTable {
             None if job.parent.is_some() || (job.kept.is_some() && !job.attached) => {}
             None => {
                 let ended = JobEnded { exit_code, message: message.clone(), jobid, ..Default::default() };
-                self.tell(job.client, event(job_event::Event::Ended(ended)));
+                let ended = event(job_event::Event::Ended(ended));
+                match job.preload {
+                    Some(false) => drop(self.unstaging.insert(jobid, (job.client, ended))),
+                    _ => self.tell(job.client, ended),
+                }
             }
         }
         self.job_control(JobControl { jobid, cleanup: true, ..Default::default() });

@@ -1,8 +1,9 @@
 //! A job's preload (`prun --preload-binary`, `--preload-files`): its files are copied to its
 //! nodes before its launch is broadcast, and removed when it ends.
 //!
-//! Owns: holding a job's launch until the copy is verdicted, and ending a job whose copy
-//! failed (or that ended before its copy did) without any proc to wait for.
+//! Owns: holding a job's launch until the copy is verdicted, ending a job whose copy failed
+//! (or that ended before its copy did) without any proc to wait for, and holding the news of
+//! a job's end from its prun until its files are gone from every node.
 //! Never: moves a byte (the node's staging does, [`crate::stage`]).
 
 use std::collections::BTreeSet;
@@ -83,9 +84,18 @@ impl JobTable {
             return false;
         }
         job.reported = (0..job.placement.nprocs()).collect();
-        if job.preload.take().is_some() {
-            self.out.push(JobOut::Unstage { jobid, keep: false });
+        // Files of a job that never ran are not kept; its end removes them.
+        if job.preload.is_some() {
+            job.preload = Some(false);
         }
         true
+    }
+
+    /// A job's preloaded files are gone from its nodes (or kept): its prun, held until now,
+    /// is told it ended.
+    pub(crate) fn unstaged(&mut self, jobid: u32) {
+        if let Some((client, ended)) = self.unstaging.remove(&jobid) {
+            self.tell(client, ended);
+        }
     }
 }

@@ -427,7 +427,7 @@ impl<H: Host> Node<H> {
                         }
                         JobOut::Unstage { jobid, keep } => {
                             if let Some(o) = self.stage_out.as_mut() {
-                                o.release_job(self.now, jobid, keep);
+                                o.release_job(jobid, keep);
                             }
                         }
                         JobOut::AllEnded => {

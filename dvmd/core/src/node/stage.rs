@@ -29,10 +29,15 @@ impl<H: Host> Node<H> {
                         o.on_done(self.now, done);
                     }
                 }
-                StageDone::Sink { .. } => self.stage_in.on_done(done),
+                StageDone::Sink { .. } | StageDone::Removed { .. } => self.stage_in.on_done(done),
             }
         }
         self.run(now);
+    }
+
+    /// Transfers this node holds: (as their origin, as a target).
+    pub fn stage_held(&self) -> (usize, usize) {
+        (self.stage_out.as_ref().map_or(0, Origin::len), self.stage_in.len())
     }
 
     /// HNP: the broadcast tool's request.
@@ -82,6 +87,11 @@ impl<H: Host> Node<H> {
                 OriginOut::Done { owner: Owner::Job(jobid), reply } => {
                     if let Some(jobs) = self.jobs.as_mut() {
                         jobs.staged(&self.router, jobid, reply);
+                    }
+                }
+                OriginOut::Released { jobid } => {
+                    if let Some(jobs) = self.jobs.as_mut() {
+                        jobs.unstaged(jobid);
                     }
                 }
             }

@@ -11,6 +11,8 @@
 //! Invariants: a transfer is all or nothing. Files stay unnamed (or under a temporary name)
 //! until every target verified every file; a failure discards them everywhere, including files
 //! already committed. Segments arrive in op order, so each file is written front to back.
+//! A failed transfer is answered, and a job's end is told, only once every live target
+//! reported its files gone: whoever waits on either finds nothing of it left.
 
 pub mod origin;
 pub mod sink;
@@ -47,8 +49,12 @@ pub enum StageIo {
     Write { id: u64, seg: StageSegment },
     /// A target: give every file of the transfer its name.
     Commit { id: u64 },
-    /// A target: nothing of the transfer may stay (unnamed files dropped, named ones removed).
+    /// A target, on its own failure: nothing of the transfer may stay (unnamed files dropped,
+    /// named ones removed). Not answered.
     Discard { id: u64 },
+    /// A target, at the HNP's discard or remove: as `Discard`, answered with
+    /// [`StageDone::Removed`] once nothing of the transfer is left on this node.
+    Remove { id: u64 },
     /// A target: the files stay where they are; forget the transfer.
     Keep { id: u64 },
 }
@@ -61,6 +67,8 @@ pub enum StageDone {
     /// A target's disk work finished; `Ok(true)` after a write: every file of the transfer is
     /// complete and verified.
     Sink { id: u64, result: Result<bool, String> },
+    /// A target removed what it held of a transfer (`Err`: a path it could not remove).
+    Removed { id: u64, result: Result<(), String> },
 }
 
 /// One file to stage, as the shell found it on the HNP's node.

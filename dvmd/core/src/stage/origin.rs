@@ -3,8 +3,8 @@
 //! Owns: the transfer table (one entry per transfer in progress or committed for a job).
 //! Never: reads a file (asks the shell, [`StageIo::Read`]) or waits: a segment is read only
 //! when fewer than [`WINDOW`] are in flight.
-//! Invariants: a failed transfer is answered once and discarded everywhere; reports and
-//! completions of a transfer that is gone change nothing.
+//! Invariants: a failed transfer is answered once, after every live target discarded it;
+//! reports and completions of a transfer that is gone (or ending) change nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +13,7 @@ use dvm_proto::control::StageReply;
 use dvm_proto::daemon::{stage_msg, StageAction, StageDest, StageEnd, StageMsg, StageOpen, StagePhase, StageReport};
 use dvm_rml::Rank;
 use prost::Message;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{segments, SourceFile, StageDone, StageIo, StagePlan, StageSegment, DEFAULT_SEGMENT, WINDOW};
 use crate::Core;
@@ -38,11 +38,24 @@ pub enum OriginOut {
         key: u64,
         payload: Bytes,
     },
-    /// The transfer's verdict.
+    /// The transfer's verdict (a failure's once every live target discarded it).
     Done {
         owner: Owner,
         reply: StageReply,
     },
+    /// A job's files are gone from every live target (or kept, when it asked).
+    Released {
+        jobid: u32,
+    },
+}
+
+/// What a transfer being removed answers once every live target reported its files gone.
+#[derive(Debug)]
+enum Ending {
+    /// A failure: its verdict.
+    Verdict(Owner, StageReply),
+    /// A job's end: its files are gone.
+    Release(u32),
 }
 
 #[derive(Debug)]
@@ -61,6 +74,10 @@ struct Transfer {
     committing: bool,
     /// Committed and kept until its job ends.
     held: bool,
+    /// Discarded or removed: what to answer once `removing` is empty.
+    ending: Option<Ending>,
+    /// Live targets that have not yet reported the transfer gone.
+    removing: BTreeSet<Rank>,
     started: u64,
     wire: u64,
     segments: u32,
@@ -141,6 +158,8 @@ impl Origin {
                 committed: BTreeSet::new(),
                 committing: false,
                 held: false,
+                ending: None,
+                removing: BTreeSet::new(),
                 started: now,
                 wire: 0,
                 segments: 0,
@@ -153,7 +172,7 @@ impl Origin {
     /// Ask for the next read while the window has room.
     fn pump(&mut self, id: u64) {
         let Some(t) = self.transfers.get_mut(&id) else { return };
-        if t.reading || t.in_flight >= t.window {
+        if t.reading || t.in_flight >= t.window || t.ending.is_some() {
             return;
         }
         let Some(&(file, offset, len, last)) = t.queue.front() else { return };
@@ -164,7 +183,7 @@ impl Origin {
 
     /// The shell read a segment (or could not).
     pub fn on_read(&mut self, now: u64, id: u64, result: Result<StageSegment, String>) {
-        let Some(t) = self.transfers.get_mut(&id) else { return };
+        let Some(t) = self.transfers.get_mut(&id).filter(|t| t.ending.is_none()) else { return };
         t.reading = false;
         match result {
             Err(why) => self.fail(now, id, why),
@@ -195,6 +214,16 @@ impl Origin {
     pub fn on_report(&mut self, r: &Core, now: u64, from: Rank, rep: StageReport) {
         let Some(t) = self.transfers.get_mut(&rep.id) else { return };
         if !t.targets.contains(&from) {
+            return;
+        }
+        if t.ending.is_some() {
+            if rep.phase == StagePhase::Removed as i32 {
+                if !rep.error.is_empty() {
+                    warn!(id = rep.id, daemon = from, host = r.host_of(from), "a staged file stays: {}", rep.error);
+                }
+                t.removing.remove(&from);
+                self.finish(rep.id);
+            }
             return;
         }
         match StagePhase::try_from(rep.phase) {
@@ -231,46 +260,92 @@ impl Origin {
 
     /// Daemons were lost: a transfer that has one of them as a target fails, naming it (its
     /// survivors discard what they hold). A job's files already in place stay until the job
-    /// ends (the job fails on its own).
+    /// ends (the job fails on its own). A lost target is waited for no more.
     pub fn lost(&mut self, r: &Core, now: u64, failed: &BTreeSet<Rank>) {
         let hit: Vec<(u64, Rank)> = self
             .transfers
             .iter()
-            .filter(|(_, t)| !t.held)
+            .filter(|(_, t)| !t.held && t.ending.is_none())
             .filter_map(|(&id, t)| t.targets.intersection(failed).next().map(|&d| (id, d)))
             .collect();
         for (id, d) in hit {
             let why = format!("daemon {d} on host {} was lost during the transfer", r.host_of(d));
             self.fail(now, id, why);
         }
+        let ids: Vec<u64> = self.transfers.keys().copied().collect();
+        for id in ids {
+            let t = self.transfers.get_mut(&id).expect("listed");
+            t.targets.retain(|d| !failed.contains(d));
+            t.removing.retain(|d| !failed.contains(d));
+            self.finish(id);
+        }
     }
 
-    /// The transfer fails: it is answered with `why` and nothing of it stays anywhere.
+    /// The transfer fails: nothing of it may stay anywhere, and it is answered with `why` once
+    /// every live target reported its part gone.
     pub fn fail(&mut self, now: u64, id: u64, why: String) {
-        let Some(t) = self.transfers.remove(&id) else { return };
+        let Some(t) = self.transfers.get_mut(&id).filter(|t| t.ending.is_none()) else { return };
         info!(id, "transfer failed: {why}");
         if !t.queue.is_empty() {
+            t.queue.clear();
             self.out.push(OriginOut::Io(StageIo::ReadEnd { id }));
         }
-        self.out.push(end(id, StageAction::Discard));
-        let reply = reply_of(now, &t, Err(why));
-        self.out.push(OriginOut::Done { owner: t.owner, reply });
+        let (owner, reply) = (t.owner, reply_of(now, t, Err(why)));
+        self.end(id, StageAction::Discard, Ending::Verdict(owner, reply));
+    }
+
+    /// Tell the targets to discard or remove transfer `id`; `ending` is answered once they all
+    /// report it gone.
+    fn end(&mut self, id: u64, action: StageAction, ending: Ending) {
+        let Some(t) = self.transfers.get_mut(&id) else { return };
+        t.removing = t.targets.clone();
+        t.ending = Some(ending);
+        self.out.push(end(id, action));
+        self.finish(id);
+    }
+
+    /// A transfer being removed that no live target still holds is answered and forgotten.
+    fn finish(&mut self, id: u64) {
+        if !self.transfers.get(&id).is_some_and(|t| t.ending.is_some() && t.removing.is_empty()) {
+            return;
+        }
+        let t = self.transfers.remove(&id).expect("checked");
+        self.out.push(match t.ending.expect("checked") {
+            Ending::Verdict(owner, reply) => OriginOut::Done { owner, reply },
+            Ending::Release(jobid) => {
+                info!(id, jobid, "the job's files are gone from every node");
+                OriginOut::Released { jobid }
+            }
+        });
     }
 
     /// A job ended (or failed before it started): its preloaded files are removed, or left
-    /// in place when it asked to `keep` them.
-    pub fn release_job(&mut self, now: u64, jobid: u32, keep: bool) {
+    /// in place when it asked to `keep` them. [`OriginOut::Released`] follows once they are
+    /// gone everywhere (at once when there is nothing to remove).
+    pub fn release_job(&mut self, jobid: u32, keep: bool) {
         let ids: Vec<u64> =
             self.transfers.iter().filter(|(_, t)| t.owner == Owner::Job(jobid)).map(|(&id, _)| id).collect();
+        if ids.is_empty() {
+            self.out.push(OriginOut::Released { jobid });
+        }
         for id in ids {
-            let t = self.transfers.remove(&id).expect("listed");
-            if t.held {
-                self.out.push(end(id, if keep { StageAction::Keep } else { StageAction::Remove }));
+            let t = self.transfers.get_mut(&id).expect("listed");
+            if t.ending.is_some() {
+                // Already being discarded: its verdict is not wanted any more.
+                t.ending = Some(Ending::Release(jobid));
+            } else if t.held && keep {
+                self.transfers.remove(&id);
+                self.out.push(end(id, StageAction::Keep));
+                self.out.push(OriginOut::Released { jobid });
+            } else if t.held {
+                self.end(id, StageAction::Remove, Ending::Release(jobid));
             } else {
-                // Still moving: it is discarded like a failure, and its verdict is not wanted.
-                self.transfers.insert(id, t);
-                self.fail(now, id, String::new());
-                self.out.retain(|o| !matches!(o, OriginOut::Done { owner: Owner::Job(j), .. } if *j == jobid));
+                // Still moving: it is discarded like a failure, without a verdict.
+                if !t.queue.is_empty() {
+                    t.queue.clear();
+                    self.out.push(OriginOut::Io(StageIo::ReadEnd { id }));
+                }
+                self.end(id, StageAction::Discard, Ending::Release(jobid));
             }
         }
     }

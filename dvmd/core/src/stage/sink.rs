@@ -1,6 +1,7 @@
 //! Every daemon's side of staging: what of a transfer it writes and what it tells the HNP.
 //!
-//! Owns: the transfers this daemon is a target of, until their end (commit, discard, remove).
+//! Owns: the transfers this daemon is a target of, until their end (commit, discard, remove),
+//! and the report that a discarded or removed transfer left nothing here.
 //! Never: touches a file (asks the shell, [`StageIo`]) or decides a transfer's fate (the HNP
 //! does, from the reports).
 //! Invariants: one failure report per transfer, after which nothing more of it is written;
@@ -28,6 +29,8 @@ pub enum SinkOut {
 struct Incoming {
     failed: bool,
     committing: bool,
+    /// The HNP ended it (discard or remove): its removal is under way.
+    ending: bool,
 }
 
 /// The transfers this daemon receives.
@@ -72,8 +75,9 @@ impl Sink {
                     }
                 }
                 Ok(StageAction::Discard | StageAction::Remove) => {
-                    if self.open.remove(&e.id).is_some() {
-                        self.out.push(SinkOut::Io(StageIo::Discard { id: e.id }));
+                    if let Some(t) = self.open.get_mut(&e.id).filter(|t| !t.ending) {
+                        t.ending = true;
+                        self.out.push(SinkOut::Io(StageIo::Remove { id: e.id }));
                     }
                 }
                 Ok(StageAction::Keep) => {
@@ -88,9 +92,19 @@ impl Sink {
 
     /// The shell finished disk work of a transfer.
     pub fn on_done(&mut self, done: StageDone) {
-        let StageDone::Sink { id, result } = done else { return };
+        let (id, result) = match done {
+            StageDone::Sink { id, result } => (id, result),
+            StageDone::Removed { id, result } => {
+                if self.open.remove(&id).is_some() {
+                    let error = result.err().unwrap_or_default();
+                    self.out.push(SinkOut::Report(StageReport { id, phase: StagePhase::Removed as i32, error }));
+                }
+                return;
+            }
+            StageDone::Read { .. } => return,
+        };
         let Some(t) = self.open.get_mut(&id) else { return };
-        if t.failed {
+        if t.failed || t.ending {
             return;
         }
         let phase = match result {

@@ -131,3 +131,56 @@ fn a_preloading_job_starts_after_its_files_are_in_place_and_removes_them_when_it
     assert_eq!(net.shells.iter().map(|s| s.started.len()).sum::<usize>(), before);
     assert!(net.node(0).jobs().unwrap().is_empty());
 }
+
+/// Files of any transfer on any node: named, or unnamed and being received.
+fn held_anywhere(net: &Net) -> usize {
+    net.shells.iter().map(|s| s.disk.files.len() + s.disk.receiving()).sum()
+}
+
+#[test]
+fn a_failed_transfer_is_answered_only_once_every_target_discarded_it() {
+    let mut net = Net::boot(6, 2, 1);
+    let data = blob(8 * MIN_SEGMENT as usize);
+    net.shells[0].disk.sources.insert("/src/a".into(), data.clone());
+    net.shells[5].disk.full.insert("/dst/5/a".into());
+    let token = net.control(Control::Stage(plan(data.len() as u64, "/dst/%n/a")));
+    while stage_reply(&net, token).is_none() {
+        assert!(net.step(), "never answered");
+    }
+    assert_eq!(held_anywhere(&net), 0, "the failure was answered while a node still held part of it");
+    net.run();
+    assert!(net.nodes.iter().all(|n| n.as_ref().unwrap().stage_held() == (0, 0)), "every side forgot it");
+}
+
+#[test]
+fn a_preloading_jobs_end_is_told_only_once_its_files_are_gone_everywhere() {
+    let mut net = Net::boot(5, 2, 1);
+    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
+    let mut spec = job(5, Program::Exit { code: 0, after_ns: 1_000_000 }.argv());
+    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let c = net.launch(spec);
+    while net.ended(c).is_none() {
+        assert!(net.step(), "the job never ended");
+    }
+    assert_eq!(held_anywhere(&net), 0, "prun was told the job ended while a node still held its files");
+}
+
+#[test]
+fn a_preloading_job_that_loses_a_node_ends_and_its_survivors_remove_the_files() {
+    let mut net = Net::boot(5, 2, 1);
+    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
+    let mut spec = job(5, Program::Exit { code: 0, after_ns: 50_000_000 }.argv());
+    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let c = net.launch(spec);
+    while net.shells.iter().map(|s| s.started.len()).sum::<usize>() < 5 {
+        assert!(net.step(), "the job never started");
+    }
+    net.kill(4);
+    while net.ended(c).is_none() {
+        assert!(net.step(), "the job never ended: its end waited for the lost node's removal");
+    }
+    let (code, why) = net.ended(c).unwrap();
+    assert_ne!(code, 0, "{why}");
+    let left: usize = net.shells[..4].iter().map(|s| s.disk.files.len() + s.disk.receiving()).sum();
+    assert_eq!(left, 0, "a survivor kept the job's files");
+}
