@@ -56,7 +56,7 @@ echo "# $N nodes, links limited to $RATE each way (tbf), radix $RADIX, files on 
 for s in ${SIZES//,/ }; do
     head -c "$((s << 20))" /dev/urandom >"$OUT/src/f$s"
 done
-echo "arm,mib,rep,seconds,limit_s,ratio_to_limit,rss_rise_mib" >"$OUT/staging.csv"
+echo "arm,mib,rep,seconds,limit_s,ratio_to_limit,rss_rise_mib,daemon_cores,machine_busy" >"$OUT/staging.csv"
 
 # RSS of every daemon, sampled at 20 Hz until SIGTERM; prints the largest rise over the
 # first sample (MiB), over all of them. Run as its own process (so SIGTERM reaches it).
@@ -86,14 +86,27 @@ while True:
 PY
 )
 
+# CPU seconds (user + system) the given pids used so far.
+cpu_of() {
+    local p t=0
+    for p in "$@"; do
+        # Fields 14 and 15 of /proc/PID/stat, after the command name in parentheses.
+        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    python3 -c "import os; print($t / os.sysconf('SC_CLK_TCK'))"
+}
+# Busy and total jiffies of the whole machine.
+machine_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+
 limit_of() { python3 -c "print(f'{$1 * 1048576 / $rate_bps + 0.005:.3f}')"; }
 
-row() { # arm mib rep seconds rss
+row() { # arm mib rep seconds rss [daemon_cores machine_busy]
     local lim ratio
     lim=$(limit_of "$2")
     ratio=$(python3 -c "print(f'{$4 / $lim:.2f}')")
-    echo "$1,$2,$3,$4,$lim,$ratio,$5" >>"$OUT/staging.csv"
-    printf '%-9s %5s MiB  rep %s  %8.3f s  %5.2fx the limit  rss +%s MiB\n' "$1" "$2" "$3" "$4" "$ratio" "$5"
+    echo "$1,$2,$3,$4,$lim,$ratio,$5,${6:-},${7:-}" >>"$OUT/staging.csv"
+    printf '%-9s %5s MiB  rep %s  %8.3f s  %5.2fx the limit  rss +%s MiB  %s\n' "$1" "$2" "$3" "$4" "$ratio" "$5" \
+        "${6:+daemons used $6 cores, the machine was $7 busy}"
 }
 
 dvm_arm() { # arm movement [dvmd options]
@@ -107,10 +120,16 @@ dvm_arm() { # arm movement [dvmd options]
             python3 -c "$RSS_PY" $pids >"$rss_file" &
             sampler=$!
             sleep 0.3
+            # shellcheck disable=SC2086 # a list of pids
+            c0=$(cpu_of $pids)
+            read -r b0 a0 < <(machine_ticks)
             t0=$(date +%s.%N)
             # shellcheck disable=SC2086 # PBCAST_ARGS is a list of options
             "$BIN/pbcast" --dvm-uri "file:$OUT/uri" --quiet $PBCAST_ARGS "$OUT/src/f$s" "$OUT/dst/%n/f"
             t1=$(date +%s.%N)
+            read -r b1 a1 < <(machine_ticks)
+            # shellcheck disable=SC2086 # a list of pids
+            c1=$(cpu_of $pids)
             kill "$sampler"
             wait "$sampler" || true
             sampler=
@@ -121,7 +140,9 @@ dvm_arm() { # arm movement [dvmd options]
                 done
             fi
             rm -rf "${OUT:?}"/dst/*
-            row "$arm" "$s" "$rep" "$(python3 -c "print(f'{$t1 - $t0:.3f}')")" "$(cat "$rss_file")"
+            row "$arm" "$s" "$rep" "$(python3 -c "print(f'{$t1 - $t0:.3f}')")" "$(cat "$rss_file")" \
+                "$(python3 -c "print(f'{($c1 - $c0) / ($t1 - $t0):.2f}')")" \
+                "$(python3 -c "print(f'{($b1 - $b0) / max(1, $a1 - $a0):.2f}')")"
         done
     done
     "$BIN/pterm" --dvm-uri "file:$OUT/uri" >/dev/null

@@ -6,8 +6,9 @@
 //! at commit; where the filesystem has no unnamed files, a hidden temporary name is used and
 //! removed on discard.
 //! Never: decides a transfer's fate (the node does) or blocks on anything but the local disk.
-//! Invariants: a segment's sha256 is checked before it is written; a file's hash is the sha256
-//! of its segments' hashes in order, checked with its size when its last segment arrives.
+//! Invariants: a segment's hash (BLAKE3) is checked before it is written; a file's hash is the
+//! BLAKE3 of its segments' hashes in order, checked with its size when its last segment
+//! arrives.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -21,7 +22,6 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use dvm_core::stage::{SourceFile, StageDest, StageDone, StageIo, StagePlan, StageSegment};
 use flate2::{read::DeflateDecoder, write::DeflateEncoder, Compression};
-use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
 /// Where a daemon expands `%n`, `%h` and `%s` in destinations.
@@ -139,8 +139,8 @@ fn io_text(e: &std::io::Error) -> String {
 #[derive(Debug)]
 struct Source {
     file: File,
-    /// sha256 of the segments' hashes so far.
-    list: Sha256,
+    /// The hash of the segments' hashes so far.
+    list: blake3::Hasher,
 }
 
 #[derive(Debug)]
@@ -152,7 +152,7 @@ struct Incoming {
     /// The hidden name it is written under where no unnamed file could be made.
     temp: Option<PathBuf>,
     written: u64,
-    list: Sha256,
+    list: blake3::Hasher,
 }
 
 #[derive(Debug, Default)]
@@ -217,7 +217,7 @@ impl StageDisk {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let f = File::open(path).map_err(|e| format!("cannot read {path}: {}", io_text(&e)))?;
-                v.insert(Source { file: f, list: Sha256::new() })
+                v.insert(Source { file: f, list: blake3::Hasher::new() })
             }
         };
         let mut data = vec![0u8; len as usize];
@@ -225,14 +225,14 @@ impl StageDisk {
             std::io::ErrorKind::UnexpectedEof => format!("{path} shrank while it was being copied"),
             _ => format!("cannot read {path}: {}", io_text(&e)),
         })?;
-        let digest = Sha256::digest(&data);
-        src.list.update(digest);
-        let file_sha256 = if last {
-            let list = std::mem::take(&mut src.list);
+        let digest = blake3::hash(&data);
+        src.list.update(digest.as_bytes());
+        let file_hash = if last {
+            let list = src.list.finalize();
             self.sources.remove(&(id, file));
-            list.finalize().to_vec()
+            Bytes::copy_from_slice(list.as_bytes())
         } else {
-            Vec::new()
+            Bytes::new()
         };
         let (data, compressed) = if compress { deflate(data) } else { (data, false) };
         Ok(StageSegment {
@@ -240,8 +240,8 @@ impl StageDisk {
             file,
             offset,
             data: Bytes::from(data),
-            sha256: Bytes::copy_from_slice(&digest),
-            file_sha256: Bytes::from(file_sha256),
+            hash: Bytes::copy_from_slice(digest.as_bytes()),
+            file_hash,
             compressed,
             last,
         })
@@ -282,21 +282,20 @@ impl StageDisk {
         } else {
             &seg.data
         };
-        let digest = Sha256::digest(data);
-        if digest[..] != seg.sha256[..] {
-            return Err(format!("{shown}: the segment at byte {} arrived corrupt (sha256 differs)", seg.offset));
+        let digest = blake3::hash(data);
+        if digest.as_bytes()[..] != seg.hash[..] {
+            return Err(format!("{shown}: the segment at byte {} arrived corrupt (its hash differs)", seg.offset));
         }
         f.file.write_all_at(data, seg.offset).map_err(|e| format!("cannot write {shown}: {}", io_text(&e)))?;
         f.written += data.len() as u64;
-        f.list.update(digest);
+        f.list.update(digest.as_bytes());
         if !seg.last {
             return Ok(false);
         }
         if f.written != f.size {
             return Err(format!("{shown}: {} bytes arrived, {} were sent", f.written, f.size));
         }
-        let list = std::mem::take(&mut f.list).finalize();
-        if list[..] != seg.file_sha256[..] {
+        if f.list.finalize().as_bytes()[..] != seg.file_hash[..] {
             return Err(format!("{shown}: the whole file's hash differs from the source's"));
         }
         Ok(seg.file as usize + 1 == n)
@@ -395,7 +394,7 @@ fn open_dest(dest: PathBuf, size: u64, mode: u32, uid: u32, id: u64, rank: u32) 
             }
         }
     }
-    Ok(Incoming { dest, size, mode, file, temp, written: 0, list: Sha256::new() })
+    Ok(Incoming { dest, size, mode, file, temp, written: 0, list: blake3::Hasher::new() })
 }
 
 /// A user other than the daemon's own may write only where the directory lets them.

@@ -37,7 +37,7 @@ pub struct StageRow {
 
 impl StageRow {
     /// The columns of a row, named as in the CSV header; both formats print these.
-    const COLUMNS: [&'static str; 14] = [
+    const COLUMNS: [&'static str; 15] = [
         "n",
         "radix",
         "depth",
@@ -49,12 +49,13 @@ impl StageRow {
         "ratio",
         "peak_state_mib",
         "peak_state_hnp_mib",
+        "window_mib",
         "frames",
         "wire_bytes_per_daemon",
         "events",
     ];
 
-    fn cells(&self) -> [String; 14] {
+    fn cells(&self) -> [String; 15] {
         [
             self.n.to_string(),
             self.radix.to_string(),
@@ -67,6 +68,7 @@ impl StageRow {
             format!("{:.3}", self.ratio()),
             format!("{:.2}", mib(self.peak_state)),
             format!("{:.2}", mib(self.peak_state_hnp)),
+            format!("{:.2}", mib(self.segment as usize * self.window)),
             self.frames.to_string(),
             (self.wire_bytes / u64::from(self.n.max(1))).to_string(),
             self.events.to_string(),

@@ -184,3 +184,23 @@ fn a_preloading_job_that_loses_a_node_ends_and_its_survivors_remove_the_files() 
     let left: usize = net.shells[..4].iter().map(|s| s.disk.files.len() + s.disk.receiving()).sum();
     assert_eq!(left, 0, "a survivor kept the job's files");
 }
+
+#[test]
+fn pterm_while_an_ended_jobs_files_are_being_removed_waits_for_them_and_tells_its_prun() {
+    let mut net = Net::boot(5, 2, 1);
+    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
+    let mut spec = job(5, Program::Exit { code: 0, after_ns: 1_000_000 }.argv());
+    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let c = net.launch(spec);
+    // The job left the table; its prun waits for the files to go.
+    while !(net.node(0).jobs().unwrap().is_empty() && named_anywhere(&net) > 0) {
+        assert!(net.step(), "the job never ended with its files still in place");
+    }
+    assert_eq!(net.ended(c), None);
+    // TERMINATE follows the removal on every daemon (broadcasts keep their order), and each
+    // daemon's REMOVED reaches the HNP before its TERMINATE acknowledgement.
+    net.control(Control::Terminate);
+    net.run();
+    assert_eq!(net.ended(c), Some((0, String::new())), "the DVM ended before telling the job's prun");
+    assert_eq!(held_anywhere(&net), 0);
+}
