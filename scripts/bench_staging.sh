@@ -4,6 +4,7 @@
 #   dvm        pbcast on the DVM's default movement (large segments on scatter-allgather)
 #   dvm-clear  the same with --link-security none (frames in clear, as the copies below are)
 #   dvm-tree   pbcast on a DVM whose broadcasts all take the whole-payload tree
+#   dvm-z      pbcast --compress (each segment deflated at the head, inflated on each node)
 #   copy-seq   one TCP stream from the head to each node in turn (socat)
 #   copy-par   one TCP stream from the head to every node at once
 # against the limit: the file at the link rate, plus a few latencies. Also the largest rise of
@@ -53,8 +54,18 @@ netns_limit "$N" "$RATE"
 sub=${fact[head]%.*}
 echo "# $N nodes, links limited to $RATE each way (tbf), radix $RADIX, files on tmpfs, pbcast ${PBCAST_ARGS:-(defaults)}, $(git rev-parse --short HEAD)"
 
+# CONTENT=random (default: nothing to compress) or text (CSV-like lines, about 2.2:1 deflated).
 for s in ${SIZES//,/ }; do
-    head -c "$((s << 20))" /dev/urandom >"$OUT/src/f$s"
+    case ${CONTENT:-random} in
+        random) head -c "$((s << 20))" /dev/urandom >"$OUT/src/f$s" ;;
+        text) python3 -c "
+import random, sys
+r, n, out = random.Random($s), $((s << 20)), sys.stdout.buffer
+while n > 0:
+    line = ('%08d,%.6f,%s,node%03d\\n' % (r.randrange(10**8), r.random() * 1e3, r.choice(['ok', 'warn', 'fail']), r.randrange(512))).encode()
+    out.write(line[:n]); n -= len(line)" >"$OUT/src/f$s" ;;
+        *) echo "bench_staging.sh: CONTENT is random or text, not '$CONTENT'" >&2; exit 1 ;;
+    esac
 done
 echo "arm,mib,rep,seconds,limit_s,ratio_to_limit,rss_rise_mib,daemon_cores,machine_busy" >"$OUT/staging.csv"
 
@@ -109,9 +120,9 @@ row() { # arm mib rep seconds rss [daemon_cores machine_busy]
         "${6:+daemons used $6 cores, the machine was $7 busy}"
 }
 
-dvm_arm() { # arm movement [dvmd options]
-    local arm=$1 movement=$2 s rep t0 t1 pids rss_file
-    shift 2
+dvm_arm() { # arm movement pbcast-options [dvmd options]
+    local arm=$1 movement=$2 extra=$3 s rep t0 t1 pids rss_file
+    shift 3
     netns_dvm bench_staging.sh "$OUT" --radix "$RADIX" --bcast-movement "$movement" "$@"
     pids="$hnp_pid $(pgrep -f -- "$BIN/dvmd.*--rank=" | tr '\n' ' ')"
     for s in ${SIZES//,/ }; do
@@ -125,7 +136,7 @@ dvm_arm() { # arm movement [dvmd options]
             read -r b0 a0 < <(machine_ticks)
             t0=$(date +%s.%N)
             # shellcheck disable=SC2086 # PBCAST_ARGS is a list of options
-            "$BIN/pbcast" --dvm-uri "file:$OUT/uri" --quiet $PBCAST_ARGS "$OUT/src/f$s" "$OUT/dst/%n/f"
+            "$BIN/pbcast" --dvm-uri "file:$OUT/uri" --quiet $PBCAST_ARGS $extra "$OUT/src/f$s" "$OUT/dst/%n/f"
             t1=$(date +%s.%N)
             read -r b1 a1 < <(machine_ticks)
             # shellcheck disable=SC2086 # a list of pids
@@ -201,12 +212,13 @@ copy_arm() { # arm parallel?
 
 for arm in ${ARMS//,/ }; do
     case $arm in
-        dvm) dvm_arm dvm auto ;;
-        dvm-clear) dvm_arm dvm-clear auto --link-security none ;;
-        dvm-tree) dvm_arm dvm-tree tree ;;
+        dvm) dvm_arm dvm auto "" ;;
+        dvm-clear) dvm_arm dvm-clear auto "" --link-security none ;;
+        dvm-tree) dvm_arm dvm-tree tree "" ;;
+        dvm-z) dvm_arm dvm-z auto --compress ;;
         copy-seq) copy_arm copy-seq 0 ;;
         copy-par) copy_arm copy-par 1 ;;
-        *) echo "bench_staging.sh: unknown arm '$arm' (dvm, dvm-clear, dvm-tree, copy-seq, copy-par)" >&2; exit 1 ;;
+        *) echo "bench_staging.sh: unknown arm '$arm' (dvm, dvm-clear, dvm-tree, dvm-z, copy-seq, copy-par)" >&2; exit 1 ;;
     esac
 done
 # Debian's python3 has matplotlib (scripts/prereqs.sh); another one first in PATH may not.
