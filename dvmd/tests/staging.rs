@@ -254,32 +254,19 @@ fn prun_preloads_a_binary_and_files_and_removes_them_when_the_job_ends() {
     }
     assert_eq!(so.matches(&format!("{sum}  {staged_s}")).count(), 8, "{so}");
     assert!(!staged.exists(), "the preloaded file outlived its job");
+    // `data` preloaded into `dd` for a job of `n` procs running `rest`.
+    let preloading = |n: &str, rest: &[&str]| {
+        let mut args = vec!["-n", n, "--preload-files", data.to_str().unwrap(), "--preload-files-dest-dir"];
+        args.push(dd.to_str().unwrap());
+        args.extend_from_slice(rest);
+        dvm.prun(&args)
+    };
     // A job that fails still removes its files before prun returns.
-    let out = dvm.prun(&[
-        "-n",
-        "4",
-        "--preload-files",
-        data.to_str().unwrap(),
-        "--preload-files-dest-dir",
-        dd.to_str().unwrap(),
-        "sh",
-        "-c",
-        "test -f \"$0\" && exit 3",
-        staged_s,
-    ]);
+    let out = preloading("4", &["sh", "-c", "test -f \"$0\" && exit 3", staged_s]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out).1);
     assert!(!staged.exists(), "the preloaded file outlived its failed job");
     // Kept when asked.
-    let out = dvm.prun(&[
-        "-n",
-        "2",
-        "--preload-files",
-        data.to_str().unwrap(),
-        "--preload-files-dest-dir",
-        dd.to_str().unwrap(),
-        "--preload-keep",
-        "true",
-    ]);
+    let out = preloading("2", &["--preload-keep", "true"]);
     assert!(out.status.success(), "{}", text(&out).1);
     assert_eq!(sha_of(&staged).as_deref(), Some(sum.as_str()));
     // Bad input: the job is refused with one sentence and nothing starts.

@@ -132,6 +132,15 @@ fn a_preloading_job_starts_after_its_files_are_in_place_and_removes_them_when_it
     assert!(net.node(0).jobs().unwrap().is_empty());
 }
 
+/// A job of `n` procs that exit 0 after `after_ns`, preloading a 3000-byte file the HNP's
+/// node holds.
+fn preloading(net: &mut Net, n: u32, after_ns: u64) -> dvm_proto::job::JobSpec {
+    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
+    let mut spec = job(n, Program::Exit { code: 0, after_ns }.argv());
+    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    spec
+}
+
 /// Files of any transfer on any node: named, or unnamed and being received.
 fn held_anywhere(net: &Net) -> usize {
     net.shells.iter().map(|s| s.disk.files.len() + s.disk.receiving()).sum()
@@ -155,9 +164,7 @@ fn a_failed_transfer_is_answered_only_once_every_target_discarded_it() {
 #[test]
 fn a_preloading_jobs_end_is_told_only_once_its_files_are_gone_everywhere() {
     let mut net = Net::boot(5, 2, 1);
-    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
-    let mut spec = job(5, Program::Exit { code: 0, after_ns: 1_000_000 }.argv());
-    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let spec = preloading(&mut net, 5, 1_000_000);
     let c = net.launch(spec);
     while net.ended(c).is_none() {
         assert!(net.step(), "the job never ended");
@@ -168,9 +175,7 @@ fn a_preloading_jobs_end_is_told_only_once_its_files_are_gone_everywhere() {
 #[test]
 fn a_preloading_job_that_loses_a_node_ends_and_its_survivors_remove_the_files() {
     let mut net = Net::boot(5, 2, 1);
-    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
-    let mut spec = job(5, Program::Exit { code: 0, after_ns: 50_000_000 }.argv());
-    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let spec = preloading(&mut net, 5, 50_000_000);
     let c = net.launch(spec);
     while net.shells.iter().map(|s| s.started.len()).sum::<usize>() < 5 {
         assert!(net.step(), "the job never started");
@@ -188,9 +193,7 @@ fn a_preloading_job_that_loses_a_node_ends_and_its_survivors_remove_the_files() 
 #[test]
 fn pterm_while_an_ended_jobs_files_are_being_removed_waits_for_them_and_tells_its_prun() {
     let mut net = Net::boot(5, 2, 1);
-    net.shells[0].disk.sources.insert("/src/a".into(), blob(3000));
-    let mut spec = job(5, Program::Exit { code: 0, after_ns: 1_000_000 }.argv());
-    spec.preload = vec![PreloadFile { src: "/src/a".into(), dest: "/w/%n/%j/a".into(), size: 3000, mode: 0o600 }];
+    let spec = preloading(&mut net, 5, 1_000_000);
     let c = net.launch(spec);
     // The job left the table; its prun waits for the files to go.
     while !(net.node(0).jobs().unwrap().is_empty() && named_anywhere(&net) > 0) {
