@@ -67,7 +67,8 @@ pub struct SpawnPlan {
     pub program: dvm_core::harness::Program,
 }
 
-/// A file staged from the HNP's node to every daemon (as `pbcast` asks), for projections.
+/// A file staged from the HNP's node to every daemon (as `pbcast` asks): small ones in
+/// generated schedules, large ones in projections.
 #[derive(Debug, Clone)]
 pub struct StageRun {
     pub at: u64,
@@ -287,7 +288,8 @@ impl CoreScenario {
                 FaultKind::Cut { a, b, .. } => a == rp.rank || b == rp.rank,
             })
         });
-        let ops = (longest + 8 + xcasts.len() + 8 * benches.len() + 8 * launches.len()) as u64;
+        let stages = stage_runs(seed, window);
+        let ops = (longest + 8 + xcasts.len() + 8 * benches.len() + 8 * launches.len() + 12 * stages.len()) as u64;
         let losses = faults.len() as u64 * (2 * heartbeat_ns + 2 * detect_jitter_ns + 60 * alpha + 8 * round);
         let bound_ns = 2 * window
             + runs
@@ -314,7 +316,7 @@ impl CoreScenario {
             terminate_at,
             restart,
             bound_ns,
-            stages: Vec::new(),
+            stages,
             max_events: 5_000_000,
             sample_state: Vec::new(),
         }
@@ -355,6 +357,23 @@ impl CoreScenario {
 /// until their `--timeout`; some have two apps, some spawn a job while they run; two in five
 /// are MPI jobs (1 to 3 PMIx fences and a direct modex). A quarter of
 /// the schedules without HNP loss end with `pterm`.
+/// Small files `pbcast` to every daemon while the rest runs (faults included), each in a few
+/// segments: from their own stream, so the rest of a seed's schedule is what it was before.
+fn stage_runs(seed: u64, window: u64) -> Vec<StageRun> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x57a9_e000_0000_0028);
+    (0..rng.gen_range(0..=2))
+        .map(|i| {
+            let len = rng.gen_range(0..=(200usize << 10));
+            StageRun {
+                at: rng.gen_range(0..=window),
+                bytes: Bytes::from((0..len).map(|k| (k * 7 + i * 13 + k / 509) as u8).collect::<Vec<u8>>()),
+                segment: 64 << 10,
+                window: rng.gen_range(1..=4),
+            }
+        })
+        .collect()
+}
+
 fn launches(
     seed: u64,
     n: u32,

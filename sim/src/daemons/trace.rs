@@ -68,6 +68,10 @@ pub struct CoreTrace {
     pub final_failed: Vec<BTreeSet<Rank>>,
     pub final_owned: Vec<usize>,
     pub final_quiescent: Vec<bool>,
+    /// Per daemon at the end: staging transfers it holds (as origin, as target), and its
+    /// named files with their fingerprints.
+    pub final_stage_held: Vec<(usize, usize)>,
+    pub final_files: Vec<std::collections::BTreeMap<String, u64>>,
     /// Violations seen while running (a frame from a dead daemon admitted, a stray effect).
     pub engine_errors: Vec<String>,
     pub stats: CoreStats,

@@ -81,6 +81,11 @@ impl SimDisk {
         self.answers.push(done);
     }
 
+    /// Whether any file, named or still being received, has a path `pred` accepts.
+    pub fn holds(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.files.keys().any(|p| pred(p)) || self.incoming.values().flatten().any(|(d, _, _)| pred(&d.path))
+    }
+
     /// Transfers being received here (their files unnamed).
     pub fn receiving(&self) -> usize {
         self.incoming.len()

@@ -252,7 +252,11 @@ impl Origin {
             info!(id, elapsed_us = reply.elapsed_us, segments = reply.segments, "transfer in place on every target");
             match owner {
                 Owner::Job(_) => t.held = true,
-                Owner::Control(_) => drop(self.transfers.remove(&id)),
+                Owner::Control(_) => {
+                    // The files stay; every target forgets the transfer.
+                    self.transfers.remove(&id);
+                    self.out.push(end(id, StageAction::Keep));
+                }
             }
             self.out.push(OriginOut::Done { owner, reply });
         }

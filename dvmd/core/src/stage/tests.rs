@@ -52,6 +52,7 @@ fn a_file_arrives_whole_on_every_daemon_at_radix_2_and_64_and_nothing_is_held_af
         for (r, n) in net.nodes.iter().enumerate() {
             let n = n.as_ref().unwrap();
             assert!(n.router().grpcomm().is_quiescent(), "daemon {r} holds no op");
+            assert_eq!(n.stage_held(), (0, 0), "daemon {r} forgot the finished transfer");
         }
     }
 }

@@ -43,6 +43,17 @@ mod shell;
 /// receiver to declare the sender dead, then is dropped.
 const MAX_DELAY_ROUNDS: u32 = 20;
 
+/// A run staging a file larger than this keeps no bytes on its disks (projections).
+pub const COUNT_ONLY_ABOVE: usize = 4 << 20;
+
+/// A file's fingerprint for the end-of-run checks.
+pub(crate) fn hash(b: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
 /// Control tokens of staging requests: this plus the stage's index.
 pub(super) const STAGE_TOKEN: u64 = 1 << 40;
 
@@ -210,7 +221,7 @@ impl Node {
         let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
         let mut shell = SimShell::default();
         // Projections stage large files to many daemons: count the bytes, keep none.
-        shell.disk.count_only = !sc.stages.is_empty();
+        shell.disk.count_only = sc.stages.iter().any(|s| s.bytes.len() > COUNT_ONLY_ABOVE);
         Node {
             node: dvm_core::harness::sim_node(cfg),
             shell,
@@ -316,9 +327,20 @@ impl<'s> CoreEngine<'s> {
             self.trace.final_failed.push(n.node.router().topology().failed().clone());
             self.trace.final_owned.push(n.node.router().owned_ops());
             self.trace.final_quiescent.push(n.node.router().grpcomm().is_quiescent());
+            self.trace.final_stage_held.push(n.node.stage_held());
+            self.trace.final_files.push(n.shell.disk.files.iter().map(|(p, b)| (p.clone(), hash(b))).collect());
         }
         let log = self.q.take_log();
         (self.trace, log)
+    }
+
+    /// Daemons the HNP holds alive whose disk has any part of staged file `idx`.
+    pub(super) fn holding_stage(&self, idx: usize) -> Vec<Rank> {
+        let topo = self.nodes[0].node.router().topology();
+        let name = format!("/stage{idx}");
+        (0..self.nodes.len() as Rank)
+            .filter(|&r| topo.is_alive(r) && self.nodes[r as usize].shell.disk.holds(|p| p.ends_with(&name)))
+            .collect()
     }
 
     fn running(&self, r: Rank) -> bool {

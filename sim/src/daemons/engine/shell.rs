@@ -177,6 +177,14 @@ impl CoreEngine<'_> {
             Effect::Reply { token, reply: Reply::Stage(rep) } if token >= super::STAGE_TOKEN => {
                 self.q.note(|| format!("d{r} STAGE_DONE {rep:?}"));
                 let idx = (token - super::STAGE_TOKEN) as usize;
+                if !rep.ok {
+                    let holding = self.holding_stage(idx);
+                    if !holding.is_empty() {
+                        self.trace.engine_errors.push(format!(
+                            "staged file {idx} was answered as failed while live daemons {holding:?} still held part of it"
+                        ));
+                    }
+                }
                 match self.trace.stage_dones.get_mut(idx) {
                     Some(slot @ None) if r == 0 => *slot = Some((self.q.now(), rep)),
                     _ => self.trace.engine_errors.push(format!("daemon {r}: a stray staging answer {rep:?}")),
