@@ -219,6 +219,8 @@ fn augment(
 /// no daemon keeps a record of a finished transfer.
 fn check_stages(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, v: &mut Vec<String>) {
     let restarted = t.restarted.map(|(r, _)| r);
+    // Projections keep no bytes: their files are checked for presence only.
+    let counted = sc.stages.iter().any(|s| s.bytes.len() > super::stage::COUNT_ONLY_ABOVE);
     for (idx, st) in sc.stages.iter().enumerate() {
         if t.stage_starts[idx].is_none() {
             continue;
@@ -227,8 +229,7 @@ fn check_stages(sc: &CoreScenario, t: &CoreTrace, failed: &BTreeSet<Rank>, v: &m
             v.push(format!("staged file {idx} was never answered"));
             continue;
         };
-        let want = super::engine::hash(&st.bytes);
-        let counted = sc.stages.iter().any(|s| s.bytes.len() > super::engine::COUNT_ONLY_ABOVE);
+        let want = super::stage::fingerprint(&st.bytes);
         for r in (0..sc.n).filter(|&r| t.running(r) && !failed.contains(&r) && Some(r) != restarted) {
             let path = format!("/scratch/{r}/stage{idx}");
             match (rep.ok, t.final_files[r as usize].get(&path)) {

@@ -10,6 +10,17 @@ use dvm_grpcomm::Topology;
 use super::scenario::{CoreScenario, StageRun};
 use crate::net::NetModel;
 
+/// A run staging a file larger than this keeps no bytes on its disks (projections).
+pub const COUNT_ONLY_ABOVE: usize = 4 << 20;
+
+/// A staged file's fingerprint for the end-of-run checks.
+pub fn fingerprint(b: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
 /// One projected transfer.
 #[derive(Debug, Clone)]
 pub struct StageRow {

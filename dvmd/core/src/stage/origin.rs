@@ -233,6 +233,8 @@ impl Origin {
             Ok(StagePhase::Committed) => {
                 t.committed.insert(from);
             }
+            // A removal report for a transfer still moving was never asked for: dropped.
+            Ok(StagePhase::Removed) => return warn!(id = rep.id, daemon = from, "a stray REMOVED report was dropped"),
             _ => {
                 let why = format!("daemon {from} on host {}: {}", r.host_of(from), rep.error);
                 return self.fail(now, rep.id, why);

@@ -208,3 +208,23 @@ fn pterm_while_an_ended_jobs_files_are_being_removed_waits_for_them_and_tells_it
     assert_eq!(net.ended(c), Some((0, String::new())), "the DVM ended before telling the job's prun");
     assert_eq!(held_anywhere(&net), 0);
 }
+
+#[test]
+fn a_stray_removed_report_from_a_target_neither_fails_nor_ends_a_moving_transfer() {
+    use dvm_proto::daemon::{daemon_cmd, StagePhase, StageReport};
+    let mut net = Net::boot(5, 2, 1);
+    let data = blob(20 * MIN_SEGMENT as usize);
+    net.shells[0].disk.sources.insert("/src/a".into(), data.clone());
+    let token = net.control(Control::Stage(plan(data.len() as u64, "/dst/%n/a")));
+    for _ in 0..10 {
+        net.step();
+    }
+    assert!(stage_reply(&net, token).is_none(), "still moving");
+    // Daemon 3 (a target) says REMOVED for a transfer nobody ended, with an error text.
+    let rep = StageReport { id: 1, phase: StagePhase::Removed as i32, error: "junk".into() };
+    net.with(3, |n, now| n.handle_input(now, crate::Input::Cmd { dst: 0, body: daemon_cmd::Body::StageReport(rep) }));
+    net.run();
+    let rep = stage_reply(&net, token).expect("answered");
+    assert!(rep.ok, "a stray report failed the transfer: {}", rep.error);
+    assert_eq!(named_anywhere(&net), 5);
+}

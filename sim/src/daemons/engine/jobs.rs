@@ -28,6 +28,15 @@ impl CoreEngine<'_> {
         }
     }
 
+    /// Daemons the HNP holds alive whose disk has any part of staged file `idx`.
+    pub(super) fn holding_stage(&self, idx: usize) -> Vec<Rank> {
+        let topo = self.nodes[0].node.router().topology();
+        let name = format!("/stage{idx}");
+        (0..self.nodes.len() as Rank)
+            .filter(|&r| topo.is_alive(r) && self.nodes[r as usize].shell.disk.holds(|p| p.ends_with(&name)))
+            .collect()
+    }
+
     /// Stage file `idx` from the HNP's node to every daemon.
     pub(super) fn stage(&mut self, idx: usize) {
         match self.nodes[0].state {

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use dvm_core::harness::{SimHost, SimShell};
 use dvm_core::jobs::local::LocalConfig;
 use dvm_core::node::{HnpConfig, NodeConfig};
-use dvm_core::{CoreConfig, FenceOwner, Input};
-use dvm_grpcomm::{FenceRequest, Rank};
+use dvm_core::{CoreConfig, Input};
+use dvm_grpcomm::Rank;
 use dvm_proto::daemon::{daemon_cmd, DaemonCmd};
 use dvm_proto::rml::{Contact, FrameHeader, Tag};
 use dvm_proto::Message;
@@ -30,29 +30,19 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::scenario::{CoreScenario, FaultKind, JOB_END};
-use super::trace::{CoreTrace, End, FenceCall};
+use super::trace::{CoreTrace, End};
 use crate::net::Carrier;
 use crate::queue::EventQueue;
 
 mod carrier;
 mod clients;
+mod fences;
 mod jobs;
 mod shell;
 
 /// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
 /// receiver to declare the sender dead, then is dropped.
 const MAX_DELAY_ROUNDS: u32 = 20;
-
-/// A run staging a file larger than this keeps no bytes on its disks (projections).
-pub const COUNT_ONLY_ABOVE: usize = 4 << 20;
-
-/// A file's fingerprint for the end-of-run checks.
-pub(crate) fn hash(b: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    b.hash(&mut h);
-    h.finish()
-}
 
 /// Control tokens of staging requests: this plus the stage's index.
 pub(super) const STAGE_TOKEN: u64 = 1 << 40;
@@ -221,7 +211,7 @@ impl Node {
         let cfg = NodeConfig { core: cfg, hnp, local, hostname: format!("n{r}"), pid: 1000 + r };
         let mut shell = SimShell::default();
         // Projections stage large files to many daemons: count the bytes, keep none.
-        shell.disk.count_only = sc.stages.iter().any(|s| s.bytes.len() > COUNT_ONLY_ABOVE);
+        shell.disk.count_only = sc.stages.iter().any(|s| s.bytes.len() > crate::daemons::stage::COUNT_ONLY_ABOVE);
         Node {
             node: dvm_core::harness::sim_node(cfg),
             shell,
@@ -235,10 +225,6 @@ impl Node {
             stopped_at: 0,
         }
     }
-}
-
-fn key_of(job: usize, step: usize) -> u64 {
-    ((job as u64) << 32) | step as u64
 }
 
 fn norm(a: Rank, b: Rank) -> (Rank, Rank) {
@@ -328,19 +314,12 @@ impl<'s> CoreEngine<'s> {
             self.trace.final_owned.push(n.node.router().owned_ops());
             self.trace.final_quiescent.push(n.node.router().grpcomm().is_quiescent());
             self.trace.final_stage_held.push(n.node.stage_held());
-            self.trace.final_files.push(n.shell.disk.files.iter().map(|(p, b)| (p.clone(), hash(b))).collect());
+            self.trace.final_files.push(
+                n.shell.disk.files.iter().map(|(p, b)| (p.clone(), crate::daemons::stage::fingerprint(b))).collect(),
+            );
         }
         let log = self.q.take_log();
         (self.trace, log)
-    }
-
-    /// Daemons the HNP holds alive whose disk has any part of staged file `idx`.
-    pub(super) fn holding_stage(&self, idx: usize) -> Vec<Rank> {
-        let topo = self.nodes[0].node.router().topology();
-        let name = format!("/stage{idx}");
-        (0..self.nodes.len() as Rank)
-            .filter(|&r| topo.is_alive(r) && self.nodes[r as usize].shell.disk.holds(|p| p.ends_with(&name)))
-            .collect()
     }
 
     fn running(&self, r: Rank) -> bool {
@@ -495,71 +474,6 @@ impl<'s> CoreEngine<'s> {
                 self.lossy_cuts.insert(norm(a, b), t0 + f.at);
             }
             self.q.push(t0 + f.at, Kind::Fault { idx: i });
-        }
-    }
-
-    fn job_step(&mut self, job: usize, daemon: Rank, step: usize) {
-        match self.nodes[daemon as usize].state {
-            State::Dead { .. } => return,
-            State::Stopped => {
-                self.nodes[daemon as usize].deferred.push(Kind::JobStep { job, daemon, step });
-                return;
-            }
-            State::Running => {}
-        }
-        let plan = &self.sc.jobs[job];
-        let data = plan.contribution(job, step, daemon);
-        let req = FenceRequest {
-            sig: plan.sig.clone(),
-            collect: plan.steps[step],
-            data: data.clone(),
-            timeout: None,
-            size_hint: None,
-        };
-        let key = key_of(job, step);
-        self.pending.insert((daemon, key), self.trace.fence_calls.len());
-        self.trace.fence_calls.push(FenceCall { daemon, job, step, data, at: self.q.now(), done: None });
-        self.q.note(|| format!("d{daemon} FENCE job {job} step {step}"));
-        self.drive(daemon, Input::Fence { owner: FenceOwner::Driver(key), req });
-    }
-
-    fn fence_done(&mut self, daemon: Rank, key: u64, result: Result<Bytes, dvm_grpcomm::FenceError>) {
-        let Some(idx) = self.pending.remove(&(daemon, key)) else {
-            self.trace.engine_errors.push(format!("daemon {daemon}: FenceDone for key {key:#x} with no fence pending"));
-            return;
-        };
-        let ok = result.is_ok();
-        let call = &mut self.trace.fence_calls[idx];
-        call.done = Some((self.q.now(), result));
-        let (job, next) = (call.job, call.step + 1);
-        if ok && next < self.sc.jobs[job].steps.len() {
-            let think = self.rng.gen_range(0..=self.sc.think_ns);
-            self.q.push(self.q.now() + think, Kind::JobStep { job, daemon, step: next });
-        } else {
-            self.job_finished[job].insert(daemon);
-            self.maybe_end_jobs();
-        }
-    }
-
-    /// A job ends once every member still alive finished its chain: the HNP announces it and
-    /// every daemon forgets the job's signature.
-    fn maybe_end_jobs(&mut self) {
-        if !self.running(0) {
-            return;
-        }
-        for j in 0..self.sc.jobs.len() {
-            if self.job_ended[j] {
-                continue;
-            }
-            let done = self.sc.jobs[j].members.iter().all(|&m| {
-                self.job_finished[j].contains(&m)
-                    || matches!(self.nodes[m as usize].state, State::Dead { .. })
-                    || !self.nodes[0].node.router().topology().is_alive(m)
-            });
-            if done {
-                self.job_ended[j] = true;
-                self.q.push(self.q.now(), Kind::JobEnd { job: j });
-            }
         }
     }
 }
