@@ -24,6 +24,20 @@ fn stage_reply(net: &Net, token: u64) -> Option<StageReply> {
     })
 }
 
+/// A DVM of `n` daemons (radix 2) copying a file of `segments` segments to every one of them,
+/// `steps` events into the copy and not yet answered; the control call's token.
+fn pbcast_under_way(n: u32, segments: usize, steps: usize) -> (Net, u64) {
+    let mut net = Net::boot(n, 2, 1);
+    let data = blob(segments * MIN_SEGMENT as usize);
+    net.shells[0].disk.sources.insert("/src/a".into(), data.clone());
+    let token = net.control(Control::Stage(plan(data.len() as u64, "/dst/%n/a")));
+    for _ in 0..steps {
+        net.step();
+    }
+    assert!(stage_reply(&net, token).is_none(), "still moving");
+    (net, token)
+}
+
 fn named_anywhere(net: &Net) -> usize {
     net.shells.iter().map(|s| s.disk.files.len()).sum()
 }
@@ -73,14 +87,7 @@ fn a_full_disk_on_one_node_fails_the_transfer_by_name_and_nothing_is_left_anywhe
 
 #[test]
 fn a_target_lost_mid_transfer_fails_it_naming_the_daemon_and_survivors_keep_nothing() {
-    let mut net = Net::boot(6, 2, 1);
-    let data = blob(40 * MIN_SEGMENT as usize);
-    net.shells[0].disk.sources.insert("/src/a".into(), data.clone());
-    let token = net.control(Control::Stage(plan(data.len() as u64, "/dst/%n/a")));
-    for _ in 0..40 {
-        net.step();
-    }
-    assert!(stage_reply(&net, token).is_none(), "still moving");
+    let (mut net, token) = pbcast_under_way(6, 40, 40);
     net.kill(5);
     net.run();
     let rep = stage_reply(&net, token).expect("answered");
@@ -212,14 +219,7 @@ fn pterm_while_an_ended_jobs_files_are_being_removed_waits_for_them_and_tells_it
 #[test]
 fn a_stray_removed_report_from_a_target_neither_fails_nor_ends_a_moving_transfer() {
     use dvm_proto::daemon::{daemon_cmd, StagePhase, StageReport};
-    let mut net = Net::boot(5, 2, 1);
-    let data = blob(20 * MIN_SEGMENT as usize);
-    net.shells[0].disk.sources.insert("/src/a".into(), data.clone());
-    let token = net.control(Control::Stage(plan(data.len() as u64, "/dst/%n/a")));
-    for _ in 0..10 {
-        net.step();
-    }
-    assert!(stage_reply(&net, token).is_none(), "still moving");
+    let (mut net, token) = pbcast_under_way(5, 20, 10);
     // Daemon 3 (a target) says REMOVED for a transfer nobody ended, with an error text.
     let rep = StageReport { id: 1, phase: StagePhase::Removed as i32, error: "junk".into() };
     net.with(3, |n, now| n.handle_input(now, crate::Input::Cmd { dst: 0, body: daemon_cmd::Body::StageReport(rep) }));
