@@ -26,6 +26,11 @@ fn main() {
         }
     };
 
+    // Where the client library is, for ranks told to load it (Intel MPI's I_MPI_PMI_LIBRARY).
+    if let Some(dir) = lib.link_paths.first() {
+        println!("cargo:rustc-env=DVM_PMIX_LIBDIR={}", dir.display());
+    }
+
     if !clang_sys_available() {
         fail("libclang not found (bindgen needs it)", "set LIBCLANG_PATH if it is installed elsewhere");
     }

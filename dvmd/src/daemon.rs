@@ -166,6 +166,8 @@ impl Daemon {
             loopback,
             cores: crate::pmix::node_cores(),
             topo: None,
+            mpi: dvm_proto::job::MpiInterface::MpiDefault,
+            pmix_library: crate::pmix::client_library(),
         };
         let mut shell_host = ShellHost::new(crate::pmix::PmixHost::new(me, host.clone(), pmix_tx));
         let mut ready = None;
@@ -245,6 +247,11 @@ impl Daemon {
     /// This node's hardware, for binding its procs ([`crate::hwtopo::discover`]).
     pub fn set_hardware(&mut self, topo: Option<dvm_core::jobmap::NodeTopo>) {
         self.pending().cfg.local.topo = topo.map(std::sync::Arc::new);
+    }
+
+    /// The interface a job gets when it asks for none (`dvmd --mpi`).
+    pub fn set_mpi(&mut self, mpi: dvm_proto::job::MpiInterface) {
+        self.pending().cfg.local.mpi = mpi;
     }
 
     /// How procs run against this daemon (see [`crate::odls::Odls::set_rank_priority`]).
@@ -390,6 +397,8 @@ impl Daemon {
                 ProcCmd::ForgetJob(jobid) => self.odls.forget_job(jobid),
                 ProcCmd::DumpStacks { id, jobid } => self.odls.dump_stacks(id, jobid),
                 ProcCmd::KillAll => self.odls.kill_all(),
+                ProcCmd::PmiWrite { jobid, rank, data } => self.odls.pmi_write(jobid, rank, data),
+                ProcCmd::PmiClose { jobid, rank } => self.odls.pmi_close(jobid, rank),
             },
             Effect::ToClient { client, item } => match item {
                 Forward::Close => drop(self.clients.remove(&client.0)),

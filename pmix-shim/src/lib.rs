@@ -53,6 +53,9 @@ pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/pmix_bindings.rs"));
 }
 
+/// Where the build found libpmix (pkg-config's libdir), if it said.
+pub const LIBDIR: Option<&str> = option_env!("DVM_PMIX_LIBDIR");
+
 mod error;
 mod event;
 mod logtext;

@@ -12,6 +12,7 @@
 //! | a proc started, wrote, ended | `handle_proc` | [`jobs::local`] | a command to the HNP |
 //! | the HNP hears of a proc, a spawn, a lookup | (a frame) | [`jobs::hnp`] and its spawn and recovery parts | `Effect::ToClient`, broadcasts |
 //! | maps and residuals | (a frame) | [`jobs::local`] | `Effect::Proc(Spawn)`, PMIx calls by [`Host`] |
+//! | bytes on a rank's PMI fd | `handle_proc` | [`pmi`] (PMI-1/PMI-2: puts, gets, barriers as fences, abort) | `ProcCmd::PmiWrite`, fences, commands |
 //! | a PMIx upcall, the worker lost | `handle_pmix`, `handle_pmix_lost` | [`pmix`] (namespaces, fences, direct modex, deferral, groups, events, recycling) | `Effect::Pmix` (a reply by id, replace or end the worker), fences, commands |
 //! | a prun stream took output, went away, closed | `handle_prun` | [`jobs::hnp`], `node::control` | credit (`IofAck`) |
 //! | a boot process ended | `handle_boot` | `node::control` | `Effect::Exit` |
@@ -29,6 +30,7 @@ pub mod host;
 pub mod jobmap;
 pub mod jobs;
 pub mod node;
+pub mod pmi;
 pub mod pmix;
 pub mod pmixdef;
 pub mod pmixops;

@@ -86,6 +86,11 @@ struct Args {
     /// make cgroups), `idle` (SCHED_IDLE), `nice:N` (N nicer, 1-19) or `same` (as the daemon). A job may choose its own with `-x DVM_RANK_PRIORITY=...` (docs/liveness.md).
     #[arg(long, default_value_t = dvmd::odls::RankPriority::DEFAULT, value_name = "group|idle|nice:N|same")]
     rank_priority: dvmd::odls::RankPriority,
+    /// The interface a job's ranks get when its prun does not say (`prun --mpi`): `both` (a
+    /// PMIx server for Open MPI and a PMI-1/PMI-2 fd for the MPICH family; each MPI takes its
+    /// own), `pmix`, `pmi1`, `pmi2` or `none`.
+    #[arg(long, default_value = "both", value_parser = dvm_core::jobs::mpi::parse, value_name = "both|pmix|pmi1|pmi2|none")]
+    mpi: dvm_proto::job::MpiInterface,
     /// Largest RML message in bytes.
     #[arg(long, default_value_t = 100 << 20)]
     max_message: usize,
@@ -359,6 +364,7 @@ async fn run_hnp(args: Args) -> Result<ExitCode> {
         format!("--heartbeat-ms={}", args.heartbeat_ms),
         format!("--heartbeat-misses={}", args.heartbeat_misses),
         format!("--rank-priority={}", args.rank_priority),
+        format!("--mpi={}", dvm_core::jobs::mpi::name_of(args.mpi)),
         format!("--pmix-start={}", args.pmix_start),
         format!("--pmix-recycle-kib={}", args.pmix_recycle_kib),
         format!("--max-message={}", args.max_message),

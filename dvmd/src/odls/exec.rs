@@ -18,12 +18,14 @@ use super::{ProcSpec, TIMER_SLACK_VAR};
 /// What `execvp` searches when the proc's environment has no PATH (glibc's default).
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
 
-/// A started child: its pid (also its process group id) and our ends of its pipes.
+/// A started child: its pid (also its process group id) and our ends of its pipes (and of
+/// its PMI connection).
 pub(super) struct Launched {
     pub pid: i32,
     pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    pub pmi: Option<std::os::unix::net::UnixStream>,
 }
 
 /// Start `spec` or say why not. Returns once the child has exec'd, so exec and chdir failures
@@ -51,6 +53,15 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
     };
     let (stdout, stdout_child) = pipe("stdout")?;
     let (stderr, stderr_child) = pipe("stderr")?;
+    // The PMI connection: a socket pair, the child's end at `pmi_fd` in the child.
+    let (pmi_ours, pmi_child) = match spec.pmi_fd {
+        Some(_) => {
+            let (a, b) =
+                std::os::unix::net::UnixStream::pair().map_err(|e| format!("cannot create the PMI connection: {e}"))?;
+            (Some(a), Some(b))
+        }
+        None => (None, None),
+    };
     let affinity = match &spec.cpus {
         Some(cpus) => Some(cpu_set(cpus)?),
         None => None,
@@ -59,6 +70,7 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
         image: &image,
         affinity: affinity.as_ref(),
         stdio: [stdin_child.as_raw_fd(), stdout_child.as_raw_fd(), stderr_child.as_raw_fd()],
+        pmi: pmi_child.as_ref().zip(spec.pmi_fd).map(|(s, at)| (s.as_raw_fd(), at)),
         parent: std::process::id() as libc::pid_t,
         fd_limit: fd_limit(),
         timer_slack_ns: slack_us.saturating_mul(1000) as libc::c_ulong,
@@ -67,7 +79,7 @@ pub(super) fn launch(spec: &ProcSpec, priority: ChildPriority) -> Result<Launche
     let pid = spawn_vfork(&mut args).map_err(|e| format!("cannot create its process (clone): {e}"))?;
     let Some((step, errno)) = args.failed else {
         lower_priority(pid, priority, spec);
-        return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr });
+        return Ok(Launched { pid, stdin: stdin_ours, stdout, stderr, pmi: pmi_ours });
     };
     // The child exited without exec'ing (it wrote why first): reap it here.
     // SAFETY: waitpid on our own child, which has exited.
@@ -204,6 +216,8 @@ struct ChildArgs<'a> {
     /// The CPUs to bind the child to before exec (`None`: the daemon's affinity).
     affinity: Option<&'a libc::cpu_set_t>,
     stdio: [RawFd; 3],
+    /// The child's end of its PMI connection, and the fd number it gets it on (>= 3).
+    pmi: Option<(RawFd, RawFd)>,
     parent: libc::pid_t,
     fd_limit: libc::c_int,
     /// 0: the kernel's default (inherited).
@@ -315,6 +329,14 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             // Kernel < 5.11: one fcntl per possible fd (EBADF on unused ones is fine).
             for fd in 3..args.fd_limit {
                 libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        // Its PMI connection, the one fd past stdio it keeps (dup2 clears close-on-exec on the
+        // copy; an fd already in place has it cleared by hand).
+        if let Some((fd, at)) = args.pmi {
+            let kept = if fd == at { libc::fcntl(at, libc::F_SETFD, 0) } else { libc::dup2(fd, at) };
+            if kept < 0 {
+                return fail(args, Step::Setup("give it its PMI connection"));
             }
         }
         // A proc starts with no signal blocked, whatever the daemon's thread held.

@@ -29,6 +29,7 @@
 mod cgroup;
 mod exec;
 mod iof;
+mod pmi;
 mod priority;
 mod reap;
 mod stacks;
@@ -53,6 +54,8 @@ struct Proc {
     life: Arc<Life>,
     /// Queue of the stdin writer; `None` without a stdin pipe or after `close_stdin`.
     stdin: Option<mpsc::UnboundedSender<Bytes>>,
+    /// Queue of its PMI connection's writer; `None` without one or after `pmi_close`.
+    pmi: Option<mpsc::UnboundedSender<Bytes>>,
 }
 
 struct Job {
@@ -150,6 +153,13 @@ impl Odls {
             let inp = launched.stdin.map(pipe::Sender::from_owned_fd).transpose()?;
             Ok((out, err, inp))
         })();
+        let pmi_sock = match launched.pmi.map(pmi::Conn::new).transpose() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(jobid, rank, pid, "cannot register the proc's PMI connection: {e}");
+                None
+            }
+        };
         let (out, err, inp) = match pipes {
             Ok(p) => p,
             Err(e) => {
@@ -173,6 +183,7 @@ impl Odls {
             tokio::spawn(iof::feed_stdin(tx, qrx, life.done.clone(), jobid, rank));
             qtx
         });
+        let pmi = pmi_sock.map(|c| c.run(jobid, rank, self.events.clone()));
         let events = self.events.clone();
         let window = job.window.clone();
         let l = life.clone();
@@ -185,7 +196,7 @@ impl Odls {
             debug!(jobid, rank, pid, ?status, "proc reaped");
             let _ = events.send(OdlsEvent::Exited { jobid, rank, pid: pid as u32, status });
         });
-        job.procs.insert(rank, Proc { life, stdin });
+        job.procs.insert(rank, Proc { life, stdin, pmi });
     }
 
     /// Deliver `sig` to the process group of every live proc of the job.
@@ -235,6 +246,20 @@ impl Odls {
                 let _ = q.send(data);
             }
             None => debug!(jobid, rank, len = data.len(), "stdin for a proc without stdin dropped"),
+        }
+    }
+
+    /// Write bytes on the proc's PMI connection (in order; dropped once it is closed).
+    pub fn pmi_write(&mut self, jobid: u32, rank: u32, data: Bytes) {
+        if let Some(q) = self.jobs.get(&jobid).and_then(|j| j.procs.get(&rank)).and_then(|p| p.pmi.as_ref()) {
+            let _ = q.send(data);
+        }
+    }
+
+    /// Close our end of the proc's PMI connection once the queued bytes are written.
+    pub fn pmi_close(&mut self, jobid: u32, rank: u32) {
+        if let Some(p) = self.jobs.get_mut(&jobid).and_then(|j| j.procs.get_mut(&rank)) {
+            p.pmi = None;
         }
     }
 

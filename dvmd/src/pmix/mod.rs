@@ -89,6 +89,17 @@ pub const SERVER_GDS: &str = "hash";
 
 pub use dvm_core::jobs::local::{oversubscribed, YIELD_VAR};
 
+/// The PMIx client library the daemon was built against (`libpmix.so.2` in pkg-config's
+/// libdir), for ranks that load one when told to (Intel MPI's `I_MPI_PMI_LIBRARY`).
+pub fn client_library() -> Option<String> {
+    let dir = pmix_shim::LIBDIR?;
+    ["libpmix.so.2", "libpmix.so"]
+        .iter()
+        .map(|name| std::path::Path::new(dir).join(name))
+        .find(|p| p.exists())
+        .map(|p| p.display().to_string())
+}
+
 /// Cores this daemon's ranks may run on: the CPUs of the daemon's affinity mask (ranks inherit
 /// it), capped by a cgroup CPU quota, as `std::thread::available_parallelism` counts them.
 pub fn node_cores() -> u32 {

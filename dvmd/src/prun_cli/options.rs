@@ -31,6 +31,8 @@ pub(super) enum Kind {
     MergeStderr,
     Stdin,
     Timeout,
+    /// `--mpi pmix|pmi1|pmi2|both|none`: the ranks' process-management interface.
+    Mpi,
     DvmUri,
     Local,
     Slots,
@@ -119,6 +121,7 @@ pub(super) const OPTIONS: &[(Kind, &[&str])] = &[
     (Kind::MergeStderr, &["--merge-stderr-to-stdout"]),
     (Kind::Stdin, &["--stdin"]),
     (Kind::Timeout, &["--timeout"]),
+    (Kind::Mpi, &["--mpi"]),
     (Kind::DvmUri, &["--dvm-uri"]),
     (Kind::Local, &["--local"]),
     (Kind::Slots, &["--slots"]),

@@ -43,6 +43,7 @@ struct Parser<'a> {
     merge_stderr: bool,
     stdin: Option<(StdinTarget, u32)>,
     timeout: Option<f64>,
+    mpi: Option<dvm_proto::job::MpiInterface>,
     dvm_uri: Option<(String, String)>,
     local: Option<(String, u32)>,
     slots: Option<(String, u32)>,
@@ -84,6 +85,7 @@ pub fn parse(args: &[String], cwd: &Path, env: &dyn Fn(&str) -> Option<String>) 
         merge_stderr: false,
         stdin: None,
         timeout: None,
+        mpi: None,
         dvm_uri: None,
         local: None,
         slots: None,
@@ -307,6 +309,11 @@ impl Parser<'_> {
                     .ok_or_else(|| bad("not a positive number of seconds"))?;
                 set_once(&mut self.timeout, t, twice)?;
             }
+            Kind::Mpi => {
+                let m =
+                    dvm_core::jobs::mpi::parse(&value).map_err(|_| bad("expected pmix, pmi1, pmi2, both or none"))?;
+                set_once(&mut self.mpi, m, twice)?;
+            }
             Kind::DvmUri => {
                 let uri = match value.strip_prefix("file:") {
                     Some("") => return Err(bad("expected a URI or file:PATH")),
@@ -463,6 +470,7 @@ impl Parser<'_> {
             stdin_target: stdin_target as i32,
             stdin_rank,
             timeout_s: self.timeout.unwrap_or(0.0),
+            mpi: self.mpi.map_or(0, |m| m as i32),
             cwd,
             enable_recovery: self.enable_recovery,
             no_queue: self.no_queue,

@@ -25,6 +25,7 @@ pub fn spec(jobid: u32, rank: u32, argv: &[&str]) -> ProcSpec {
         timer_slack_us: 0,
         cpus: None,
         timestamp: false,
+        pmi_fd: None,
     }
 }
 
@@ -93,6 +94,8 @@ impl Harness {
             | OdlsEvent::LaunchFailed { jobid, rank, .. } => (*jobid, *rank),
             // Not a proc's event: these tests never ask for stacks.
             OdlsEvent::Stacks { .. } => panic!("stacks nobody asked for: {ev:?}"),
+            // Their procs get no PMI connection.
+            OdlsEvent::PmiData { .. } | OdlsEvent::PmiClosed { .. } => panic!("PMI nobody asked for: {ev:?}"),
         };
         let p = self.procs.entry((jobid, rank)).or_default();
         let started = p.pid.is_some();
@@ -124,7 +127,9 @@ impl Harness {
                 assert!(!started, "LaunchFailed after Started: {ev:?}");
                 p.failed = Some(error.clone());
             }
-            OdlsEvent::Stacks { .. } => unreachable!("refused above"),
+            OdlsEvent::Stacks { .. } | OdlsEvent::PmiData { .. } | OdlsEvent::PmiClosed { .. } => {
+                unreachable!("refused above")
+            }
         }
     }
 

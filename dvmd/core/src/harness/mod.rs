@@ -198,6 +198,10 @@ pub struct SimShell {
     pub fences_done: Vec<(u64, Result<Bytes, dvm_grpcomm::FenceError>)>,
     /// What the node asked of its PMIx worker (upcall answers, replace, end), in order.
     pub pmix: Vec<crate::pmix::PmixEffect>,
+    /// What the node wrote on its ranks' PMI fds, by (job, rank), in order.
+    pub pmi: BTreeMap<(u32, u32), Vec<u8>>,
+    /// PMI connections the node closed.
+    pub pmi_closed: BTreeSet<(u32, u32)>,
     pub said: Vec<String>,
     pub ready: bool,
     pub exit: Option<Exit>,
@@ -277,6 +281,15 @@ impl SimShell {
                     .map(|((_, rank), p)| (*rank, p.pid, format!("#0 sim_wait () in rank {rank}")))
                     .collect();
                 due.push(Due { at: now, ev: ProcEvent::Stacks { id, jobid, traces, error: None } });
+            }
+            Effect::Proc(ProcCmd::PmiWrite { jobid, rank, data }) => {
+                if self.pmi_closed.contains(&(jobid, rank)) {
+                    self.errors.push(format!("daemon {me}: PMI write to rank {rank} of job {jobid} after its close"));
+                }
+                self.pmi.entry((jobid, rank)).or_default().extend_from_slice(&data);
+            }
+            Effect::Proc(ProcCmd::PmiClose { jobid, rank }) => {
+                self.pmi_closed.insert((jobid, rank));
             }
             Effect::Proc(ProcCmd::ForgetJob(jobid)) => {
                 self.ended_jobs.insert(jobid);

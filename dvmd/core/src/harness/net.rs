@@ -136,6 +136,8 @@ impl Net {
             loopback: false,
             cores: 64,
             topo: None,
+            mpi: dvm_proto::job::MpiInterface::MpiDefault,
+            pmix_library: None,
         };
         NodeConfig { core, hnp, local, hostname: format!("n{r}"), pid: 100 + r }
     }
@@ -225,6 +227,24 @@ impl Net {
     pub fn upcall(&mut self, r: Rank, reply: u64, body: dvm_proto::pmixworker::worker_event::Body) {
         let ev = dvm_proto::pmixworker::WorkerEvent { reply, body: Some(body) };
         self.with(r, |n, now| n.handle_pmix(now, ev));
+    }
+
+    /// Rank `rank` of job `jobid`, on daemon `r`, writes `data` on its PMI fd.
+    pub fn pmi_send(&mut self, r: Rank, jobid: u32, rank: u32, data: &[u8]) {
+        let ev = crate::jobs::ProcEvent::PmiData { jobid, rank, data: bytes::Bytes::copy_from_slice(data) };
+        self.with(r, |n, now| n.handle_proc(now, ev));
+    }
+
+    /// What daemon `r` wrote on the PMI fd of rank `rank` of job `jobid` and the rank has not
+    /// read yet (taken).
+    pub fn pmi_read(&mut self, r: Rank, jobid: u32, rank: u32) -> String {
+        let got = self.shells[r as usize].pmi.remove(&(jobid, rank)).unwrap_or_default();
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Whether daemon `r` closed the PMI fd of rank `rank` of job `jobid`.
+    pub fn pmi_closed(&self, r: Rank, jobid: u32, rank: u32) -> bool {
+        self.shells[r as usize].pmi_closed.contains(&(jobid, rank))
     }
 
     /// The upcall answers daemon `r` gave its PMIx server: (reply, status, data), in order.

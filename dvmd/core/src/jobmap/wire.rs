@@ -166,6 +166,7 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         plan: Some(super::plan_of(spec, placement.nprocs()).to_wire()),
         report_bindings: spec.report_bindings,
         timestamp_output: spec.timestamp_output,
+        mpi: spec.mpi,
     };
     // A rankfile's cpus go to the daemon of each rank, in its rank order.
     let pinned: std::collections::HashMap<u32, &str> =

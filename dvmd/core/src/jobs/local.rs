@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use dvm_proto::daemon::{daemon_cmd, BindingReport, LaunchReport, StackResp, StackTrace};
-use dvm_proto::job::{IofChunk, JobControl, JobMap, ProcStatus, Residual, StdinChunk, StdinTarget};
+use dvm_proto::job::{IofChunk, JobControl, JobMap, MpiInterface, ProcStatus, Residual, StdinChunk, StdinTarget};
 use dvm_proto::Message;
 use dvm_rml::Rank;
 use tracing::{debug, warn};
@@ -78,6 +78,11 @@ pub struct LocalConfig {
     pub cores: u32,
     /// This node's hardware (binding needs it; without it every proc runs unbound).
     pub topo: Option<std::sync::Arc<NodeTopo>>,
+    /// The interface a job gets when it asks for none (`dvmd --mpi`; `MPI_DEFAULT`: both).
+    pub mpi: MpiInterface,
+    /// The PMIx client library, for MPIs that load one when told to (Intel MPI's
+    /// `I_MPI_PMI_LIBRARY` under `--mpi pmix`).
+    pub pmix_library: Option<String>,
 }
 
 /// What the local jobs ask of the node, in order.
@@ -245,7 +250,11 @@ impl LocalJobs {
             .zip(&bound)
             .filter_map(|(p, b)| b.as_ref().map(|(_, os)| (p.rank, jobmap::topo::list_text(os), self.locality(os))))
             .collect();
-        let pmix = Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32, places);
+        let mpi = super::mpi::Interface::of(map.mpi, self.cfg.mpi);
+        let pmix = mpi.pmix() && Self::pmix_job_start(r, host, jobid, &map, procs.len() as u32, places);
+        if mpi.pmi_fd() {
+            Self::pmi_job_start(r, host, jobid, &map, mpi);
+        }
         let env = self.cfg.base_env.clone();
         // Procs of this job competing for this machine's cores. A loopback DVM (`--local`) has
         // every daemon on this machine: all of the job's procs; otherwise this daemon's own.
@@ -293,6 +302,14 @@ impl LocalJobs {
             ] {
                 penv.push((k.to_string(), v));
             }
+            let interface_env = mpi.env(self.cfg.pmix_library.as_deref());
+            let pmi_env = if mpi.pmi_fd() { host.pmi.proc_env(jobid, p.rank) } else { Vec::new() };
+            for (k, v) in interface_env.into_iter().chain(pmi_env) {
+                if !app.env.iter().any(|kv| kv.split_once('=').is_some_and(|(ak, _)| ak == k)) {
+                    penv.retain(|(ek, _)| *ek != k);
+                    penv.push((k, v));
+                }
+            }
             if pmix {
                 let session = self.cfg.session_dir.clone();
                 for (k, v) in host.pmix_proc_env(jobid, p.rank, session, self.cfg.loopback, yield_idle) {
@@ -318,6 +335,7 @@ impl LocalJobs {
                 stdin: stdin_rank.is_none_or(|r| r == p.rank),
                 timer_slack_us,
                 timestamp: map.timestamp_output,
+                pmi_fd: mpi.pmi_fd().then_some(crate::pmi::PMI_CHILD_FD),
                 cpus: bound.map(|(_, os)| {
                     self.cpus_of.insert((jobid, p.rank), os.clone());
                     os
@@ -327,7 +345,26 @@ impl LocalJobs {
         if self.jobs.get(&jobid).is_some_and(|j| j.live == 0) {
             self.jobs.remove(&jobid);
             host.pmix_job_done(jobid);
+            host.pmi.job_done(jobid);
         }
+    }
+
+    /// Serve a job's PMI wire to its local ranks (or, under `--mpi pmix`, watch for ranks
+    /// that speak it, to fail the job by name instead of letting them run as singletons).
+    fn pmi_job_start(r: &Core, host: &mut With<'_, impl Host>, jobid: u32, map: &JobMap, mpi: super::mpi::Interface) {
+        let placement = match Placement::from_job_map(map) {
+            Ok(p) => p,
+            Err(e) => return warn!(jobid, "job map unusable for PMI: {e}"),
+        };
+        let start = crate::pmi::PmiJobStart {
+            jobid,
+            kvsname: nspace_of(&r.dvm_id(), jobid),
+            universe: placement.nprocs(),
+            placement,
+            spawned: map.report_launch,
+            refuse: mpi.pmi_refusal(),
+        };
+        host.pmi.job_start(start);
     }
 
     /// Where each of `n` local procs of a job is bound, in local rank order: the level and the
@@ -418,6 +455,7 @@ impl LocalJobs {
                 self.ended.pop_first();
             }
             host.pmix_forget_job(ctl.jobid);
+            host.pmi.job_done(ctl.jobid);
             self.out.push(LocalOut::Proc(ProcCmd::ForgetJob(ctl.jobid)));
             return self.jobs.is_empty();
         }
@@ -461,13 +499,16 @@ impl LocalJobs {
                 self.out.push(LocalOut::ToHnp(daemon_cmd::Body::Iof(chunk)));
             }
             ProcEvent::OutputClosed { .. } => {}
+            ProcEvent::PmiData { jobid, rank, data } => host.pmi.on_data(jobid, rank, &data),
+            ProcEvent::PmiClosed { jobid, rank } => host.pmi.on_closed(jobid, rank),
             ProcEvent::Exited { jobid, rank, pid, status } => {
                 let (exit_code, signal) = match status {
                     ExitKind::Code(c) => (c, 0),
                     ExitKind::Signal(s) => (0, s),
                 };
                 let mut st = ProcStatus { jobid, rank, pid, exit_code, signal, error: String::new(), daemon: me };
-                if let Some(why) = host.pmix_proc_exit(jobid, rank) {
+                let pmi = host.pmi.proc_exit(jobid, rank);
+                if let Some(why) = host.pmix_proc_exit(jobid, rank).or(pmi) {
                     if signal == 0 && exit_code == 0 {
                         st.exit_code = 1;
                         st.error = why;
@@ -522,6 +563,7 @@ impl LocalJobs {
         self.out.push(LocalOut::ToHnp(daemon_cmd::Body::ProcStatus(st)));
         if done {
             host.pmix_job_done(jobid);
+            host.pmi.job_done(jobid);
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod display;
 pub mod hnp;
 pub mod local;
+pub mod mpi;
 pub mod preload;
 pub mod proc;
 pub mod queue;

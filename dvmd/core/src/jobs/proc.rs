@@ -27,6 +27,9 @@ pub struct ProcSpec {
     pub cpus: Option<Vec<u32>>,
     /// Stamp its output with the time it is read (`--output timestamp`).
     pub timestamp: bool,
+    /// Give it a PMI connection on this fd number (`PMI_FD`, already in `env`): one end of a
+    /// socket pair, whose bytes come back as [`ProcEvent::PmiData`].
+    pub pmi_fd: Option<i32>,
 }
 
 /// A proc's timer slack in microseconds, set in its environment (`-x DVM_TIMER_SLACK_US=0`):
@@ -90,6 +93,17 @@ pub enum ProcEvent {
         rank: u32,
         error: String,
     },
+    /// Bytes the proc wrote on its PMI connection.
+    PmiData {
+        jobid: u32,
+        rank: u32,
+        data: Bytes,
+    },
+    /// Its PMI connection closed (EOF or an error), or could not be read.
+    PmiClosed {
+        jobid: u32,
+        rank: u32,
+    },
     /// The answer to [`ProcCmd::DumpStacks`]: (rank, pid, trace) of each live proc, or why
     /// there are none (the debugger is missing), naming the node.
     Stacks {
@@ -130,6 +144,17 @@ pub enum ProcCmd {
     },
     /// A job ended everywhere: its process records go.
     ForgetJob(u32),
+    /// Write an answer on a proc's PMI connection (in order; dropped once it is closed).
+    PmiWrite {
+        jobid: u32,
+        rank: u32,
+        data: Bytes,
+    },
+    /// Close our end of a proc's PMI connection (its job failed for what it sent).
+    PmiClose {
+        jobid: u32,
+        rank: u32,
+    },
     /// The stack traces of a job's live procs here (query `id`): answered by
     /// [`ProcEvent::Stacks`].
     DumpStacks {

@@ -39,6 +39,7 @@ use crate::host::Host;
 use crate::jobs::hnp::{JobOut, JobTable};
 use crate::jobs::local::{LocalConfig, LocalJobs, LocalOut};
 use crate::jobs::{ClientId, Forward, ProcCmd, ProcEvent, TERMINATE_GRACE_NS};
+use crate::pmi::{Pmi, PmiOut};
 use crate::pmix::{Pmix, PmixEffect, PmixOut, With};
 use crate::stage::{origin::Origin, sink::Sink};
 use crate::timer::{Timer, Timers};
@@ -160,6 +161,8 @@ pub struct Node<H: Host> {
     host: H,
     /// PMIx hosting's decisions (the server itself is the host's).
     pmix: Pmix,
+    /// The simple-PMI server (PMI-1 and PMI-2 on each rank's fd).
+    pmi: Pmi,
     /// HNP only.
     jobs: Option<JobTable>,
     ctl: Option<control::HnpControl>,
@@ -193,10 +196,12 @@ impl<H: Host> Node<H> {
             control::HnpControl::new(h.session_dir, h.one_job, h.terminate_deadline_ns)
         });
         let pmix = Pmix::new(router.me(), cfg.hostname.clone());
+        let pmi = Pmi::new(router.me(), cfg.hostname.clone());
         Ok(Node {
             router,
             host,
             pmix,
+            pmi,
             jobs: ctl.as_ref().map(|_| JobTable::default()),
             stage_out: ctl.as_ref().map(|_| Origin::default()),
             stage_in: Sink::default(),
@@ -226,6 +231,9 @@ impl<H: Host> Node<H> {
     }
     pub fn pmix(&self) -> &Pmix {
         &self.pmix
+    }
+    pub fn pmi(&self) -> &Pmi {
+        &self.pmi
     }
     /// This daemon hosts a PMIx server; an idle worker grown by `recycle_kib` is replaced.
     pub fn configure_pmix(&mut self, recycle_kib: u64) {
@@ -283,7 +291,7 @@ impl<H: Host> Node<H> {
         self.tick(now);
         if !self.exited {
             let me = self.router.me();
-            self.local.on_proc(me, &mut With { pmix: &mut self.pmix, host: &mut self.host }, ev);
+            self.local.on_proc(me, &mut With { pmix: &mut self.pmix, host: &mut self.host, pmi: &mut self.pmi }, ev);
         }
         self.run(now);
     }
@@ -446,6 +454,13 @@ impl<H: Host> Node<H> {
                 }
             }
             moved |= self.carry_stage();
+            for o in std::mem::take(&mut self.pmi.out) {
+                moved = true;
+                match o {
+                    PmiOut::Router(input) => self.inbox.push_back(input),
+                    PmiOut::Proc(cmd) => self.effects.push_back(Effect::Proc(cmd)),
+                }
+            }
             for o in std::mem::take(&mut self.pmix.out) {
                 moved = true;
                 match o {
@@ -495,7 +510,7 @@ impl<H: Host> Node<H> {
                 if tag == tags::LAUNCH_RESIDUALS {
                     self.local.on_residual(
                         &self.router,
-                        &mut With { pmix: &mut self.pmix, host: &mut self.host },
+                        &mut With { pmix: &mut self.pmix, host: &mut self.host, pmi: &mut self.pmi },
                         data,
                     );
                 }
@@ -525,6 +540,7 @@ impl<H: Host> Node<H> {
             }
             R::FenceDone { key, result } => self.pmix.fence_done(&mut self.host, key, result),
             R::DriverFenceDone { key, result } => self.effects.push_back(Effect::FenceDone { key, result }),
+            R::PmiFenceDone { key, result } => self.pmi.fence_done(key, result),
             R::BenchDone(r) => self.bench_done(r),
             R::Terminated => {
                 self.terminated();
@@ -536,11 +552,15 @@ impl<H: Host> Node<H> {
 
     fn on_deliver(&mut self, tag: u32, payload: Bytes) {
         match tag {
-            tags::LAUNCH => {
-                self.local.on_map(&self.router, &mut With { pmix: &mut self.pmix, host: &mut self.host }, payload)
-            }
+            tags::LAUNCH => self.local.on_map(
+                &self.router,
+                &mut With { pmix: &mut self.pmix, host: &mut self.host, pmi: &mut self.pmi },
+                payload,
+            ),
             tags::JOB_CONTROL => {
-                let idle = self.local.on_control(&mut With { pmix: &mut self.pmix, host: &mut self.host }, payload);
+                let idle = self
+                    .local
+                    .on_control(&mut With { pmix: &mut self.pmix, host: &mut self.host, pmi: &mut self.pmi }, payload);
                 if idle && self.jobs.as_ref().is_none_or(|j| j.is_empty()) {
                     // Idle: what the job's messages, processes and streams used goes back to
                     // the system, so a DVM serving thousands of jobs stays at its idle size.

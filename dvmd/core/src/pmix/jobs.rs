@@ -22,6 +22,8 @@ use crate::Input;
 pub struct With<'a, H> {
     pub pmix: &'a mut Pmix,
     pub host: &'a mut H,
+    /// The simple-PMI server beside it (the MPICH family's wire).
+    pub pmi: &'a mut crate::pmi::Pmi,
 }
 
 impl<H: Host> With<'_, H> {

@@ -60,6 +60,8 @@ pub enum FenceOwner {
     Pmix(u64),
     /// The collective benchmark with this id (run inside the core).
     Bench(u64),
+    /// A PMI barrier (`crate::pmi`) with this key.
+    Pmi(u64),
     /// The node's driver (the simulator's workloads): its end leaves as the node's
     /// `Effect::FenceDone`.
     Driver(u64),
@@ -161,6 +163,8 @@ pub enum Effect {
     FenceDone { key: u64, result: Result<Bytes, FenceError> },
     /// A fence the node's driver started finished.
     DriverFenceDone { key: u64, result: Result<Bytes, FenceError> },
+    /// A PMI barrier's fence (started with `FenceOwner::Pmi(key)`) ended.
+    PmiFenceDone { key: u64, result: Result<Bytes, FenceError> },
     /// HNP: a benchmark finished.
     BenchDone(Result<BenchReply, String>),
     /// HNP: every daemon holds TERMINATE.

@@ -151,6 +151,7 @@ impl Core {
         match self.fence_owners.remove(&id) {
             Some(FenceOwner::Pmix(key)) => self.out.push(Effect::FenceDone { key, result }),
             Some(FenceOwner::Driver(key)) => self.out.push(Effect::DriverFenceDone { key, result }),
+            Some(FenceOwner::Pmi(key)) => self.out.push(Effect::PmiFenceDone { key, result }),
             Some(FenceOwner::Bench(b)) => self.on_bench_fence_done(b, id, result),
             None => warn!(seq = id.seq, "a fence nobody owns completed"),
         }

@@ -90,6 +90,7 @@ pub(super) fn start_pmix(
 ) {
     daemon.set_session_dir(session);
     daemon.set_rank_priority(args.rank_priority, &hnp.to_string());
+    daemon.set_mpi(args.mpi);
     daemon.set_heartbeat_bound(std::time::Duration::from_millis(args.heartbeat_ms) * args.heartbeat_misses.max(1));
     daemon.set_pmix_settings(pmix_settings(session, args));
     if eager_pmix(args, slots) {
