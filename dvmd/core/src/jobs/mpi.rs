@@ -60,6 +60,9 @@ impl Interface {
                 env.extend(pmix_library.map(|l| kv("I_MPI_PMI_LIBRARY", l)));
                 env
             }
+            // MPICH 5 refuses to choose when it sees both PMI_SIZE and PMIX_NAMESPACE ("Auto-
+            // detection of PMI version failed"): told, it takes PMI-1, which every MPICH speaks.
+            MpiInterface::MpiBoth => vec![kv("MPIR_CVAR_PMI_VERSION", "1")],
             MpiInterface::MpiPmi1 => vec![kv("I_MPI_PMI", "pmi"), kv("MPIR_CVAR_PMI_VERSION", "1")],
             MpiInterface::MpiPmi2 => vec![kv("I_MPI_PMI", "pmi2"), kv("MPIR_CVAR_PMI_VERSION", "2")],
             _ => Vec::new(),

@@ -133,6 +133,10 @@ impl JobTable {
         }
         let why = format!("rank {} on node {host} called MPI_Abort with code {}", a.rank, a.code);
         self.proc_aborted_event(r, a.jobid, a.rank, a.code, &why);
+        if a.kill {
+            // A PMI client waits in its abort until it is killed: the job ends now.
+            return self.fail_job(r, a.jobid, a.code, why);
+        }
         self.out.push(JobOut::Arm(Timer::AbortGrace { jobid: a.jobid, rank: a.rank }, ABORT_GRACE_NS));
     }
 

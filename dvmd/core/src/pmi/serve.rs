@@ -210,8 +210,7 @@ impl Pmi {
         }
     }
 
-    /// `abort`: the job fails with the rank's code and message, as PMIx's abort does (the HNP
-    /// waits for the rank to exit by itself first).
+    /// `abort`: the job fails with the rank's code and message, at once.
     fn abort(&mut self, jobid: u32, rank: u32, req: &Request) {
         let code = req.get("exitcode").or_else(|| req.get("code")).and_then(|c| c.parse::<i32>().ok()).unwrap_or(1);
         let message = req.get("msg").or_else(|| req.get("message")).unwrap_or("").to_owned();
@@ -219,7 +218,9 @@ impl Pmi {
         if let Some(c) = job.conns.get_mut(&rank) {
             c.finalized = true;
         }
-        let abort = JobAbort { jobid, rank, code, message, daemon: self.me };
+        // The MPICH family's client waits in its abort for an answer its launcher never sends
+        // (Hydra kills the job): the HNP ends the job at once.
+        let abort = JobAbort { jobid, rank, code, message, daemon: self.me, kill: true };
         self.out.push(PmiOut::Router(Input::Cmd { dst: 0, body: daemon_cmd::Body::JobAbort(abort) }));
     }
 }

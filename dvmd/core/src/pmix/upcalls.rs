@@ -46,7 +46,7 @@ impl Pmix {
                 self.reply(reply, def::SUCCESS);
                 let p = proc_of(a.proc);
                 let (Some(jobid), Some(rank)) = (self.job_of(&p.nspace), rank_id(&p)) else { return };
-                let abort = JobAbort { jobid, rank, code: a.status, message: a.message, daemon: self.me };
+                let abort = JobAbort { jobid, rank, code: a.status, message: a.message, daemon: self.me, kill: false };
                 self.send_cmd(0, daemon_cmd::Body::JobAbort(abort));
             }
             Ev::Log(l) => {
