@@ -593,6 +593,9 @@ impl<H: Host> Node<H> {
             daemon_cmd::Body::StackReq(q) => {
                 return self.effects.push_back(Effect::Proc(ProcCmd::DumpStacks { id: q.id, jobid: q.jobid }));
             }
+            daemon_cmd::Body::DataResp(resp) if resp.id & crate::pmi::DATA_ID_BIT != 0 => {
+                return self.pmi.on_data_resp(resp);
+            }
             b @ (daemon_cmd::Body::DmodexReq(_)
             | daemon_cmd::Body::DmodexResp(_)
             | daemon_cmd::Body::SpawnResp(_)

@@ -37,6 +37,10 @@ use crate::{FenceOwner, Input};
 /// The fd number a rank finds its PMI connection on (`PMI_FD`).
 pub const PMI_CHILD_FD: i32 = 3;
 
+/// The top bit of every id this server gives a data server request: its answer comes back to
+/// the node among PMIx hosting's, and this bit routes it here.
+pub const DATA_ID_BIT: u64 = 1 << 63;
+
 /// What `auto` prices a barrier's release with, per proc (MPICH's business card and a few
 /// keys of its own per rank).
 pub const PUT_BYTES_PER_PROC: u64 = 160;
@@ -104,12 +108,22 @@ pub struct Pmi {
     /// Barrier fences in flight: key -> job.
     fences: BTreeMap<u64, u32>,
     next_key: u64,
+    /// Name service requests asked of the HNP's data server: id -> who asked.
+    names: BTreeMap<u64, serve::NameAsk>,
     pub(crate) out: Vec<PmiOut>,
 }
 
 impl Pmi {
     pub fn new(me: Rank, host: String) -> Pmi {
-        Pmi { me, host, jobs: BTreeMap::new(), fences: BTreeMap::new(), next_key: 1, out: Vec::new() }
+        Pmi {
+            me,
+            host,
+            jobs: BTreeMap::new(),
+            fences: BTreeMap::new(),
+            next_key: 1,
+            names: BTreeMap::new(),
+            out: Vec::new(),
+        }
     }
 
     /// Jobs served here, and barriers in flight.
@@ -208,6 +222,7 @@ impl Pmi {
     pub fn job_done(&mut self, jobid: u32) {
         let Some(job) = self.jobs.remove(&jobid) else { return };
         self.fences.retain(|_, j| *j != jobid);
+        self.names.retain(|_, a| a.jobid != jobid);
         self.out.push(PmiOut::Router(Input::AbandonFence(job.sig.clone())));
         self.out.push(PmiOut::Router(Input::ForgetFence(job.sig)));
     }

@@ -5,11 +5,12 @@
 //! `init`, a request before `init` or after `finalize`, or a key or value past the limits we
 //! announced fails the job, naming the rank.
 
-use dvm_proto::daemon::{daemon_cmd, JobAbort};
+use dvm_proto::daemon::{daemon_cmd, DataOp, DataReq, DataResp, JobAbort};
+use dvm_proto::pmixworker as pw;
 use tracing::debug;
 
 use super::wire::{Form, Request, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
-use super::{Pmi, PmiOut};
+use super::{Pmi, PmiOut, DATA_ID_BIT};
 use crate::Input;
 
 /// The PMI versions served: PMI-1.1 and PMI-2.0.
@@ -108,6 +109,13 @@ impl Pmi {
                 self.answer(jobid, rank, f, cmd, &[("rc", "0")]);
             }
             (_, "abort") => self.abort(jobid, rank, &req),
+            (Form::V1, "publish_name") | (Form::V2, "name-publish") => {
+                self.name(jobid, rank, &req, DataOp::DataPublish)
+            }
+            (Form::V1, "lookup_name") | (Form::V2, "name-lookup") => self.name(jobid, rank, &req, DataOp::DataLookup),
+            (Form::V1, "unpublish_name") | (Form::V2, "name-unpublish") => {
+                self.name(jobid, rank, &req, DataOp::DataUnpublish)
+            }
             (_, other) => {
                 let text = format!("sent an unknown PMI command '{other}'");
                 self.fault(jobid, rank, &text)
@@ -222,6 +230,70 @@ impl Pmi {
         // (Hydra kills the job): the HNP ends the job at once.
         let abort = JobAbort { jobid, rank, code, message, daemon: self.me, kill: true };
         self.out.push(PmiOut::Router(Input::Cmd { dst: 0, body: daemon_cmd::Body::JobAbort(abort) }));
+    }
+}
+
+/// A name service request waiting for the data server.
+#[derive(Debug)]
+pub(super) struct NameAsk {
+    pub jobid: u32,
+    rank: u32,
+    form: Form,
+    op: DataOp,
+}
+
+impl Pmi {
+    /// `publish_name`, `lookup_name`, `unpublish_name` (and PMI-2's `name-*`): asked of the
+    /// HNP's data server, the one PMIx's publish and lookup use, in the DVM's session range.
+    fn name(&mut self, jobid: u32, rank: u32, req: &Request, op: DataOp) {
+        let service = req.get("service").or_else(|| req.get("name"));
+        let Some(service) = service.filter(|s| !s.is_empty()) else {
+            return self.fault(jobid, rank, &format!("sent PMI command '{}' without a service name", req.cmd));
+        };
+        let Some(job) = self.jobs.get(&jobid) else { return };
+        let proc = pw::Proc { nspace: job.start.kvsname.clone(), rank };
+        let (mut values, mut keys) = (Vec::new(), Vec::new());
+        if op == DataOp::DataPublish {
+            let Some(port) = req.get("port") else {
+                return self.fault(jobid, rank, "sent a PMI publish without a port");
+            };
+            let kind = crate::pmixdef::kind::STRING;
+            values.push(pw::Value { key: service.to_owned(), kind, str: port.to_owned(), ..Default::default() });
+        } else {
+            keys.push(service.to_owned());
+        }
+        let id = DATA_ID_BIT | self.next_key;
+        self.next_key += 1;
+        self.names.insert(id, NameAsk { jobid, rank, form: req.form, op });
+        let ask = DataReq { id, op: op as i32, jobid, proc: Some(proc), values, keys, ..Default::default() };
+        self.out.push(PmiOut::Router(Input::Cmd { dst: 0, body: daemon_cmd::Body::DataReq(ask) }));
+    }
+
+    /// The data server's answer to a name service request.
+    pub fn on_data_resp(&mut self, resp: DataResp) {
+        let Some(a) = self.names.remove(&resp.id) else { return };
+        let ok = resp.status == crate::pmixdef::SUCCESS;
+        let port = resp.found.first().and_then(|p| p.value.as_ref()).map(|v| v.str.clone());
+        let (rc, info) = if ok { ("0", "ok") } else { ("1", "not_found") };
+        let (f, j, r) = (a.form, a.jobid, a.rank);
+        match (f, a.op) {
+            (Form::V1, DataOp::DataPublish) => self.answer(j, r, f, "publish_result", &[("rc", rc), ("info", info)]),
+            (Form::V1, DataOp::DataUnpublish) => {
+                self.answer(j, r, f, "unpublish_result", &[("rc", rc), ("info", info)])
+            }
+            (Form::V1, DataOp::DataLookup) => match port.filter(|_| ok) {
+                Some(p) => self.answer(j, r, f, "lookup_result", &[("rc", "0"), ("info", "ok"), ("port", &p)]),
+                None => self.answer(j, r, f, "lookup_result", &[("rc", "1"), ("info", "not_found")]),
+            },
+            (Form::V2, DataOp::DataPublish) => self.answer(j, r, f, "name-publish-response", &[("rc", rc)]),
+            (Form::V2, DataOp::DataUnpublish) => self.answer(j, r, f, "name-unpublish-response", &[("rc", rc)]),
+            (Form::V2, DataOp::DataLookup) => match port.filter(|_| ok) {
+                Some(p) => {
+                    self.answer(j, r, f, "name-lookup-response", &[("value", &p), ("found", "TRUE"), ("rc", "0")])
+                }
+                None => self.answer(j, r, f, "name-lookup-response", &[("found", "FALSE"), ("rc", "1")]),
+            },
+        }
     }
 }
 
