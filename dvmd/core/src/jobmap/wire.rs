@@ -167,6 +167,7 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         report_bindings: spec.report_bindings,
         timestamp_output: spec.timestamp_output,
         mpi: spec.mpi,
+        pmi_preput: spec.pmi_preput.clone(),
     };
     // A rankfile's cpus go to the daemon of each rank, in its rank order.
     let pinned: std::collections::HashMap<u32, &str> =

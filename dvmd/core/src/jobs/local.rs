@@ -363,6 +363,9 @@ impl LocalJobs {
             placement,
             spawned: map.report_launch,
             refuse: mpi.pmi_refusal(),
+            mpi: mpi.get(),
+            cwd: map.apps.first().map(|a| a.wdir.clone()).unwrap_or_default(),
+            preput: map.pmi_preput.clone(),
         };
         host.pmi.job_start(start);
     }

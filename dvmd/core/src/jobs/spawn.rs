@@ -65,6 +65,8 @@ impl JobTable {
             ppr: req.ppr,
             oversubscribe: req.oversubscribe,
             stdin_target: StdinTarget::None as i32,
+            mpi: req.mpi,
+            pmi_preput: req.pmi_preput.clone(),
             ..Default::default()
         };
         let nodes = free_slots(&Self::candidate_nodes(r), &self.used_slots(), req.oversubscribe);

@@ -596,6 +596,9 @@ impl<H: Host> Node<H> {
             daemon_cmd::Body::DataResp(resp) if resp.id & crate::pmi::DATA_ID_BIT != 0 => {
                 return self.pmi.on_data_resp(resp);
             }
+            daemon_cmd::Body::SpawnResp(resp) if resp.id & crate::pmi::DATA_ID_BIT != 0 => {
+                return self.pmi.on_spawn_resp(resp);
+            }
             b @ (daemon_cmd::Body::DmodexReq(_)
             | daemon_cmd::Body::DmodexResp(_)
             | daemon_cmd::Body::SpawnResp(_)

@@ -18,6 +18,7 @@
 //! node and the fault), never the daemon or another job.
 
 mod serve;
+mod spawn;
 #[cfg(test)]
 mod tests;
 pub mod wire;
@@ -37,8 +38,8 @@ use crate::{FenceOwner, Input};
 /// The fd number a rank finds its PMI connection on (`PMI_FD`).
 pub const PMI_CHILD_FD: i32 = 3;
 
-/// The top bit of every id this server gives a data server request: its answer comes back to
-/// the node among PMIx hosting's, and this bit routes it here.
+/// The top bit of every id this server gives a data server request or a spawn: its answer
+/// comes back to the node among PMIx hosting's, and this bit routes it here.
 pub const DATA_ID_BIT: u64 = 1 << 63;
 
 /// What `auto` prices a barrier's release with, per proc (MPICH's business card and a few
@@ -65,6 +66,12 @@ pub struct PmiJobStart {
     pub spawned: bool,
     /// The job asked for another interface: a rank that sends `init` fails it, for this.
     pub refuse: Option<String>,
+    /// The interface it asked for (its spawns' children get the same).
+    pub mpi: dvm_proto::job::MpiInterface,
+    /// Where its spawns' children run unless they say (its first app's directory).
+    pub cwd: String,
+    /// Keys its kvs holds from the start: a spawn's pre-put pairs ("key=value").
+    pub preput: Vec<String>,
 }
 
 /// Where a rank's connection is.
@@ -80,6 +87,8 @@ struct Conn {
     waiting: Option<wire::Form>,
     /// Node-attribute gets waiting for a put of their key: (key, form).
     node_waits: Vec<(String, wire::Form)>,
+    /// The PMI-1 blocks of a spawn-multiple read so far.
+    spawn_blocks: Vec<wire::Request>,
 }
 
 struct Job {
@@ -110,6 +119,8 @@ pub struct Pmi {
     next_key: u64,
     /// Name service requests asked of the HNP's data server: id -> who asked.
     names: BTreeMap<u64, serve::NameAsk>,
+    /// Spawns asked of the HNP: id -> who asked.
+    spawns: BTreeMap<u64, spawn::SpawnAsk>,
     pub(crate) out: Vec<PmiOut>,
 }
 
@@ -122,6 +133,7 @@ impl Pmi {
             fences: BTreeMap::new(),
             next_key: 1,
             names: BTreeMap::new(),
+            spawns: BTreeMap::new(),
             out: Vec::new(),
         }
     }
@@ -142,7 +154,8 @@ impl Pmi {
         let local: BTreeSet<u32> = start.placement.procs_on(self.me).iter().collect();
         let daemons: Vec<Rank> = start.placement.daemons().collect();
         let sig = FenceSignature::new(format!("pmi:{}", start.kvsname).into_bytes(), Participants::Daemons(daemons));
-        let mut kvs = BTreeMap::new();
+        let mut kvs: BTreeMap<String, String> =
+            start.preput.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
         match process_mapping(&start.placement) {
             Some(m) => {
                 kvs.insert("PMI_process_mapping".to_owned(), m);
@@ -223,6 +236,7 @@ impl Pmi {
         let Some(job) = self.jobs.remove(&jobid) else { return };
         self.fences.retain(|_, j| *j != jobid);
         self.names.retain(|_, a| a.jobid != jobid);
+        self.spawns.retain(|_, a| a.jobid != jobid);
         self.out.push(PmiOut::Router(Input::AbandonFence(job.sig.clone())));
         self.out.push(PmiOut::Router(Input::ForgetFence(job.sig)));
     }

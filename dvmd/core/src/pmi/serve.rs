@@ -18,7 +18,7 @@ const VERSIONS: [(u32, u32); 2] = [(1, 1), (2, 0)];
 
 impl Pmi {
     pub(super) fn serve(&mut self, jobid: u32, rank: u32, req: Request) {
-        debug!(jobid, rank, cmd = %req.cmd, "PMI request");
+        debug!(jobid, rank, cmd = %req.cmd, args = ?req.args, "PMI request");
         let Some(job) = self.jobs.get_mut(&jobid) else { return };
         let Some(conn) = job.conns.get_mut(&rank) else { return };
         let f = req.form;
@@ -109,6 +109,7 @@ impl Pmi {
                 self.answer(jobid, rank, f, cmd, &[("rc", "0")]);
             }
             (_, "abort") => self.abort(jobid, rank, &req),
+            (_, "spawn") => self.spawn(jobid, rank, req),
             (Form::V1, "publish_name") | (Form::V2, "name-publish") => {
                 self.name(jobid, rank, &req, DataOp::DataPublish)
             }

@@ -227,6 +227,7 @@ impl Pmix {
             map_by: mapping.map_by as i32,
             oversubscribe: mapping.oversubscribe,
             ppr: mapping.ppr,
+            ..Default::default()
         };
         self.send_cmd(0, daemon_cmd::Body::SpawnReq(req));
     }
