@@ -39,9 +39,8 @@
 //! rendered error text (e.g. "getting local rank failed"): surface it to the user.
 //!
 //! **Traps** (shared/PMIX-NOTES.md): `pmix_nspace_t` is 256 bytes and libpmix reads all of them
-//! (we always zero-pad); registering any `PMIX_PROC_DATA` (possible through `JobInfo::extra`)
-//! stops libpmix deriving local/node ranks, so then give `PMIX_LOCAL_RANK` and `PMIX_NODE_RANK`
-//! for every rank; libpmix 4.2.2 ignores an error status on `client_connected` (the client's
+//! (we always zero-pad); registering any `PMIX_PROC_DATA` stops libpmix deriving local/node
+//! ranks: `JobInfo` then gives every rank all of it (`JobInfo::proc_data`), never part; libpmix 4.2.2 ignores an error status on `client_connected` (the client's
 //! PMIx_Init still succeeds: refuse a client some other way); with every fence participant on one server libpmix completes fences itself unless
 //! `PMIX_MCA_pmix_server_fence_localonly_opt=0` is in the server's env before `init`; Open MPI
 //! ranks need `OMPI_MCA_schizo=^orte` in their env or they start as singletons.
@@ -77,5 +76,5 @@ pub use reply::{
     reply_buffers_in_flight, reply_infos_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply,
     SpawnReply,
 };
-pub use server::{JobInfo, PmixServer, ServerConfig, DEFAULT_OP_TIMEOUT};
+pub use server::{AppInfo, JobInfo, PmixServer, ProcData, ServerConfig, DEFAULT_OP_TIMEOUT};
 pub use types::{find_info, key_str, nspace_buf, Info, InfoValue, ProcId, Rank, NSPACE_LEN};

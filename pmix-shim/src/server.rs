@@ -1,5 +1,6 @@
 //! The safe wrapper over libpmix's server calls.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,9 +54,14 @@ impl ServerConfig {
     }
 }
 
-/// The job-level facts registered with an nspace. Only the maps are required by libpmix; from
-/// them it derives job size, local peers, and each rank's local rank, node rank and hostname.
-/// No `PMIX_PROC_DATA` is ever registered (it would stop that derivation).
+/// The facts registered with an nspace. Only the maps are required by libpmix; from them it
+/// derives job size, local peers, and each rank's local rank, node rank and hostname.
+///
+/// With `apps` (or `proc_extra`) given, the job is registered as PRRTE registers it: every
+/// rank's `PMIX_PROC_DATA` (appnum, app rank, local and node rank, node id, hostname), each
+/// app's `PMIX_APP_INFO_ARRAY` and each node's `PMIX_NODE_INFO_ARRAY`. Registering any proc data
+/// stops libpmix's per-rank derivation, so all of it is supplied, for every rank, from the
+/// maps (one source: [`JobInfo::proc_data`]).
 #[derive(Debug, Clone, Default)]
 pub struct JobInfo {
     /// Hostnames in node order (`PMIX_NODE_MAP`). One of them must be this server's hostname.
@@ -74,6 +80,35 @@ pub struct JobInfo {
     pub max_procs: Option<u32>,
     /// Further job-level keys, appended as given.
     pub extra: Vec<Info>,
+    /// The job's applications in appnum order (MPMD: `prun A : B`). Empty: a job-level
+    /// `PMIX_APPNUM` (`appnum`) and no per-app keys.
+    pub apps: Vec<AppInfo>,
+    /// Further keys of single ranks, added to their `PMIX_PROC_DATA` (the cpuset and locality
+    /// of bound ranks).
+    pub proc_extra: BTreeMap<u32, Vec<Info>>,
+}
+
+/// One application of a job (`PMIX_APP_INFO_ARRAY`): ranks `first_rank..` up to the next app's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppInfo {
+    /// `PMIX_APPLDR`.
+    pub first_rank: u32,
+    /// `PMIX_APP_ARGV` (joined by spaces, as PRRTE does); empty: not registered.
+    pub argv: Vec<String>,
+    /// `PMIX_WDIR`; empty: not registered.
+    pub wdir: String,
+}
+
+/// What libpmix is told of one rank (`PMIX_PROC_DATA`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcData {
+    pub rank: u32,
+    pub appnum: u32,
+    pub app_rank: u32,
+    pub local_rank: u16,
+    pub node_rank: u16,
+    pub nodeid: u32,
+    pub hostname: String,
 }
 
 impl JobInfo {
@@ -91,8 +126,66 @@ impl JobInfo {
             .join(";")
     }
 
+    /// First rank of each app (one app of the whole job when `apps` is empty).
+    fn app_firsts(&self) -> Vec<u32> {
+        if self.apps.is_empty() {
+            vec![0]
+        } else {
+            self.apps.iter().map(|a| a.first_rank).collect()
+        }
+    }
+
+    /// Whether ranks get `PMIX_PROC_DATA` (see [`JobInfo`]).
+    fn has_proc_data(&self) -> bool {
+        !self.apps.is_empty() || !self.proc_extra.is_empty()
+    }
+
+    /// Every rank's proc data, in rank order, from the maps and the apps' first ranks: local
+    /// and node rank are the index among the node's ranks in rank order (one job per node's
+    /// ranks: node rank equals local rank), app rank the offset from the app's first rank.
+    pub fn proc_data(&self) -> Vec<ProcData> {
+        let firsts = self.app_firsts();
+        let mut out = Vec::with_capacity(self.job_size as usize);
+        for (nodeid, (host, ranks)) in self.node_map.iter().zip(&self.proc_map).enumerate() {
+            let mut sorted = ranks.clone();
+            sorted.sort_unstable();
+            for (i, &rank) in sorted.iter().enumerate() {
+                let appnum = firsts.partition_point(|&f| f <= rank).saturating_sub(1);
+                let local = u16::try_from(i).unwrap_or(u16::MAX);
+                out.push(ProcData {
+                    rank,
+                    appnum: appnum as u32,
+                    app_rank: rank - firsts[appnum],
+                    local_rank: local,
+                    node_rank: local,
+                    nodeid: nodeid as u32,
+                    hostname: host.clone(),
+                });
+            }
+        }
+        out.sort_unstable_by_key(|p| p.rank);
+        out
+    }
+
     fn validate(&self, op: &'static str, nspace: &str) -> Result<(), PmixError> {
         let bad = |detail: String| PmixError::InvalidArgument { op, detail: format!("nspace {nspace}: {detail}") };
+        if let Some(a) = self.apps.first().filter(|a| a.first_rank != 0) {
+            return Err(bad(format!("app 0 starts at rank {}, not 0", a.first_rank)));
+        }
+        for (i, w) in self.apps.windows(2).enumerate() {
+            if w[1].first_rank <= w[0].first_rank || w[1].first_rank >= self.job_size {
+                return Err(bad(format!(
+                    "app {} starts at rank {}: not after app {i} (rank {}) and below job_size {}",
+                    i + 1,
+                    w[1].first_rank,
+                    w[0].first_rank,
+                    self.job_size
+                )));
+            }
+        }
+        if let Some(r) = self.proc_extra.keys().find(|&&r| r >= self.job_size) {
+            return Err(bad(format!("proc_extra names rank {r}, >= job_size {}", self.job_size)));
+        }
         if self.node_map.is_empty() || self.node_map.len() != self.proc_map.len() {
             return Err(bad(format!(
                 "node_map has {} nodes but proc_map has {}",
@@ -129,14 +222,94 @@ impl JobInfo {
         a.push(op, key_str(sys::PMIX_JOB_SIZE), &InfoValue::U32(self.job_size))?;
         a.push(op, key_str(sys::PMIX_UNIV_SIZE), &InfoValue::U32(self.universe_size))?;
         a.push(op, key_str(sys::PMIX_MAX_PROCS), &InfoValue::U32(self.max_procs.unwrap_or(self.universe_size)))?;
-        a.push(op, key_str(sys::PMIX_APPNUM), &InfoValue::U32(self.appnum))?;
+        if self.apps.is_empty() {
+            a.push(op, key_str(sys::PMIX_APPNUM), &InfoValue::U32(self.appnum))?;
+        }
         if let Some(j) = &self.jobid {
             a.push(op, key_str(sys::PMIX_JOBID), &InfoValue::String(j.clone()))?;
         }
         for i in &self.extra {
             a.push(op, &i.key, &i.value)?;
         }
+        for i in self.app_infos().into_iter().chain(self.node_infos()).chain(self.proc_infos()) {
+            a.push(op, &i.key, &i.value)?;
+        }
         Ok(a)
+    }
+
+    /// `PMIX_JOB_NUM_APPS` and each app's `PMIX_APP_INFO_ARRAY` (none without `apps`).
+    fn app_infos(&self) -> Vec<Info> {
+        if self.apps.is_empty() {
+            return Vec::new();
+        }
+        let mut out = vec![Info::new(key_str(sys::PMIX_JOB_NUM_APPS), InfoValue::U32(self.apps.len() as u32))];
+        for (n, app) in self.apps.iter().enumerate() {
+            let end = self.apps.get(n + 1).map_or(self.job_size, |next| next.first_rank);
+            let mut data = vec![
+                Info::new(key_str(sys::PMIX_APPNUM), InfoValue::U32(n as u32)),
+                Info::new(key_str(sys::PMIX_APP_SIZE), InfoValue::U32(end - app.first_rank)),
+                Info::new(key_str(sys::PMIX_APPLDR), InfoValue::Rank(Rank::Id(app.first_rank))),
+            ];
+            if !app.argv.is_empty() {
+                data.push(Info::new(key_str(sys::PMIX_APP_ARGV), InfoValue::String(app.argv.join(" "))));
+            }
+            if !app.wdir.is_empty() {
+                data.push(Info::new(key_str(sys::PMIX_WDIR), InfoValue::String(app.wdir.clone())));
+            }
+            out.push(Info::new(key_str(sys::PMIX_APP_INFO_ARRAY), InfoValue::Infos(data)));
+        }
+        out
+    }
+
+    /// Each node's `PMIX_NODE_INFO_ARRAY` (none without `apps`): its hostname, id, peers,
+    /// their count and leader.
+    fn node_infos(&self) -> Vec<Info> {
+        if self.apps.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(self.node_map.len());
+        for (nodeid, (host, ranks)) in self.node_map.iter().zip(&self.proc_map).enumerate() {
+            let mut sorted = ranks.clone();
+            sorted.sort_unstable();
+            let peers = sorted.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",");
+            let n = sorted.len() as u32;
+            let data = vec![
+                Info::new(key_str(sys::PMIX_HOSTNAME), InfoValue::String(host.clone())),
+                Info::new(key_str(sys::PMIX_NODEID), InfoValue::U32(nodeid as u32)),
+                Info::new(key_str(sys::PMIX_LOCAL_PEERS), InfoValue::String(peers)),
+                Info::new(key_str(sys::PMIX_LOCAL_SIZE), InfoValue::U32(n)),
+                Info::new(key_str(sys::PMIX_NODE_SIZE), InfoValue::U32(n)),
+                Info::new(key_str(sys::PMIX_LOCALLDR), InfoValue::Rank(Rank::Id(sorted[0]))),
+            ];
+            out.push(Info::new(key_str(sys::PMIX_NODE_INFO_ARRAY), InfoValue::Infos(data)));
+        }
+        out
+    }
+
+    /// Every rank's `PMIX_PROC_DATA` (none unless [`Self::has_proc_data`]).
+    fn proc_infos(&self) -> Vec<Info> {
+        if !self.has_proc_data() {
+            return Vec::new();
+        }
+        self.proc_data()
+            .into_iter()
+            .map(|p| {
+                let mut data = vec![
+                    Info::new(key_str(sys::PMIX_RANK), InfoValue::Rank(Rank::Id(p.rank))),
+                    Info::new(key_str(sys::PMIX_APPNUM), InfoValue::U32(p.appnum)),
+                    Info::new(key_str(sys::PMIX_APP_RANK), InfoValue::Rank(Rank::Id(p.app_rank))),
+                    Info::new(key_str(sys::PMIX_GLOBAL_RANK), InfoValue::Rank(Rank::Id(p.rank))),
+                    Info::new(key_str(sys::PMIX_LOCAL_RANK), InfoValue::U16(p.local_rank)),
+                    Info::new(key_str(sys::PMIX_NODE_RANK), InfoValue::U16(p.node_rank)),
+                    Info::new(key_str(sys::PMIX_NODEID), InfoValue::U32(p.nodeid)),
+                    Info::new(key_str(sys::PMIX_HOSTNAME), InfoValue::String(p.hostname)),
+                ];
+                if let Some(extra) = self.proc_extra.get(&p.rank) {
+                    data.extend(extra.iter().cloned());
+                }
+                Info::new(key_str(sys::PMIX_PROC_DATA), InfoValue::Infos(data))
+            })
+            .collect()
     }
 }
 
@@ -563,6 +736,69 @@ mod tests {
             (job(&["n,0"], &[&[0]], 1), "hostname"),
             (job(&["n0", "n1"], &[&[0], &[]], 1), "node n1 has no ranks"),
         ] {
+            let e = j.validate("t", "ns7").unwrap_err().to_string();
+            assert!(e.contains(needle) && e.contains("ns7"), "{e}");
+        }
+    }
+
+    /// Every rank's proc data against a naive reading of the maps: its node is the one listing
+    /// it, its local rank the count of lower ranks there, its app the last app starting at or
+    /// below it.
+    #[test]
+    fn proc_data_from_the_maps() {
+        for (nodes, ranks, firsts) in [
+            (&["a", "b"][..], &[&[0, 2, 4][..], &[1, 3]][..], &[0, 3][..]),
+            (&["a", "b", "c"], &[&[5, 0], &[1, 2], &[3, 4]], &[0, 1, 4]),
+            (&["a"], &[&[0, 1, 2, 3]], &[0]),
+        ] {
+            let size = ranks.iter().map(|r| r.len() as u32).sum();
+            let mut j = job(nodes, ranks, size);
+            j.apps = firsts.iter().map(|&first_rank| AppInfo { first_rank, ..Default::default() }).collect();
+            j.validate("t", "ns").unwrap();
+            let got = j.proc_data();
+            assert_eq!(got.len() as u32, size);
+            for (r, p) in got.iter().enumerate() {
+                let r = r as u32;
+                let node = ranks.iter().position(|l| l.contains(&r)).unwrap();
+                let local = ranks[node].iter().filter(|&&x| x < r).count() as u16;
+                let app = firsts.iter().rposition(|&f| f <= r).unwrap();
+                let want = ProcData {
+                    rank: r,
+                    appnum: app as u32,
+                    app_rank: r - firsts[app],
+                    local_rank: local,
+                    node_rank: local,
+                    nodeid: node as u32,
+                    hostname: nodes[node].to_string(),
+                };
+                assert_eq!(p, &want, "{nodes:?} {ranks:?} {firsts:?}");
+            }
+            // Proc data for every rank, app info for every app, node info for every node.
+            let info = j.to_info("t").unwrap();
+            // SAFETY: each key is a NUL-terminated string inside its pmix_info_t.
+            let keys: Vec<String> = info
+                .items()
+                .iter()
+                .map(|i| unsafe { CStr::from_ptr(i.key.as_ptr()) }.to_string_lossy().into())
+                .collect();
+            let count = |k: &'static [u8]| keys.iter().filter(|x| x.as_str() == key_str(k)).count();
+            assert_eq!(count(sys::PMIX_PROC_DATA) as u32, size);
+            assert_eq!(count(sys::PMIX_APP_INFO_ARRAY), firsts.len());
+            assert_eq!(count(sys::PMIX_NODE_INFO_ARRAY), nodes.len());
+            assert_eq!(count(sys::PMIX_APPNUM), 0, "no job-level appnum beside the apps'");
+        }
+    }
+
+    #[test]
+    fn inconsistent_apps_are_named_errors() {
+        let app = |first_rank| AppInfo { first_rank, ..Default::default() };
+        for (apps, needle) in [
+            (vec![app(1)], "app 0 starts at rank 1"),
+            (vec![app(0), app(2), app(2)], "app 2 starts at rank 2"),
+            (vec![app(0), app(4)], "app 1 starts at rank 4"),
+        ] {
+            let mut j = job(&["n0"], &[&[0, 1, 2, 3]], 4);
+            j.apps = apps;
             let e = j.validate("t", "ns7").unwrap_err().to_string();
             assert!(e.contains(needle) && e.contains("ns7"), "{e}");
         }

@@ -8,6 +8,7 @@
 //! environments.
 
 use bytes::Bytes;
+use dvm_proto::job::JobMap;
 use dvm_proto::pmixworker as wire;
 use dvm_rml::Rank;
 
@@ -26,6 +27,8 @@ pub struct JobStart<'a> {
     /// Where each bound local rank runs: (rank, its PUs' OS indices as a list "0-3", its
     /// locality "SK0:CR0-1:HT0-3:NM0:"), published to its peers through PMIx.
     pub bound: Vec<(u32, String, String)>,
+    /// The job's map as launched: its apps' argv and wdir, its mapping and binding policy.
+    pub map: &'a JobMap,
 }
 
 /// A namespace as the server is told it: the job's maps (libpmix derives the rest).
@@ -40,6 +43,9 @@ pub struct Namespace<'a> {
     pub nlocal: u32,
     /// Where each bound local rank runs, as in [`JobStart::bound`].
     pub bound: &'a [(u32, String, String)],
+    /// The job's map, as in [`JobStart::map`] (None: a job of other daemons, known by its
+    /// placement only).
+    pub map: Option<&'a JobMap>,
 }
 
 /// How well the daemon's loop keeps time (µs), as its shell measures it: how late its timers

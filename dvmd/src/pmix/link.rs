@@ -207,6 +207,12 @@ impl Worker {
                     locality: locality.clone(),
                 })
                 .collect(),
+            apps: job
+                .apps
+                .iter()
+                .map(|a| wire::AppDesc { first_rank: a.first_rank, argv: a.argv.clone(), wdir: a.wdir.clone() })
+                .collect(),
+            extra: job.extra.iter().filter_map(super::value::to_wire).collect(),
         };
         self.link.call(Cmd::RegisterNspace(cmd)).map(drop)
     }

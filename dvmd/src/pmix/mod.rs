@@ -117,11 +117,23 @@ pub fn share_topology() -> bool {
     std::env::var_os(NO_TOPO_VAR).is_none_or(|v| v.is_empty() || v == "0")
 }
 
-/// The job-level facts of a job as registered with a server (the maps; libpmix derives the
-/// rest).
+/// A job as registered with a server: its maps, its apps (each app's argv and wdir from the
+/// job map; a job known only by its placement has none) and its policies. From these the shim
+/// derives every rank's proc data and each app's and node's info (`JobInfo`).
 fn job_info(ns: &Namespace<'_>) -> JobInfo {
     let p = ns.placement;
     let proc_map: Vec<Vec<u32>> = p.daemons().map(|d| p.procs_on(d).iter().collect()).collect();
+    let described = ns.map.map_or(&[][..], |m| &m.apps[..]);
+    let apps = p
+        .app_first_rank()
+        .iter()
+        .enumerate()
+        .map(|(i, &first_rank)| {
+            let (argv, wdir) = described.get(i).map_or_else(Default::default, |a| (a.argv.clone(), a.wdir.clone()));
+            pmix_shim::AppInfo { first_rank, argv, wdir }
+        })
+        .collect();
+    let extra = ns.map.map_or_else(Vec::new, |m| policies(m, !ns.bound.is_empty()));
     JobInfo {
         node_map: ns.hosts.to_vec(),
         proc_map,
@@ -130,8 +142,48 @@ fn job_info(ns: &Namespace<'_>) -> JobInfo {
         appnum: 0,
         jobid: Some(ns.nspace.to_owned()),
         max_procs: None,
-        extra: Vec::new(),
+        extra,
+        apps,
+        proc_extra: Default::default(),
     }
+}
+
+/// `PMIX_MAPBY`, `PMIX_RANKBY` and `PMIX_BINDTO` of a job, spelled as PRRTE spells its
+/// policies ("BYSLOT", "PPR:2:PACKAGE", "NODE", "CORE"). `bound_here`: this daemon bound its
+/// ranks (the default binding is decided per node: none when oversubscribed).
+fn policies(map: &dvm_proto::job::JobMap, bound_here: bool) -> Vec<pmix_shim::Info> {
+    use dvm_core::jobmap::{Bind, Layout, Placement, Plan};
+    use pmix_shim::{key_str, sys, Info, InfoValue};
+    let plan = map.plan.as_ref().map(|w| Plan::from_wire(w, map.nprocs)).unwrap_or_default();
+    let layout = Placement::from_job_map(map).map(|p| p.layout().clone()).ok();
+    let up = |l: dvm_core::jobmap::Level| l.name().to_ascii_uppercase();
+    let mapby = match (plan.map_obj, plan.per_obj, &layout) {
+        (Some(l), n, _) if n > 0 => format!("PPR:{n}:{}", up(l)),
+        (None, n, _) if n > 0 => format!("PPR:{n}:NODE"),
+        (Some(l), _, _) => format!("BY{}", up(l)),
+        (None, _, Some(Layout::RoundRobin)) => "BYNODE".to_string(),
+        (None, _, Some(Layout::Explicit { .. })) => "BYUSER".to_string(),
+        _ => "BYSLOT".to_string(),
+    };
+    let rankby = match (plan.rank_obj, &layout) {
+        (Some(l), _) => up(l),
+        (None, Some(Layout::RoundRobin)) => "NODE".to_string(),
+        _ => "SLOT".to_string(),
+    };
+    let bindto = match plan.bind {
+        Bind::None => "NONE".to_string(),
+        Bind::To(l) => up(l),
+        Bind::Default if !bound_here => "NONE".to_string(),
+        Bind::Default => match plan.map_obj {
+            Some(l) => up(l),
+            None if plan.pe > 1 || map.nprocs <= 2 => "CORE".to_string(),
+            None => "PACKAGE".to_string(),
+        },
+    };
+    [(&sys::PMIX_MAPBY[..], mapby), (&sys::PMIX_RANKBY[..], rankby), (&sys::PMIX_BINDTO[..], bindto)]
+        .into_iter()
+        .map(|(k, v)| Info::new(key_str(k), InfoValue::String(v)))
+        .collect()
 }
 
 /// The user and group the daemon's ranks run as (they are the daemon's).

@@ -277,7 +277,14 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
         Cmd::Init(_) => unreachable!("handled above"),
         Cmd::RegisterNspace(r) => {
             let proc_map: Vec<Vec<u32>> = r.proc_map.into_iter().map(|l| l.ranks).collect();
-            let extra = proc_places(&proc_map, &r.places);
+            let proc_extra = proc_places(&r.places);
+            let apps = r
+                .apps
+                .into_iter()
+                .map(|a| pmix_shim::AppInfo { first_rank: a.first_rank, argv: a.argv, wdir: a.wdir })
+                .collect();
+            // A key with no wire form never leaves the daemon (value::to_wire): none is lost here.
+            let extra = r.extra.iter().filter_map(super::value::from_wire).collect();
             let info = JobInfo {
                 node_map: r.node_map,
                 proc_map,
@@ -287,6 +294,8 @@ fn execute(body: Cmd, server: &mut Option<PmixServer>, tx: &mpsc::Sender<PmixEve
                 jobid: (!r.jobid.is_empty()).then_some(r.jobid),
                 max_procs: None,
                 extra,
+                apps,
+                proc_extra,
             };
             match s.register_nspace(&r.nspace, r.n_local, &info) {
                 Ok(took) => {
@@ -448,32 +457,20 @@ fn translate(ev: PmixEvent) -> (Option<Pending>, Ev) {
     }
 }
 
-/// `PMIX_PROC_DATA` for a job with bound ranks: each rank's local and node rank (registering
-/// proc data stops libpmix deriving them from the maps, and Open MPI's MPI_Init fails without
-/// them), with the cpuset and locality of the bound ones. None when nothing is bound.
-fn proc_places(proc_map: &[Vec<u32>], places: &[wire::ProcPlace]) -> Vec<pmix_shim::Info> {
-    use pmix_shim::{key_str, sys, Info, InfoValue, Rank};
-    if places.is_empty() {
-        return Vec::new();
-    }
-    let by_rank: std::collections::HashMap<u32, &wire::ProcPlace> = places.iter().map(|p| (p.rank, p)).collect();
-    let mut out = Vec::new();
-    for ranks in proc_map {
-        for (i, &rank) in ranks.iter().enumerate() {
-            let local = u16::try_from(i).unwrap_or(u16::MAX);
-            let mut data = vec![
-                Info::new(key_str(sys::PMIX_RANK), InfoValue::Rank(Rank::Id(rank))),
-                Info::new(key_str(sys::PMIX_LOCAL_RANK), InfoValue::U16(local)),
-                Info::new(key_str(sys::PMIX_NODE_RANK), InfoValue::U16(local)),
+/// The cpuset and locality of each bound rank, added to its `PMIX_PROC_DATA` (with that,
+/// the job's every rank gets proc data: `JobInfo`).
+fn proc_places(places: &[wire::ProcPlace]) -> std::collections::BTreeMap<u32, Vec<pmix_shim::Info>> {
+    use pmix_shim::{key_str, sys, Info, InfoValue};
+    places
+        .iter()
+        .map(|p| {
+            let data = vec![
+                Info::new(key_str(sys::PMIX_CPUSET), InfoValue::String(p.cpuset.clone())),
+                Info::new(key_str(sys::PMIX_LOCALITY_STRING), InfoValue::String(p.locality.clone())),
             ];
-            if let Some(p) = by_rank.get(&rank) {
-                data.push(Info::new(key_str(sys::PMIX_CPUSET), InfoValue::String(p.cpuset.clone())));
-                data.push(Info::new(key_str(sys::PMIX_LOCALITY_STRING), InfoValue::String(p.locality.clone())));
-            }
-            out.push(Info::new(key_str(sys::PMIX_PROC_DATA), InfoValue::Infos(data)));
-        }
-    }
-    out
+            (p.rank, data)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -441,7 +441,16 @@ impl LocalJobs {
         };
         let hosts: Vec<String> = placement.daemons().map(|d| r.host_of(d)).collect();
         let nspace = nspace_of(&r.dvm_id(), jobid);
-        host.pmix_job_start(JobStart { jobid, nspace, placement, hosts: &hosts, nprocs: map.nprocs, nlocal, bound })
+        host.pmix_job_start(JobStart {
+            jobid,
+            nspace,
+            placement,
+            hosts: &hosts,
+            nprocs: map.nprocs,
+            nlocal,
+            bound,
+            map,
+        })
     }
 
     /// A `JOB_CONTROL` broadcast: kill, signal, or forget a job that ended. True when the

@@ -76,8 +76,9 @@ impl Pmix {
                 return false;
             }
         }
-        let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal, bound } = job;
-        let ns = Namespace { nspace: &nspace, placement: &placement, hosts, nprocs, nlocal, bound: &bound };
+        let JobStart { jobid, nspace, placement, hosts, nprocs, nlocal, bound, map } = job;
+        let ns =
+            Namespace { nspace: &nspace, placement: &placement, hosts, nprocs, nlocal, bound: &bound, map: Some(map) };
         let registered = match host.pmix_register_nspace(&ns) {
             Ok(()) => {
                 debug!(jobid, %nspace, "PMIx namespace registered");
@@ -265,7 +266,8 @@ impl Pmix {
             if self.ended || self.recycle_kib.is_none() {
                 return;
             }
-            let ns = Namespace { nspace, placement, hosts, nprocs: placement.nprocs(), nlocal: 0, bound: &[] };
+            let ns =
+                Namespace { nspace, placement, hosts, nprocs: placement.nprocs(), nlocal: 0, bound: &[], map: None };
             match host.pmix_register_nspace(&ns) {
                 Ok(()) => {
                     debug!(jobid, nspace, "namespace of another daemon's job registered");
