@@ -365,6 +365,7 @@ impl LocalJobs {
             refuse: mpi.pmi_refusal(),
             mpi: mpi.get(),
             cwd: map.apps.first().map(|a| a.wdir.clone()).unwrap_or_default(),
+            app_env: map.apps.iter().map(|a| a.env.clone()).collect(),
             preput: map.pmi_preput.clone(),
         };
         host.pmi.job_start(start);

@@ -70,6 +70,9 @@ pub struct PmiJobStart {
     pub mpi: dvm_proto::job::MpiInterface,
     /// Where its spawns' children run unless they say (its first app's directory).
     pub cwd: String,
+    /// Each app's `-x` variables, which a spawn's children inherit from their spawning rank's
+    /// app (as Hydra's children inherit mpiexec's environment).
+    pub app_env: Vec<Vec<String>>,
     /// Keys its kvs holds from the start: a spawn's pre-put pairs ("key=value").
     pub preput: Vec<String>,
 }

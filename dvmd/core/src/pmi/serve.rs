@@ -18,7 +18,7 @@ const VERSIONS: [(u32, u32); 2] = [(1, 1), (2, 0)];
 
 impl Pmi {
     pub(super) fn serve(&mut self, jobid: u32, rank: u32, req: Request) {
-        debug!(jobid, rank, cmd = %req.cmd, args = ?req.args, "PMI request");
+        debug!(jobid, rank, cmd = %req.cmd, "PMI request");
         let Some(job) = self.jobs.get_mut(&jobid) else { return };
         let Some(conn) = job.conns.get_mut(&rank) else { return };
         let f = req.form;

@@ -102,6 +102,8 @@ impl Pmi {
         let Some(job) = self.jobs.get_mut(&jobid) else { return };
         let cwd = job.start.cwd.clone();
         let mpi = job.start.mpi;
+        let app = job.start.placement.app_of(rank).unwrap_or(0) as usize;
+        let env = job.start.app_env.get(app).cloned().unwrap_or_default();
         let Some(conn) = job.conns.get_mut(&rank) else { return };
         let form = req.form;
         let plan = match form {
@@ -115,11 +117,14 @@ impl Pmi {
             }
             Form::V2 => plan_v2(&req, &cwd),
         };
-        let plan = match plan {
+        let mut plan = match plan {
             Ok(p) if !p.apps.is_empty() && p.apps.iter().all(|a| a.np > 0) => p,
             Ok(_) => return self.fault(jobid, rank, "sent a PMI spawn of no process"),
             Err(e) => return self.fault(jobid, rank, &format!("sent a malformed PMI spawn: {e}")),
         };
+        for a in &mut plan.apps {
+            a.env = env.clone();
+        }
         let id = DATA_ID_BIT | self.next_key;
         self.next_key += 1;
         self.spawns.insert(id, SpawnAsk { jobid, rank, form });
