@@ -193,6 +193,7 @@ mod tests {
             (&["--stdin 3", "--stdin=3"], |c| c.spec.stdin_rank = 3),
             (&["--timeout 2.5", "--timeout=2.5", "-timeout 2.5"], |c| c.spec.timeout_s = 2.5),
             (&["--timeout 60", "--timeout=60"], |c| c.spec.timeout_s = 60.0),
+            (&["--mpi pmi1", "--mpi=pmi1", "-mpi pmi1"], |c| c.spec.mpi = dvm_proto::job::MpiInterface::MpiPmi1 as i32),
             (&["--dvm-uri tcp://h:1", "--dvm-uri=tcp://h:1"], |c| c.dvm_uri = Some("tcp://h:1".into())),
             (&["--dvm-uri file:u.txt", "--dvm-uri=file:./u.txt", "--dvm-uri file:/w/u.txt"], |c| {
                 c.dvm_uri = Some("file:/w/u.txt".into())

@@ -64,6 +64,9 @@ Job options (before the first EXE):
   --merge-stderr-to-stdout   same as --output merge-stderr-to-stdout
   --stdin rank|all|none|R    which processes get prun's stdin (default: rank 0)
   --timeout SECONDS          kill the job after SECONDS
+  --mpi both|pmix|pmi1|pmi2|none
+                             the ranks' process-management interface (default: the DVM's,
+                             itself both: PMIx for Open MPI, a PMI fd for the MPICH family)
   --get-stack-traces, --report-state-on-timeout
                              at --timeout, print every rank's stack trace (gdb) before the kill
   --enable-recovery          a process that dies does not end the job: the others are told

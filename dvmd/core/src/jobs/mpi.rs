@@ -4,8 +4,9 @@
 //! The default offers both: the PMIx server (Open MPI 4.1 and 5, Intel MPI when told) and a
 //! PMI-1/PMI-2 fd (MPICH, Intel MPI, MVAPICH). Each MPI takes the one it speaks
 //! (docs/mpi.md: what each MPI does when offered both). Under an explicit choice the other
-//! interface's fd is still given where that catches a wrong choice: a rank that speaks PMI
-//! under `--mpi pmix` fails its job by name instead of running as a singleton.
+//! interface is still offered, only to catch a wrong choice: a rank that speaks PMI under
+//! `--mpi pmix`, or PMIx under `--mpi pmi1|pmi2`, fails its job by name instead of running
+//! as a singleton.
 //!
 //! Never: a decision about a rank; only what the job asked. Do not break: `MPI_DEFAULT`
 //! never reaches a daemon's decision unresolved.
@@ -32,9 +33,18 @@ impl Interface {
         self.0
     }
 
-    /// The ranks get the PMIx server.
+    /// The ranks get the PMIx server (served, or watched under `pmi1`/`pmi2`).
     pub fn pmix(self) -> bool {
-        matches!(self.0, MpiInterface::MpiBoth | MpiInterface::MpiPmix)
+        !matches!(self.0, MpiInterface::MpiNone)
+    }
+
+    /// Under `--mpi pmi1|pmi2`, why a rank that connects to the PMIx server is refused (an
+    /// Open MPI rank would otherwise run as a singleton).
+    pub fn pmix_refusal(self) -> Option<String> {
+        let name = self.name();
+        matches!(self.0, MpiInterface::MpiPmi1 | MpiInterface::MpiPmi2).then(|| {
+            format!("speaks PMIx (Open MPI) but the job was started with --mpi {name}: run it with --mpi pmix or the default")
+        })
     }
 
     /// The ranks get a PMI fd (served, or watched under `pmix`).
@@ -106,7 +116,7 @@ mod tests {
     #[test]
     fn the_job_wins_over_the_dvm_and_the_default_offers_both() {
         let both = Interface::of(MpiInterface::MpiDefault as i32, MpiInterface::MpiDefault);
-        assert!(both.pmix() && both.pmi_fd() && both.pmi_refusal().is_none());
+        assert!(both.pmix() && both.pmi_fd() && both.pmi_refusal().is_none() && both.pmix_refusal().is_none());
         let dvm = Interface::of(MpiInterface::MpiDefault as i32, MpiInterface::MpiPmi1);
         assert_eq!(dvm.get(), MpiInterface::MpiPmi1);
         let job = Interface::of(MpiInterface::MpiNone as i32, MpiInterface::MpiPmi1);
@@ -118,7 +128,9 @@ mod tests {
     #[test]
     fn pmix_watches_the_pmi_fd_and_every_name_parses_back() {
         let pmix = Interface::of(MpiInterface::MpiPmix as i32, MpiInterface::MpiDefault);
-        assert!(pmix.pmi_fd() && pmix.pmi_refusal().is_some());
+        assert!(pmix.pmi_fd() && pmix.pmi_refusal().is_some() && pmix.pmix_refusal().is_none());
+        let pmi2 = Interface::of(MpiInterface::MpiPmi2 as i32, MpiInterface::MpiDefault);
+        assert!(pmi2.pmix() && pmi2.pmix_refusal().is_some_and(|r| r.contains("--mpi pmi2")));
         for m in [MpiInterface::MpiPmix, MpiInterface::MpiPmi1, MpiInterface::MpiPmi2, MpiInterface::MpiNone] {
             assert_eq!(parse(name_of(m)), Ok(m));
         }

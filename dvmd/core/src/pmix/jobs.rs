@@ -170,6 +170,7 @@ impl Pmix {
 
     /// Every local rank of a job is gone: drop its namespace and fence signatures.
     pub fn job_done(&mut self, host: &mut impl Host, jobid: u32) {
+        self.refused.remove(&jobid);
         let Some(job) = self.jobs.remove(&jobid) else { return };
         self.by_nspace.remove(&job.nspace);
         if self.known.contains_key(&job.nspace) {

@@ -187,6 +187,9 @@ pub struct Pmix {
     group_records: BTreeSet<String>,
     /// Spawns asked of the HNP: our id -> the upcall's reply.
     spawns: BTreeMap<u64, u64>,
+    /// Jobs whose ranks must not use PMIx (`--mpi pmi1|pmi2`): a client that connects fails
+    /// its job with this sentence.
+    refused: BTreeMap<u32, String>,
     /// Data server requests asked of the HNP: our id -> (the operation, the upcall's reply).
     data: BTreeMap<u64, (DataOp, u64)>,
 }
@@ -217,7 +220,13 @@ impl Pmix {
             group_records: BTreeSet::new(),
             spawns: BTreeMap::new(),
             data: BTreeMap::new(),
+            refused: BTreeMap::new(),
         }
+    }
+
+    /// A job's ranks must not use PMIx: one that connects fails the job, `why` naming it.
+    pub fn refuse_clients(&mut self, jobid: u32, why: String) {
+        self.refused.insert(jobid, why);
     }
 
     /// The daemon hosts a PMIx server; an idle worker that grew by `recycle_kib` is replaced.

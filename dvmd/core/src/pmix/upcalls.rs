@@ -32,6 +32,12 @@ impl Pmix {
             Ev::ClientConnected(p) => {
                 if let Some((job, r)) = self.job_rank(&p) {
                     self.jobs.get_mut(&job).expect("indexed").connected.insert(r);
+                    if let Some(why) = self.refused.get(&job).cloned() {
+                        let reason = format!("rank {r} on node {} {why}", self.host);
+                        info!(jobid = job, rank = r, "{reason}");
+                        let fail = dvm_proto::daemon::JobFail { jobid: job, code: 1, reason, daemon: self.me };
+                        self.send_cmd(0, daemon_cmd::Body::JobFail(fail));
+                    }
                 }
                 self.reply(reply, def::SUCCESS);
             }
