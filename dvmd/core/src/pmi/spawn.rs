@@ -68,10 +68,8 @@ pub(super) fn plan_v2(req: &Request, cwd: &str) -> Result<SpawnPlan, String> {
             ("maxprocs", Some(a)) => a.np = v.parse().map_err(|_| format!("spawn maxprocs={v} is not a number"))?,
             (k, Some(a)) if k.starts_with("argv") => a.argv.push(v.clone()),
             (k, Some(_)) if k.starts_with("infokey") && k != "infokeycount" => info_keys.push(v.clone()),
-            (k, Some(a)) if k.starts_with("infoval") => {
-                if info_keys.last().is_some_and(|key| key == "wdir") {
-                    a.wdir = v.clone();
-                }
+            (k, Some(a)) if k.starts_with("infoval") && info_keys.last().is_some_and(|key| key == "wdir") => {
+                a.wdir = v.clone()
             }
             (k, _) if k.starts_with("ppkey") => pre.push((v.clone(), String::new())),
             (k, _) if k.starts_with("ppval") => {

@@ -212,3 +212,76 @@ fn process_mapping_follows_each_layout() {
     let explicit = Layout::Explicit { node_of: vec![0, 0, 1, 0] };
     assert_eq!(process_mapping(&p(explicit, 2, 4)).as_deref(), Some("(vector,(0,1,2),(1,1,1),(0,1,1))"));
 }
+
+#[test]
+fn a_pmi1_spawn_starts_a_child_job_whose_kvs_holds_the_parents_preput_and_answers_once_it_started() {
+    let mut net = running(2, 2, 2, MpiInterface::MpiDefault);
+    say(&mut net, 2, 0, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    read(&mut net, 2, 0);
+    let block = "mcmd=spawn\nnprocs=2\nexecname=sim-hang\ntotspawns=1\nspawnssofar=1\nargcnt=0\n\
+                 preput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$port$\ninfo_num=0\nendcmd\n";
+    // Sent in two pieces: nothing happens until `endcmd`.
+    let (a, b) = block.split_at(20);
+    say(&mut net, 2, 0, a);
+    assert_eq!(net.live_procs(), 2);
+    say(&mut net, 2, 0, b);
+    assert_eq!(net.live_procs(), 4, "the child job's two ranks started");
+    assert_eq!(read(&mut net, 2, 0), "cmd=spawn_result rc=0\n", "answered once the children started");
+    // A child rank reads its parent's port from its own kvs, and knows it was spawned.
+    let d = (0..2).find(|&d| net.node(d).pmi().kvs_len(2).is_some()).expect("a daemon hosts the child");
+    net.pmi_send(d, 2, 0, b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get kvsname=x key=PARENT_ROOT_PORT_NAME\n");
+    net.run();
+    let got = net.pmi_read(d, 2, 0);
+    assert!(got.ends_with("cmd=get_result rc=0 msg=success value=tag#0$port$\n"), "{got}");
+    let spec = net.node(d).pmi().proc_env(2, 0);
+    assert!(spec.contains(&("PMI_SPAWNED".to_string(), "1".to_string())), "{spec:?}");
+}
+
+#[test]
+fn spawn_plans_read_every_field_of_both_wire_forms() {
+    let block = |text: &str| {
+        let mut d = wire::Decoder::default();
+        d.push(text.as_bytes());
+        d.next_request().expect("valid").expect("whole")
+    };
+    let v1 = block(
+        "mcmd=spawn\nnprocs=3\nexecname=./c\ntotspawns=1\nspawnssofar=1\narg1=x y\nargcnt=1\npreput_num=1\n\
+         preput_key_0=K\npreput_val_0=V=1\ninfo_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp\nendcmd\n",
+    );
+    let plan = spawn::plan_v1(&[v1], "/home").expect("valid");
+    assert_eq!(plan.preput, vec!["K=V=1".to_string()]);
+    assert_eq!(
+        (plan.apps[0].np, plan.apps[0].argv.clone(), plan.apps[0].wdir.as_str()),
+        (3, vec!["./c".into(), "x y".into()], "/tmp")
+    );
+    let v2 = wire::encode(
+        wire::Form::V2,
+        "spawn",
+        &[
+            ("ncmds", "2"),
+            ("preputcount", "1"),
+            ("ppkey0", "P"),
+            ("ppval0", "a;b"),
+            ("subcmd", "one"),
+            ("maxprocs", "1"),
+            ("argc", "0"),
+            ("infokeycount", "0"),
+            ("subcmd", "two"),
+            ("maxprocs", "2"),
+            ("argc", "1"),
+            ("argv0", "z"),
+            ("infokeycount", "1"),
+            ("infokey0", "wdir"),
+            ("infoval0", "/w"),
+        ],
+    );
+    let mut d = wire::Decoder::default();
+    d.push(&v2);
+    let plan = spawn::plan_v2(&d.next_request().unwrap().unwrap(), "/home").expect("valid");
+    assert_eq!(plan.preput, vec!["P=a;b".to_string()]);
+    let apps: Vec<_> = plan.apps.iter().map(|a| (a.argv.clone(), a.np, a.wdir.clone())).collect();
+    assert_eq!(apps, vec![(vec!["one".into()], 1, "/home".into()), (vec!["two".into(), "z".into()], 2, "/w".into())]);
+    // A spawn missing what it must say is refused by name.
+    let bad = block("mcmd=spawn\nexecname=./c\nendcmd\n");
+    assert!(spawn::plan_v1(&[bad], "/").unwrap_err().contains("without nprocs"));
+}
