@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every fuzz target in release mode with many inputs (docs/security.md shows a run).
 #
-#   scripts/fuzz.sh                    # 1,500,000 inputs per target (9 targets: 13.5 million)
+#   scripts/fuzz.sh                    # 1,500,000 inputs per target (11 targets: 16.5 million)
 #   CASES=100000 scripts/fuzz.sh       # fewer per target
 #   SEED=7 scripts/fuzz.sh             # another fixed seed (a failure replays with the same CASES/SEED)
 #   PROFILE=test scripts/fuzz.sh       # the test profile (opt-level 1) instead of release
@@ -25,6 +25,8 @@ TARGETS=(
     "dvmd --test=fuzz_edge fuzz_handshake"
     "dvmd --test=fuzz_edge fuzz_hostfile_parser"
     "dvmd --test=fuzz_edge fuzz_prun_command_line"
+    "dvmd --test=fuzz_edge fuzz_pmi_decoder"
+    "dvmd --test=fuzz_edge fuzz_pmi_server"
     "dvmd --test=jobmap_wire garbage_never_panics"
     "dvmd --test=jobmap_wire corrupted_fields_never_panic"
 )

@@ -293,3 +293,83 @@ fn prun_word() -> impl Strategy<Value = String> {
         1 => ".{0,8}".prop_map(|s| s),
     ]
 }
+
+/// A PMI word: the vocabulary of PMI-1 lines and PMI-2 frames, and noise.
+fn pmi_piece() -> impl Strategy<Value = Vec<u8>> {
+    let cmd = prop_oneof![
+        Just("init pmi_version=1 pmi_subversion=1"),
+        Just("init pmi_version=2 pmi_subversion=0"),
+        Just("get_maxes"),
+        Just("get_appnum"),
+        Just("get_my_kvsname"),
+        Just("get_universe_size"),
+        Just("put kvsname=k key=a value=b"),
+        Just("get kvsname=k key=a"),
+        Just("barrier_in"),
+        Just("finalize"),
+        Just("abort exitcode=3"),
+        Just("publish_name service=s port=p"),
+        Just("lookup_name service=s"),
+    ];
+    prop_oneof![
+        cmd.prop_map(|c| format!("cmd={c}\n").into_bytes()),
+        "[a-z_=;0-9 ]{0,30}\n?".prop_map(String::into_bytes),
+        ("[a-z-]{1,12}", "[a-z=;]{0,20}").prop_map(|(c, rest)| {
+            let body = format!("cmd={c};{rest}");
+            format!("{:<6}{body}", body.len()).into_bytes()
+        }),
+        Just(b"mcmd=spawn\nnprocs=1\nexecname=x\n".to_vec()),
+        Just(b"endcmd\n".to_vec()),
+        proptest::collection::vec(any::<u8>(), 0..64),
+    ]
+}
+
+proptest! {
+    #![proptest_config(dvm_tests::fuzz::config(500))]
+
+    /// PMI bytes in any chunking: the decoder answers requests or one named error, never
+    /// panics, and never holds more than a line or a frame's worth.
+    #[test]
+    fn fuzz_pmi_decoder(pieces in proptest::collection::vec(pmi_piece(), 0..16), cut in 1usize..17) {
+        use dvm_core::pmi::wire::{Decoder, MAX_FRAME, MAX_LINE};
+        let stream: Vec<u8> = pieces.concat();
+        let mut d = Decoder::default();
+        let mut failed = false;
+        for chunk in stream.chunks(cut) {
+            d.push(chunk);
+            loop {
+                match d.next_request() {
+                    Ok(Some(r)) => prop_assert!(!failed, "a request after an error: {r:?}"),
+                    Ok(None) => break,
+                    Err(e) => {
+                        prop_assert!(!e.to_string().is_empty());
+                        failed = true;
+                    }
+                }
+            }
+            prop_assert!(d.pending() <= MAX_FRAME.max(MAX_LINE) + 6 + cut, "{} bytes held", d.pending());
+        }
+    }
+
+    /// The same bytes from ranks into a DVM of 2 daemons: jobs may fail, the daemons never do,
+    /// and the next job runs.
+    #[test]
+    fn fuzz_pmi_server(pieces in proptest::collection::vec(pmi_piece(), 0..12), rank in 0u32..2) {
+        use dvm_core::harness::{job, Net, Program};
+        let mut net = Net::boot(2, 2, 1);
+        net.launch(job(2, Program::Hang.argv()));
+        net.run();
+        for p in &pieces {
+            net.pmi_send(rank, 1, rank, p);
+            net.run();
+        }
+        prop_assert!(net.alive(0) && net.alive(1));
+        // Job 1 ends (if what it sent did not end it), and the next job runs.
+        let cancel = dvm_proto::control::CancelRequest { jobids: vec![1], all: false, uid: 0 };
+        net.control(dvm_core::node::Control::Cancel(cancel));
+        net.run();
+        let next = net.launch(job(2, Program::Exit { code: 0, after_ns: 1000 }.argv()));
+        net.run_for(60_000_000_000);
+        prop_assert!(net.ended(next).is_some(), "the next job did not end");
+    }
+}
