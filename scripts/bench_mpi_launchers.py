@@ -299,10 +299,11 @@ class Checker:
 
 
 def after_failure(cfg):
-    """A killed run can leave launcher daemons inside our nodes; stop them by pid (all ours: the
-    namespaces are this run's)."""
-    keep = {"dvmd"}  # the persistent DVMs' daemons live there too
-    left = [p for p in procs_in_nodes(cfg["nodes"]) if p[1] not in keep]
+    """A killed run can leave the native launchers' daemons (prted, Hydra's proxies) or ranks
+    inside our nodes; stop those by pid (all ours: the namespaces are this run's). Never the
+    DVMs' own processes (dvmd, its pmix-worker, the agent's sh that holds a dvmd)."""
+    left = [p for p in procs_in_nodes(cfg["nodes"])
+            if p[2].startswith(("/opt/dvm-mpis/", cfg["mpi"] + "/"))]
     for pid, comm, exe in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -310,6 +311,13 @@ def after_failure(cfg):
             pass
     if left:
         log(f"  killed {len(left)} leftover processes in the nodes: {sorted({c for _, c, _ in left})}")
+
+
+def dvm_whole(arms, cfg):
+    """The persistent DVM still runs a job on every node (one rank per node, `hostname`)."""
+    argv, env = arms.argv_env("persistent", "mpich5", 1, "hostname")
+    _, rc, out, _ = run(argv, env, timeout=60)
+    return rc == 0 and sorted(out.split()) == sorted(cfg["nodes"])
 
 
 def pmi_bytes(arms, cfg, rows):
@@ -438,6 +446,14 @@ def inner(cfg_path):
                         l1 = bl.loadavg()
                         dt, rc, out, err = run(argv, env)
                         ok, why, ns = chk.check(arm, mpi, ppn, rc, out)
+                        if not ok and arm == "persistent" and not dvm_whole(arms, cfg):
+                            # A daemon lost for good (the DVM keeps running without it): every
+                            # later job would fail to map. Boot a new persistent DVM.
+                            log("  the persistent DVM lost a daemon: booting a new one")
+                            arms.term(arms.uri, arms.env_per)
+                            arms.boot(arms.uri, arms.env_per)
+                            row(arm="reboot_persistent", rep=rep, note=why)
+                            chk.ppid, chk.last_job = bl.hnp_pid(arms.uri), 0
                         if not ok:
                             log(f"  FAILED {mpi} {arm} ppn {ppn} rep {rep}: {why} ({dt:.1f} s)\n"
                                 f"  command: {' '.join(argv)}\n  stderr tail: {err.strip()[-1200:]}")
@@ -624,14 +640,15 @@ def report(csv_path, png):
     print("\n### MPI_Init + MPI_Finalize on 16 netns nodes — wall ms of the whole command, median (min–max) over "
           "every run; ratios paired per repetition (mean of the arm's two runs / native's), median (min–max)\n")
     print("| MPI | ranks/node | ranks | native launcher | prun one-shot | prun persistent | one-shot / native "
-          "| persistent / native | n pairs | failed runs |")
+          "| persistent / native | pairs (one-shot, persistent) | failed runs |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mpi in mpis:
         for ppn in ppns:
             cells = [ms([x for v in runs[(mpi, ppn, a)].values() for x in v]) for a in ARMS]
             nf = sum(len(fails[(mpi, ppn, a)]) for a in ARMS)
             print(f"| {LABEL[mpi]} | {ppn} | {16 * ppn} | {' | '.join(cells)} | {rat(paired(mpi, ppn, 'oneshot'))} | "
-                  f"{rat(paired(mpi, ppn, 'persistent'))} | {len(paired(mpi, ppn, 'oneshot'))} | {nf} |")
+                  f"{rat(paired(mpi, ppn, 'persistent'))} | {len(paired(mpi, ppn, 'oneshot'))}, "
+                  f"{len(paired(mpi, ppn, 'persistent'))} | {nf} |")
     print("\n### Goals at 16 × 4: persistent ≤ 0.5 × native, one-shot ≤ 0.8 × native\n")
     for mpi in mpis:
         if 4 not in ppns:

@@ -21,6 +21,9 @@ fn apps_of(sizes: &[u32]) -> Vec<(u32, u32)> {
     v
 }
 
+/// The DVM's slots: 4 daemons of 4.
+const DVM_SLOTS: u32 = 16;
+
 /// `prun -n s0 prog args0 : -n s1 prog args1 ...`; app i gets i extra arguments "a".
 fn mpmd_args(sizes: &[u32], prog: &str) -> Vec<String> {
     let mut a = Vec::new();
@@ -52,9 +55,10 @@ fn check_mpi(dvm: &Dvm, sizes: &[u32]) {
         let num = |i: usize| f[i].parse::<u32>().unwrap_or_else(|_| panic!("field {i} of {line:?}"));
         let rank = num(1);
         let (app, app_rank) = want[rank as usize];
-        // dvm's universe is the job (docs/mpi-keys.md: mpirun gives its allocation's slots).
+        // The universe is the DVM's slots, as mpirun gives its allocation's.
         let expect = format!(
-            "rank {rank} of {n} appnum {app} universe {n} app_rank {app_rank} app_size {} argc {}",
+            "rank {rank} of {n} appnum {app} universe {} app_rank {app_rank} app_size {} argc {}",
+            DVM_SLOTS.max(n),
             sizes[app as usize],
             app + 1
         );
@@ -90,7 +94,7 @@ fn check_keys(dvm: &Dvm, sizes: &[u32]) {
         assert_eq!(get(r, "proc", "pmix.appnum"), format!("{app} (u32)"));
         assert_eq!(get(r, "proc", "pmix.apprank"), format!("{app_rank} (rank)"));
         assert_eq!(get(r, "job", "pmix.job.size"), format!("{n} (u32)"));
-        assert_eq!(get(r, "job", "pmix.univ.size"), format!("{n} (u32)"));
+        assert_eq!(get(r, "job", "pmix.univ.size"), format!("{} (u32)", DVM_SLOTS.max(n as u32)));
         assert_eq!(get(r, "job", "pmix.job.napps"), format!("{} (u32)", sizes.len()));
         assert_eq!(get(r, "job", "pmix.mapby"), "\"BYSLOT\"");
         assert_eq!(get(r, "job", "pmix.rankby"), "\"SLOT\"");
@@ -124,7 +128,7 @@ fn check_keys(dvm: &Dvm, sizes: &[u32]) {
 
 fn appnum_suite(radix: u32) {
     let env = [("OMPI_MCA_pml", "ob1")];
-    let dvm = Dvm::start(&format!("appnum-r{radix}"), Nodes::Local { daemons: 4, slots: 4 }, radix, &env);
+    let dvm = Dvm::start(&format!("appnum-r{radix}"), Nodes::Local { daemons: 4, slots: DVM_SLOTS / 4 }, radix, &env);
     // mpirun's 0, 0, 1, 1; then uneven apps spanning nodes (4 slots each), and one app.
     for sizes in [&[2, 2][..], &[3, 1, 4], &[6, 5, 1], &[4]] {
         check_mpi(&dvm, sizes);

@@ -138,7 +138,7 @@ fn job_info(ns: &Namespace<'_>) -> JobInfo {
         node_map: ns.hosts.to_vec(),
         proc_map,
         job_size: ns.nprocs,
-        universe_size: ns.nprocs,
+        universe_size: ns.map.map_or(ns.nprocs, |m| m.universe.max(ns.nprocs)),
         appnum: 0,
         jobid: Some(ns.nspace.to_owned()),
         max_procs: None,

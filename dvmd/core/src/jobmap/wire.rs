@@ -168,6 +168,8 @@ pub fn encode(jobid: u32, spec: &JobSpec, placement: &Placement) -> (JobMap, Vec
         timestamp_output: spec.timestamp_output,
         mpi: spec.mpi,
         pmi_preput: spec.pmi_preput.clone(),
+        // The HNP's to fill in (it knows the DVM's slots).
+        universe: 0,
     };
     // A rankfile's cpus go to the daemon of each rank, in its rank order.
     let pinned: std::collections::HashMap<u32, &str> =

@@ -182,6 +182,8 @@ pub struct JobTable {
     /// Ended jobs whose preloaded files are being removed: their prun and its `Ended`, told
     /// once the files are gone.
     pub(crate) unstaging: BTreeMap<u32, (ClientId, Forward)>,
+    /// The DVM's slots at the last launch ([`JobTable::note_universe`]).
+    pub(crate) universe: u32,
 }
 
 impl JobTable {
@@ -206,6 +208,12 @@ impl JobTable {
     }
 
     /// The live daemons with slots, as the mapper sees them.
+    /// The DVM's slots now: what its jobs see as their universe (`MPI_UNIVERSE_SIZE`, as
+    /// mpirun gives its allocation's slots). Kept in `universe` by the caller before a launch.
+    pub(crate) fn note_universe(&mut self, r: &Core) {
+        self.universe = Self::candidate_nodes(r).iter().map(|n| n.slots).sum();
+    }
+
     pub(crate) fn candidate_nodes(r: &Core) -> Vec<NodeSlots> {
         let Some(contacts) = r.contacts() else { return Vec::new() };
         let topo = r.topology();
@@ -270,6 +278,7 @@ impl JobTable {
     ) {
         let (mut map, residuals) = jobmap::encode(jobid, spec, &placement);
         map.hnp_iof_window = IOF_WINDOW;
+        map.universe = self.universe.max(placement.nprocs());
         map.report_launch = parent.is_some();
         info!(jobid, nprocs = placement.nprocs(), nodes = placement.num_nodes(), ?parent, "launching job");
         if spec.timeout_s > 0.0 {

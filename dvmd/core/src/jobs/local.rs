@@ -370,7 +370,7 @@ impl LocalJobs {
         let start = crate::pmi::PmiJobStart {
             jobid,
             kvsname: nspace_of(&r.dvm_id(), jobid),
-            universe: placement.nprocs(),
+            universe: map.universe.max(placement.nprocs()),
             placement,
             spawned: map.report_launch,
             refuse: mpi.pmi_refusal(),

@@ -275,6 +275,7 @@ impl JobTable {
         }
         no_implicit_binding_on_shared_machines(r, &mut spec, &placement);
         let shown = (spec.display_map || spec.display_allocation || spec.report_bindings).then(|| placement.clone());
+        self.note_universe(r);
         self.start_job_as(jobid, &spec, placement, client, None);
         if let Some(p) = shown {
             self.display_start(r, jobid, &spec, &p);

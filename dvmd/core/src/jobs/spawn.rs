@@ -89,6 +89,7 @@ impl JobTable {
         let policy = MapBy::try_from(req.map_by).map(|m| m.as_str_name()).unwrap_or("?");
         let mut spec = spec;
         super::queue::no_implicit_binding_on_shared_machines(r, &mut spec, &placement);
+        self.note_universe(r);
         let child = self.start_job(&spec, placement, client, Some(req.jobid));
         info!(parent = req.jobid, rank = req.rank, child, policy, oversubscribe = req.oversubscribe, "spawned job");
         if let Some(p) = self.jobs.get_mut(&req.jobid) {
