@@ -228,7 +228,7 @@ fn main() -> Result<()> {
             let mode = Movements::new(fence_movement, bcast_movement);
             let rep = daemons::campaign_with(first..first + count, n, radix, profile, mode);
             let summary = format!(
-                "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} jobs ({} failed), {} PMIx upcalls, {} evictions, {} frames from dead daemons dropped: {} failing",
+                "{} runs, faults: {} kills, {} kills mid-step, {} freezes, {} cuts, {} HNP losses; {} fence calls, {} benchmarks, {} xcasts, {} jobs ({} failed), {} PMIx upcalls, {} PMI ranks ({} requests, {} barriers passed), {} evictions, {} frames from dead daemons dropped: {} failing",
                 rep.runs,
                 rep.kills,
                 rep.step_kills,
@@ -241,6 +241,9 @@ fn main() -> Result<()> {
                 rep.jobs,
                 rep.failed_jobs,
                 rep.pmix_upcalls,
+                rep.pmi_ranks,
+                rep.pmi_requests,
+                rep.pmi_barriers,
                 rep.evictions,
                 rep.dead_frames,
                 rep.failures.len()

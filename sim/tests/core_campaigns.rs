@@ -18,7 +18,8 @@ fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64)
     }
     eprintln!(
         "n={n} radix={radix} {profile}: {} schedules, {} kills, {} mid-step kills, {} freezes, {} cuts, {} HNP losses, \
-         {} fence calls, {} benchmarks, {} jobs ({} failed), {} PMIx upcalls, {} evictions, 0 violations",
+         {} fence calls, {} benchmarks, {} jobs ({} failed), {} PMIx upcalls, {} PMI ranks ({} barriers passed), \
+         {} evictions, 0 violations",
         rep.runs,
         rep.kills,
         rep.step_kills,
@@ -30,6 +31,8 @@ fn campaign_ok(n: u32, radix: u32, profile: CoreProfile, seeds: u64, first: u64)
         rep.jobs,
         rep.failed_jobs,
         rep.pmix_upcalls,
+        rep.pmi_ranks,
+        rep.pmi_barriers,
         rep.evictions
     );
 }
@@ -121,10 +124,38 @@ fn regression_seeds() {
         (202541, 7, 3, CoreProfile::Faults, "a restarted daemon and its former server's upcall"),
         (312099, 16, 2, CoreProfile::Faults, "a restarted daemon and its former server's upcall"),
     ];
+    // Found before ranks spoke PMI: replayed with the workload they had then.
     for &(seed, n, radix, profile, what) in cases {
+        let out = run(&CoreScenario::generate(seed, n, radix, profile).pmix_only());
+        assert!(out.violations.is_empty(), "seed {seed} n={n} radix={radix} ({what}): {:#?}", out.violations);
+    }
+    let pmi: &[(u64, u32, u32, CoreProfile, &str)] = &[
+        // A PMI rank killed in a barrier: its fd closed while its daemon's contribution was in
+        // flight, and the barrier's end then wrote `barrier_out` on the closed fd (an answer
+        // on a closed fd is now dropped: `Pmi::answer`).
+        (900011, 7, 3, CoreProfile::Clean, "a PMI barrier answered on a closed fd"),
+        (100224, 7, 2, CoreProfile::Faults, "a PMI barrier answered on a closed fd"),
+    ];
+    for &(seed, n, radix, profile, what) in pmi {
         let out = run(&CoreScenario::generate(seed, n, radix, profile));
         assert!(out.violations.is_empty(), "seed {seed} n={n} radix={radix} ({what}): {:#?}", out.violations);
     }
+}
+
+/// Simulated MPI ranks speak PMI-1 and PMI-2 on their fds beside PMIx ranks, and pass their
+/// barriers (the PMI invariants are judged on every run of every slice).
+#[test]
+fn pmi_ranks_pass_barriers_beside_pmix_ranks() {
+    let rep = campaign(900_000..900_200, 7, 3, CoreProfile::Clean);
+    assert_no_failures(&rep.failures, rep.runs, "clean core schedules at n=7 radix=3");
+    assert!(rep.pmix_upcalls > 0, "PMIx ranks ran");
+    assert!(
+        rep.pmi_ranks > 100 && rep.pmi_barriers > 100,
+        "{} PMI ranks, {} barriers",
+        rep.pmi_ranks,
+        rep.pmi_barriers
+    );
+    assert!(rep.pmi_requests > 10 * rep.pmi_ranks / 2, "each PMI rank sends init, puts, barriers and gets");
 }
 
 /// The same schedule twice gives the same trace.

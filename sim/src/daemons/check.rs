@@ -37,6 +37,7 @@ fn fmt_res(r: &Result<Bytes, FenceError>) -> String {
 pub fn check(sc: &CoreScenario, t: &CoreTrace) -> Vec<String> {
     let mut v: Vec<String> = t.engine_errors.clone();
     v.extend(t.pmix_errors.iter().cloned());
+    v.extend(t.pmi_errors.iter().cloned());
     v.extend(t.shell_errors.iter().cloned());
     let Some(ready) = t.ready_at else {
         v.push("the DVM never became ready (no Effect::Ready at the HNP)".into());

@@ -74,6 +74,10 @@ pub struct CoreCampaignReport {
     pub failed_jobs: u64,
     /// PMIx upcalls the simulated MPI ranks' servers made (fences, direct modex, spawns).
     pub pmix_upcalls: u64,
+    /// Simulated ranks that spoke PMI, their requests, and the barriers they passed.
+    pub pmi_ranks: u64,
+    pub pmi_requests: u64,
+    pub pmi_barriers: u64,
     /// Daemons evicted, and frames from declared-dead daemons that survivors dropped.
     pub evictions: u64,
     pub dead_frames: u64,
@@ -94,6 +98,9 @@ impl CoreCampaignReport {
         self.jobs += o.jobs;
         self.failed_jobs += o.failed_jobs;
         self.pmix_upcalls += o.pmix_upcalls;
+        self.pmi_ranks += o.pmi_ranks;
+        self.pmi_requests += o.pmi_requests;
+        self.pmi_barriers += o.pmi_barriers;
         self.evictions += o.evictions;
         self.dead_frames += o.dead_frames;
         self.failures.extend(o.failures);
@@ -139,6 +146,9 @@ pub fn campaign_with(
             rep.jobs += t.launched_at.iter().flatten().count() as u64;
             rep.failed_jobs += t.launch_ends.iter().flatten().filter(|e| e.1 != 0).count() as u64;
             rep.pmix_upcalls += t.pmix_upcalls + t.spawns_asked.iter().flatten().count() as u64;
+            rep.pmi_ranks += t.pmi_ranks;
+            rep.pmi_requests += t.pmi_requests;
+            rep.pmi_barriers += t.pmi_barriers;
             rep.evictions +=
                 t.ends.iter().filter(|e| matches!(e, trace::End::Exited(_, dvm_core::Exit::Evicted(_)))).count() as u64;
         }

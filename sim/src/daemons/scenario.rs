@@ -322,6 +322,21 @@ impl CoreScenario {
         }
     }
 
+    /// This schedule as it was generated before ranks spoke PMI: every MPI job on PMIx under
+    /// the default interface, every job without `--mpi` (the rest is drawn from other streams,
+    /// so the seeds found then replay what they found).
+    pub fn pmix_only(mut self) -> Self {
+        for l in &mut self.launches {
+            l.spec.mpi = dvm_proto::job::MpiInterface::MpiDefault as i32;
+            for a in &mut l.spec.apps {
+                if let Some((_, k)) = MpiWire::of(&a.argv) {
+                    a.argv = MpiWire::Pmix.argv(k);
+                }
+            }
+        }
+        self
+    }
+
     /// A fault-free DVM on `net` with no workload, whose heartbeat bound is never reached:
     /// the base of a projection, which adds its workload.
     pub fn quiet(n: u32, radix: u32, net: NetModel) -> Self {
@@ -355,7 +370,8 @@ impl CoreScenario {
 
 /// 0 to 3 jobs of 1 to `n` procs (one slot per daemon): most exit 0, some fail, some hang
 /// until their `--timeout`; some have two apps, some spawn a job while they run; two in five
-/// are MPI jobs (1 to 3 PMIx fences and a direct modex). A quarter of
+/// are MPI jobs (1 to 3 PMIx fences and a direct modex, or 1 to 3 PMI barriers with puts and
+/// gets: [`MpiWire`]), each with a `prun --mpi` value; some other jobs carry one too. A quarter of
 /// the schedules without HNP loss end with `pterm`.
 /// Small files `pbcast` to every daemon while the rest runs (faults included), each in a few
 /// segments: from their own stream, so the rest of a seed's schedule is what it was before.
@@ -383,10 +399,12 @@ fn launches(
     heartbeat_ns: u64,
 ) -> (Vec<LaunchPlan>, Option<u64>, Option<RestartPlan>) {
     use dvm_core::harness::Program;
-    use dvm_proto::job::{AppContext, JobSpec};
+    use dvm_proto::job::{AppContext, JobSpec, MpiInterface};
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a07_c4e5_0000_0025);
     // Which jobs are MPI jobs comes from a stream of its own: the rest is what it was before.
     let mut mpi = StdRng::seed_from_u64(seed ^ 0x3b1f_0d6a_0000_0025);
+    // Which wire they speak and which `--mpi` each job asks for: from a stream of its own too.
+    let mut wires = StdRng::seed_from_u64(seed ^ 0x9d1e_77a3_0000_0042);
     let mut out = Vec::new();
     for _ in 0..rng.gen_range(0..=3) {
         let np = rng.gen_range(1..=n);
@@ -419,15 +437,24 @@ fn launches(
             vec![AppContext { argv: program(&mut rng).argv(), np, ..Default::default() }]
         };
         let mut apps = apps;
+        let mut iface = MpiInterface::MpiDefault;
         if mpi.gen_bool(0.4) {
-            // MPI ranks: fences and a direct modex through their daemons' PMIx servers.
+            // MPI ranks: fences (a direct modex) through their daemons' PMIx servers, or
+            // barriers (puts and gets) on their PMI fds.
             let fences = mpi.gen_range(1..=3);
+            let wire = MpiWire::pick(&mut wires);
             for a in &mut apps {
-                a.argv = Program::Mpi { fences }.argv();
+                a.argv = wire.argv(fences);
             }
+            iface = wire.interface(&mut wires);
             runs_ns = runs_ns.max(u64::from(fences + 1) * 20 * alpha);
+        } else if wires.gen_bool(0.3) {
+            // A job that is no MPI program, run with `prun --mpi` all the same.
+            iface = *[MpiInterface::MpiBoth, MpiInterface::MpiPmix, MpiInterface::MpiPmi1, MpiInterface::MpiNone]
+                .choose(&mut wires)
+                .expect("non-empty");
         }
-        let spec = JobSpec { apps, timeout_s, ..Default::default() };
+        let spec = JobSpec { apps, timeout_s, mpi: iface as i32, ..Default::default() };
         let spawn = rng.gen_bool(0.3).then(|| SpawnPlan {
             after: rng.gen_range(0..=4 * alpha),
             np: rng.gen_range(1..=n),
@@ -454,4 +481,83 @@ pub struct RestartPlan {
     pub at: u64,
     pub after: u64,
     pub epoch: u64,
+}
+
+/// The wire a simulated MPI job's ranks speak: `sim-mpi K` (PMIx: the harness's
+/// `Program::Mpi`), or `sim-mpi K pmi1|pmi2|pmi12` (PMI on the rank's fd: K barriers, each
+/// after a put, followed by gets of other ranks' keys). The harness reads only K; the
+/// simulator's clients read the wire (`engine/clients.rs`, `engine/pmi_ranks.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpiWire {
+    Pmix,
+    Pmi1,
+    Pmi2,
+    /// PMI-1 on even ranks, PMI-2 on odd ones, in one job.
+    Pmi12,
+}
+
+impl MpiWire {
+    /// An MPI rank's wire and its count of fences or barriers; None for any other program.
+    pub fn of(argv: &[String]) -> Option<(MpiWire, u32)> {
+        if argv.first().map(String::as_str) != Some("sim-mpi") {
+            return None;
+        }
+        let k = argv.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let wire = match argv.get(2).map(String::as_str) {
+            None => MpiWire::Pmix,
+            Some("pmi1") => MpiWire::Pmi1,
+            Some("pmi2") => MpiWire::Pmi2,
+            Some("pmi12") => MpiWire::Pmi12,
+            Some(_) => return None,
+        };
+        Some((wire, k))
+    }
+
+    pub fn argv(self, k: u32) -> Vec<String> {
+        let mut argv = dvm_core::harness::Program::Mpi { fences: k }.argv();
+        match self {
+            MpiWire::Pmix => {}
+            MpiWire::Pmi1 => argv.push("pmi1".into()),
+            MpiWire::Pmi2 => argv.push("pmi2".into()),
+            MpiWire::Pmi12 => argv.push("pmi12".into()),
+        }
+        argv
+    }
+
+    /// Whether rank `rank` speaks PMI-2 (None: it speaks PMIx).
+    pub fn pmi2(self, rank: u32) -> Option<bool> {
+        match self {
+            MpiWire::Pmix => None,
+            MpiWire::Pmi1 => Some(false),
+            MpiWire::Pmi2 => Some(true),
+            MpiWire::Pmi12 => Some(rank % 2 == 1),
+        }
+    }
+
+    fn pick(rng: &mut StdRng) -> MpiWire {
+        let roll: f64 = rng.gen();
+        if roll < 0.4 {
+            MpiWire::Pmix
+        } else if roll < 0.65 {
+            MpiWire::Pmi1
+        } else if roll < 0.8 {
+            MpiWire::Pmi2
+        } else {
+            MpiWire::Pmi12
+        }
+    }
+
+    /// The `prun --mpi` a job of this wire asks for: mostly one that serves it; some ask for
+    /// the other interface (a PMI rank under `pmix` fails its job by name; a rank offered
+    /// nothing it speaks runs as a singleton) or for none.
+    fn interface(self, rng: &mut StdRng) -> dvm_proto::job::MpiInterface {
+        use dvm_proto::job::MpiInterface as M;
+        let roll: f64 = rng.gen();
+        let (served, other): (&[M], &[M]) = match self {
+            MpiWire::Pmix => (&[M::MpiDefault, M::MpiDefault, M::MpiBoth, M::MpiPmix], &[M::MpiPmi1, M::MpiNone]),
+            _ => (&[M::MpiDefault, M::MpiDefault, M::MpiBoth, M::MpiPmi1, M::MpiPmi2], &[M::MpiPmix, M::MpiNone]),
+        };
+        let from = if roll < 0.85 { served } else { other };
+        *from.choose(rng).expect("non-empty")
+    }
 }

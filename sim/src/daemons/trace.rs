@@ -107,6 +107,12 @@ pub struct CoreTrace {
     /// PMIx upcalls the simulated clients made, and what broke the PMIx rules.
     pub pmix_upcalls: u64,
     pub pmix_errors: Vec<String>,
+    /// Simulated ranks that spoke PMI on their fd, the requests they sent, the barriers they
+    /// passed, and what broke the PMI rules.
+    pub pmi_ranks: u64,
+    pub pmi_requests: u64,
+    pub pmi_barriers: u64,
+    pub pmi_errors: Vec<String>,
 }
 
 impl CoreTrace {

@@ -151,6 +151,11 @@ impl Pmi {
         self.jobs.get(&jobid).map(|j| j.kvs.len())
     }
 
+    /// What a job's gets answer from here, read-only (None: no such job).
+    pub fn kvs(&self, jobid: u32) -> Option<&BTreeMap<String, String>> {
+        self.jobs.get(&jobid).map(|j| &j.kvs)
+    }
+
     /// A job's local ranks are about to start with a PMI fd each: its kvs gets its own keys
     /// (`PMI_process_mapping`).
     pub fn job_start(&mut self, start: PmiJobStart) {
@@ -298,8 +303,12 @@ impl Pmi {
         self.out.push(PmiOut::Router(Input::Fence { owner: FenceOwner::Pmi(key), req }));
     }
 
-    /// Write an answer to a rank's fd.
+    /// Write an answer to a rank's fd, unless that fd closed: a barrier's end, a node attribute
+    /// or a name service answer can come after its rank was killed or its job failed here.
     fn answer(&mut self, jobid: u32, rank: u32, form: wire::Form, cmd: &str, args: &[(&str, &str)]) {
+        if self.jobs.get(&jobid).and_then(|j| j.conns.get(&rank)).is_some_and(|c| c.closed) {
+            return debug!(jobid, rank, cmd, "PMI answer dropped: the rank's fd closed");
+        }
         let data = Bytes::from(wire::encode(form, cmd, args));
         self.out.push(PmiOut::Proc(ProcCmd::PmiWrite { jobid, rank, data }));
     }

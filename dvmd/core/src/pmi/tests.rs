@@ -285,3 +285,29 @@ fn spawn_plans_read_every_field_of_both_wire_forms() {
     let bad = block("mcmd=spawn\nexecname=./c\nendcmd\n");
     assert!(spawn::plan_v1(&[bad], "/").unwrap_err().contains("without nprocs"));
 }
+
+/// A rank killed in a barrier: its fd closes while its daemon's contribution is in flight,
+/// and the barrier's end then reaches that daemon before the job's kill does. Nothing may be
+/// written on the closed fd (the rank is gone; the shell would write on a dead socket).
+#[test]
+fn a_barrier_that_ends_after_a_waiting_rank_closed_its_fd_writes_nothing_on_that_fd() {
+    let (n, slots, np) = (2, 2, 4);
+    let mut net = running(n, slots, np, MpiInterface::MpiPmi1);
+    for r in 0..np {
+        say(&mut net, slots, r, "cmd=init pmi_version=1 pmi_subversion=1\n");
+        assert!(read(&mut net, slots, r).starts_with("cmd=response_to_init"));
+    }
+    // Ranks 2 and 3 (daemon 1) in the barrier: daemon 1's contribution waits at daemon 0.
+    say(&mut net, slots, 2, "cmd=barrier_in\n");
+    say(&mut net, slots, 3, "cmd=barrier_in\n");
+    net.with(1, |n, now| n.handle_proc(now, crate::jobs::ProcEvent::PmiClosed { jobid: 1, rank: 2 }));
+    // Ranks 0 and 1 enter before the network moves: the release leaves before the job fails.
+    net.pmi_send(0, 1, 0, b"cmd=barrier_in\n");
+    net.pmi_send(0, 1, 1, b"cmd=barrier_in\n");
+    net.run();
+    assert!(net.pmi_closed(1, 1, 2), "its daemon closed it too");
+    assert_eq!(read(&mut net, slots, 2), "", "nothing written on rank 2's fd after it closed");
+    assert!(read(&mut net, slots, 3).starts_with("cmd=barrier_out rc="), "rank 3 is released");
+    let (_, why) = ended(&net).expect("the job failed");
+    assert!(why.contains("rank 2 on node n1 closed its PMI connection in a barrier"), "{why}");
+}

@@ -1,4 +1,6 @@
-//! Simulated MPI ranks (`sim-mpi K`) as their daemon's PMIx server presents them: once every
+//! Simulated MPI ranks (`sim-mpi K`) as their daemon's PMIx server presents them (ranks that
+//! speak PMI on their fd instead, `sim-mpi K pmi1|pmi2|pmi12`, are `pmi_ranks.rs`'s; a rank
+//! offered no interface it speaks runs as a singleton and exits 0): once every
 //! local rank of a job has started, the server makes a fence upcall over the whole job (libpmix
 //! gathers its local ranks into one); each success starts the next, up to K; after the first,
 //! it asks for the modex of a rank on another daemon (a direct modex, which the owner's server
@@ -22,6 +24,7 @@ use dvm_proto::pmixworker::{self as wire, worker_event::Body as Ev};
 use rand::Rng;
 
 use super::{CoreEngine, Kind, State};
+use crate::daemons::scenario::MpiWire;
 
 /// Reply ids of the simulated clients' upcalls start here (spawns use the launch index + 1).
 pub(super) const CLIENT_REPLY_BASE: u64 = 1 << 40;
@@ -55,7 +58,7 @@ fn blob(nspace: &str, rank: u32) -> Bytes {
 }
 
 impl CoreEngine<'_> {
-    fn nspace(&self, job: u32) -> String {
+    pub(super) fn nspace(&self, job: u32) -> String {
         dvm_core::jobs::nspace_of(&self.nodes[0].node.router().dvm_id(), job)
     }
 
@@ -64,6 +67,15 @@ impl CoreEngine<'_> {
     pub(super) fn client_started(&mut self, r: Rank, job: u32, rank: u32) {
         let Some(p) = self.nodes[r as usize].shell.procs.get(&(job, rank)) else { return };
         let Program::Mpi { fences } = Program::of(&p.spec.argv) else { return };
+        match MpiWire::of(&p.spec.argv) {
+            Some((MpiWire::Pmix, _)) => {}
+            Some((wire, _)) => return self.pmi_rank_started(r, job, rank, wire, fences),
+            None => return,
+        }
+        if !p.spec.env.iter().any(|(k, _)| k == "PMIX_NAMESPACE") {
+            // Offered no PMIx server (`--mpi pmi1` or `none`): it runs as a singleton.
+            return self.rank_exit(r, job, rank, 0);
+        }
         let ns = self.nspace(job);
         let nlocal = self.nodes[r as usize].node.host().namespaces.get(&ns).map_or(0, |n| n.0);
         let entry = self.clients.started.entry((r, job)).or_insert_with(|| (BTreeSet::new(), fences));
@@ -196,12 +208,22 @@ impl CoreEngine<'_> {
         }
     }
 
+    /// One rank of a job on `r` exits with `code`.
+    pub(super) fn rank_exit(&mut self, r: Rank, job: u32, rank: u32, code: i32) {
+        let think = self.rng.gen_range(0..=self.sc.think_ns);
+        let Some(p) = self.nodes[r as usize].shell.procs.get_mut(&(job, rank)).filter(|p| !p.ending) else { return };
+        p.ending = true;
+        let ev = ProcEvent::Exited { jobid: job, rank, pid: p.pid, status: ExitKind::Code(code) };
+        self.q.push(self.q.now() + think, Kind::Proc { daemon: r, ev });
+    }
+
     /// Daemon `r` died: its clients and their upcalls with it.
     pub(super) fn clients_died(&mut self, r: Rank) {
         *self.clients.deaths.entry(r).or_default() += 1;
         self.clients.outstanding.retain(|(d, _), _| *d != r);
         self.clients.started.retain(|(d, _), _| *d != r);
         self.clients.began.retain(|(d, _)| *d != r);
+        self.pmi_ranks_died(r);
     }
 
     /// At the end of the run: upcalls left unanswered where their ranks still run, and

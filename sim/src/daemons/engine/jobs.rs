@@ -70,15 +70,22 @@ impl CoreEngine<'_> {
     pub(super) fn proc_event(&mut self, daemon: Rank, ev: ProcEvent) {
         match self.nodes[daemon as usize].state {
             State::Running => {
+                if self.pmi_exit_closes(daemon, &ev) || !self.pmi_event_due(daemon, &ev) {
+                    return;
+                }
                 if self.nodes[daemon as usize].shell.take(&ev) {
                     self.q.note(|| format!("d{daemon} PROC {ev:?}"));
                     let started = match ev {
                         ProcEvent::Started { jobid, rank, .. } => Some((jobid, rank)),
                         _ => None,
                     };
+                    let closed = matches!(ev, ProcEvent::PmiClosed { .. }).then(|| ev.clone());
                     self.drive_in(daemon, In::Proc(ev));
                     if let Some((jobid, rank)) = started {
                         self.client_started(daemon, jobid, rank);
+                    }
+                    if let Some(ev) = closed {
+                        self.pmi_told_closed(daemon, &ev);
                     }
                 }
             }

@@ -38,6 +38,7 @@ mod carrier;
 mod clients;
 mod fences;
 mod jobs;
+mod pmi_ranks;
 mod shell;
 
 /// A frame delayed on a lossy link waits at most this many heartbeat bounds for its
@@ -190,6 +191,8 @@ pub struct CoreEngine<'s> {
     declared: BTreeMap<(Rank, Rank), u64>,
     /// Simulated MPI ranks and their PMIx upcalls.
     clients: clients::Clients,
+    /// Simulated MPI ranks that speak PMI on their fd.
+    pmi: pmi_ranks::PmiRanks,
     pub trace: CoreTrace,
 }
 
@@ -272,6 +275,7 @@ impl<'s> CoreEngine<'s> {
             job_ended: vec![false; sc.jobs.len()],
             declared: BTreeMap::new(),
             clients: Default::default(),
+            pmi: Default::default(),
             trace,
         };
         for r in 1..sc.n {
@@ -305,6 +309,7 @@ impl<'s> CoreEngine<'s> {
         self.trace.engine_errors.extend(self.q.overrun().map(str::to_string));
         self.trace.end_ns = self.q.now();
         self.finish_clients();
+        self.finish_pmi();
         self.finish_jobs();
         for (r, n) in self.nodes.iter().enumerate() {
             self.trace.peak_unnamed[r] = n.shell.disk.peak_unnamed;

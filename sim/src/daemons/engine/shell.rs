@@ -108,6 +108,7 @@ impl CoreEngine<'_> {
                 self.fence_done(r, key, result);
             }
             self.after_pmix(r);
+            self.after_pmi(r);
             inbox.extend(self.nodes[r as usize].shell.disk.answers.drain(..).map(In::Stage));
             if crash {
                 self.kill(r, true);
