@@ -226,10 +226,13 @@ impl Pmi {
     pub fn proc_exit(&mut self, jobid: u32, rank: u32) -> Option<String> {
         let job = self.jobs.get(&jobid)?;
         let conn = job.conns.get(&rank)?;
-        let peers_used = job.conns.values().any(|c| c.inited) || job.kvs.len() > 1;
+        // Ranks of the same app here that spoke PMI: a rank of a non-MPI app beside an MPI
+        // one is not judged by them.
+        let app = job.start.placement.app_of(rank);
+        let peers_used = job.conns.iter().any(|(&r, c)| r != rank && c.inited && job.start.placement.app_of(r) == app);
         if conn.inited && !conn.finalized {
             Some(format!("rank {rank} on node {} exited without calling PMI finalize (MPI_Finalize)", self.host))
-        } else if !conn.inited && peers_used && job.local.len() > 1 {
+        } else if !conn.inited && peers_used {
             Some(format!(
                 "rank {rank} on node {} exited without ever connecting to PMI while its peers did (it ran as a singleton)",
                 self.host

@@ -311,3 +311,30 @@ fn a_barrier_that_ends_after_a_waiting_rank_closed_its_fd_writes_nothing_on_that
     let (_, why) = ended(&net).expect("the job failed");
     assert!(why.contains("rank 2 on node n1 closed its PMI connection in a barrier"), "{why}");
 }
+
+#[test]
+fn a_rank_that_never_speaks_pmi_while_its_apps_peers_here_did_fails_the_job_as_a_singleton() {
+    use crate::jobs::{ExitKind, ProcEvent};
+    let exit = |net: &mut Net, d: u32, rank: u32| {
+        let ev = ProcEvent::Exited { jobid: 1, rank, pid: 1, status: ExitKind::Code(0) };
+        net.with(d, |n, now| n.handle_proc(now, ev));
+        net.run();
+    };
+    // Two ranks of one app on daemon 0: rank 1 spoke PMI, rank 0 never did and ended cleanly.
+    let mut net = running(1, 2, 2, MpiInterface::MpiDefault);
+    say(&mut net, 2, 1, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    exit(&mut net, 0, 0);
+    let (code, why) = ended(&net).expect("failed");
+    assert_ne!(code, 0);
+    assert!(why.contains("rank 0 on node n0 exited without ever connecting to PMI"), "{why}");
+
+    // A rank of another app (a non-MPI helper beside the MPI ranks) is not judged by them.
+    let mut net = Net::boot(1, 2, 2);
+    let mut spec = job(1, Program::Hang.argv());
+    spec.apps.push(spec.apps[0].clone());
+    assert_eq!(net.launch(spec), CLIENT);
+    net.run();
+    say(&mut net, 2, 0, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    exit(&mut net, 0, 1);
+    assert!(ended(&net).is_none(), "the helper's clean end fails nothing");
+}
