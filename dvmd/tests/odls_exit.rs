@@ -271,3 +271,45 @@ async fn timer_slack_is_what_the_daemon_chose_unless_the_proc_env_says_otherwise
         );
     }
 }
+
+/// A proc given a PMI connection has it at the fd asked (and no other fd past stderr); what it
+/// writes there comes back as `PmiData`, what the daemon writes reaches it, and its end closes
+/// the connection (`PmiClosed`) before its exit is reported.
+#[tokio::test]
+async fn a_pmi_fd_is_the_one_fd_past_stderr_and_carries_bytes_both_ways() {
+    let mut h = Harness::new(4096);
+    let script = "ls /proc/$$/fd | tr '\\n' ' ' >&2; printf 'cmd=init\\n' >&3; read -r line <&3; echo \"got $line\"";
+    let mut s = sh(1, 0, script);
+    s.pmi_fd = Some(3);
+    h.odls.spawn(s);
+    let (mut out, mut err, mut asked, mut closed) = (String::new(), String::new(), String::new(), false);
+    loop {
+        match h.next_raw().await {
+            OdlsEvent::PmiData { data, .. } => {
+                asked.push_str(&String::from_utf8_lossy(&data));
+                if asked.ends_with('\n') {
+                    h.odls.pmi_write(1, 0, bytes::Bytes::from_static(b"cmd=ok\n"));
+                }
+            }
+            OdlsEvent::PmiClosed { .. } => closed = true,
+            OdlsEvent::Output { stream, data, .. } => {
+                h.odls.ack_output(1, data.len());
+                let text = String::from_utf8_lossy(&data).into_owned();
+                match stream {
+                    dvmd::odls::Stream::Stdout => out.push_str(&text),
+                    dvmd::odls::Stream::Stderr => err.push_str(&text),
+                }
+            }
+            OdlsEvent::Exited { status, .. } => {
+                assert_eq!(status, dvmd::odls::ExitKind::Code(0), "{err}");
+                break;
+            }
+            OdlsEvent::LaunchFailed { error, .. } => panic!("{error}"),
+            _ => {}
+        }
+    }
+    assert_eq!(err.trim(), "0 1 2 3", "the child's fds");
+    assert_eq!(asked, "cmd=init\n");
+    assert_eq!(out, "got cmd=ok\n");
+    assert!(closed, "its end closed the connection");
+}
