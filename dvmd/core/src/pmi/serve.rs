@@ -124,14 +124,21 @@ impl Pmi {
         }
     }
 
-    fn put(&mut self, jobid: u32, rank: u32, req: &Request) {
+    /// A put's key and value, within the limits announced; else the job fails, naming `what`.
+    fn key_value(&mut self, jobid: u32, rank: u32, req: &Request, what: &str) -> Option<(String, String)> {
         let (Some(key), Some(value)) = (req.get("key"), req.get("value")) else {
-            return self.fault(jobid, rank, "sent a PMI put without a key or value");
+            self.fault(jobid, rank, &format!("sent a PMI {what} without a key or value"));
+            return None;
         };
         if let Some(fault) = limits(key, value) {
-            return self.fault(jobid, rank, &fault);
+            self.fault(jobid, rank, &fault);
+            return None;
         }
-        let (key, value) = (key.to_owned(), value.to_owned());
+        Some((key.to_owned(), value.to_owned()))
+    }
+
+    fn put(&mut self, jobid: u32, rank: u32, req: &Request) {
+        let Some((key, value)) = self.key_value(jobid, rank, req, "put") else { return };
         let Some(job) = self.jobs.get_mut(&jobid) else { return };
         job.kvs.insert(key.clone(), value.clone());
         job.pending.push((key, value));
@@ -164,13 +171,7 @@ impl Pmi {
     }
 
     fn put_node_attr(&mut self, jobid: u32, rank: u32, req: &Request) {
-        let (Some(key), Some(value)) = (req.get("key"), req.get("value")) else {
-            return self.fault(jobid, rank, "sent a PMI node attribute without a key or value");
-        };
-        if let Some(fault) = limits(key, value) {
-            return self.fault(jobid, rank, &fault);
-        }
-        let (key, value) = (key.to_owned(), value.to_owned());
+        let Some((key, value)) = self.key_value(jobid, rank, req, "node attribute") else { return };
         let Some(job) = self.jobs.get_mut(&jobid) else { return };
         job.node_attrs.insert(key.clone(), value.clone());
         // Gets that waited for this key go on.
