@@ -97,7 +97,6 @@ struct Conn {
 struct Job {
     start: PmiJobStart,
     sig: FenceSignature,
-    local: BTreeSet<u32>,
     conns: BTreeMap<u32, Conn>,
     /// What every get answers from: the puts of every rank up to the last barrier, this
     /// daemon's own since, and the job's own keys.
@@ -174,7 +173,6 @@ impl Pmi {
         let job = Job {
             start,
             sig,
-            local,
             conns,
             kvs,
             pending: Vec::new(),
