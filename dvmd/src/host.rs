@@ -44,13 +44,13 @@ impl Host for ShellHost {
         crate::sys::trim_heap();
     }
     fn pmix_ready(&mut self) -> Result<(), String> {
-        self.pmix.ready()
+        timed("ready", || self.pmix.ready())
     }
     fn pmix_register_nspace(&mut self, ns: &Namespace<'_>) -> Result<(), String> {
-        self.pmix.register_nspace(ns)
+        timed("register_nspace", || self.pmix.register_nspace(ns))
     }
     fn pmix_register_clients(&mut self, nspace: &str, ranks: Vec<u32>) -> Result<(), String> {
-        self.pmix.register_clients(nspace, ranks)
+        timed("register_clients", || self.pmix.register_clients(nspace, ranks))
     }
     fn pmix_prepare_client(
         &mut self,
@@ -58,21 +58,36 @@ impl Host for ShellHost {
         rank: u32,
         registered: bool,
     ) -> Result<Vec<(String, String)>, String> {
-        self.pmix.prepare_client(nspace, rank, registered)
+        timed("prepare_client", || self.pmix.prepare_client(nspace, rank, registered))
     }
     fn pmix_deregister_nspace(&mut self, nspace: &str) -> Result<(), String> {
-        self.pmix.deregister_nspace(nspace)
+        timed("deregister_nspace", || self.pmix.deregister_nspace(nspace))
     }
     fn pmix_dmodex_request(&mut self, nspace: &str, rank: u32) -> Result<u64, String> {
-        self.pmix.dmodex_request(nspace, rank)
+        timed("dmodex_request", || self.pmix.dmodex_request(nspace, rank))
     }
     fn pmix_notify(&mut self, event: wire::Notify) -> Result<(), String> {
-        self.pmix.notify(event)
+        timed("notify", || self.pmix.notify(event))
     }
     fn pmix_growth_kib(&mut self) -> Option<u64> {
-        self.pmix.growth_kib()
+        timed("growth_kib", || self.pmix.growth_kib())
     }
     fn deliver(&mut self, tag: u32, _payload: Bytes) {
         warn!(tag, "a broadcast with a tag no daemon uses");
     }
+}
+
+/// A call to the PMIx worker that took longer than this is named in a warning: each holds the
+/// daemon's loop for as long as it takes (a 10 s worker timeout would show here by name).
+const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Run one synchronous call to the PMIx worker, warning when it held the loop past [`SLOW_CALL`].
+fn timed<T>(call: &'static str, f: impl FnOnce() -> T) -> T {
+    let t0 = std::time::Instant::now();
+    let out = f();
+    let took = t0.elapsed();
+    if took >= SLOW_CALL {
+        warn!(call, ms = took.as_millis() as u64, "a call to the PMIx worker held the daemon's loop");
+    }
+    out
 }

@@ -169,8 +169,7 @@ impl Odls {
                 let _ = self.events.send(fail(format!("cannot register its output pipes: {e}")));
                 let life = life.clone();
                 tokio::spawn(async move {
-                    life.exited().await;
-                    life.reap();
+                    life.reap().await;
                 });
                 return;
             }
@@ -192,7 +191,7 @@ impl Odls {
             let stdout = iof::pump(out, Stream::Stdout, jobid, rank, window.clone(), events.clone(), stamp);
             let stderr = iof::pump(err, Stream::Stderr, jobid, rank, window, events.clone(), stamp);
             tokio::join!(stdout, stderr, l.exited());
-            let status = l.reap();
+            let status = l.reap().await;
             debug!(jobid, rank, pid, ?status, "proc reaped");
             let _ = events.send(OdlsEvent::Exited { jobid, rank, pid: pid as u32, status });
         });

@@ -6,6 +6,11 @@
 //! its pid, so its process-group id still names only our group: a `kill_job` in that window
 //! still reaches any grandchild holding the output pipes open. Signals and the reap take the
 //! same lock, and no signal is sent once the proc is reaped.
+//! Trap: the reap never blocks (`WNOHANG`, retried from the task). A blocking `waitpid` held
+//! that lock, and a tokio worker, until the proc could be reaped; a proc seen ended by its
+//! pidfd and `waitid(WNOWAIT)` could still take tens of seconds to become reapable on a
+//! loaded machine, and the daemon's loop then waited in `kill_job` for the lock (steps of
+//! 8-10 s, heartbeats missed, the daemon declared lost).
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -95,15 +100,33 @@ impl Life {
         }
     }
 
-    /// Reap the (exited) proc and report how it ended. From here on it is never signalled.
-    pub fn reap(&self) -> ExitKind {
+    /// Reap the proc once it has ended and report how it ended. From here on it is never
+    /// signalled. Never blocks a thread: the proc is reaped with `WNOHANG`, the lock held only
+    /// for that call, and while it cannot be reaped yet the task waits (a proc noticed ended
+    /// may still take a while to become reapable: its other threads are still exiting, and on
+    /// a busy machine a SCHED_IDLE proc's exit can take seconds).
+    pub async fn reap(&self) -> ExitKind {
+        self.exited().await;
+        let mut pause = REAP_POLL_MIN;
+        loop {
+            if let Some(kind) = self.try_reap() {
+                return kind;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(REAP_POLL_MAX);
+        }
+    }
+
+    /// Reap the proc if it can be reaped now (`WNOHANG`); None while it still runs.
+    pub fn try_reap(&self) -> Option<ExitKind> {
         let mut reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
         assert!(!*reaped, "proc {} reaped twice", self.pid);
         let kind = loop {
-            match waitpid(Pid::from_raw(self.pid), None) {
+            match waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(_, code)) => break ExitKind::Code(code),
                 Ok(WaitStatus::Signaled(_, sig, _)) => break ExitKind::Signal(sig as i32),
-                Ok(_) => continue,
+                // Not reapable yet (StillAlive; no other state is asked for).
+                Ok(_) => return None,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {
                     // Someone else reaped our child (SIGCHLD ignored, or a waitpid(-1) elsewhere).
@@ -115,9 +138,14 @@ impl Life {
         *reaped = true;
         drop(reaped);
         self.done.cancel();
-        kind
+        Some(kind)
     }
 }
+
+/// How often a proc noticed ended but not yet reapable is tried again: from this...
+const REAP_POLL_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+/// ...doubling up to this.
+const REAP_POLL_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// True once `pid` has exited; leaves it a zombie (WNOWAIT).
 fn has_exited(pid: Pid) -> bool {
@@ -139,4 +167,48 @@ fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     }
     // SAFETY: fd is a fresh descriptor returned by the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    use super::{ExitKind, Life};
+
+    /// A child in its own process group, as odls starts procs.
+    fn child(cmd: &str, args: &[&str]) -> std::process::Child {
+        Command::new(cmd).args(args).stdin(Stdio::piped()).process_group(0).spawn().expect("spawn")
+    }
+
+    /// The reap never waits for a proc that still runs (a blocking one held the lock that
+    /// `kill_job` needs, and a runtime thread, for as long as the proc took to end).
+    #[tokio::test]
+    async fn reaping_a_running_proc_answers_at_once_and_signals_still_reach_it() {
+        // `cat` ends only when its stdin closes or it is killed: alive for as long as we say.
+        let mut c = child("cat", &[]);
+        let life = std::sync::Arc::new(Life::new(c.id() as i32));
+        assert!(life.try_reap().is_none(), "a running proc is not reaped");
+        assert!(life.is_live());
+        let reaper = {
+            let life = life.clone();
+            tokio::spawn(async move { life.reap().await })
+        };
+        tokio::task::yield_now().await;
+        // With the reap pending, a signal is still delivered (it takes the same lock).
+        assert!(life.signal_group(libc::SIGKILL), "the signal reached the running proc");
+        assert_eq!(reaper.await.unwrap(), ExitKind::Signal(libc::SIGKILL));
+        assert!(!life.is_live());
+        assert!(!life.signal_group(libc::SIGKILL), "never signalled once reaped");
+        drop(c.stdin.take());
+    }
+
+    #[tokio::test]
+    async fn a_proc_that_ends_by_itself_is_reaped_with_its_code() {
+        let mut c = child("sh", &["-c", "read x; exit 7"]);
+        let life = Life::new(c.id() as i32);
+        assert!(life.try_reap().is_none());
+        drop(c.stdin.take());
+        assert_eq!(life.reap().await, ExitKind::Code(7));
+    }
 }
