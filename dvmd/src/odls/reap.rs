@@ -176,7 +176,8 @@ mod tests {
 
     use super::{ExitKind, Life};
 
-    /// A child in its own process group, as odls starts procs.
+    /// A child in its own process group, as odls starts procs. `Life` reaps it (the tests
+    /// check that), so the `Child` handle is never waited on.
     fn child(cmd: &str, args: &[&str]) -> std::process::Child {
         Command::new(cmd).args(args).stdin(Stdio::piped()).process_group(0).spawn().expect("spawn")
     }
@@ -184,6 +185,7 @@ mod tests {
     /// The reap never waits for a proc that still runs (a blocking one held the lock that
     /// `kill_job` needs, and a runtime thread, for as long as the proc took to end).
     #[tokio::test]
+    #[allow(clippy::zombie_processes)]
     async fn reaping_a_running_proc_answers_at_once_and_signals_still_reach_it() {
         // `cat` ends only when its stdin closes or it is killed: alive for as long as we say.
         let mut c = child("cat", &[]);
@@ -204,6 +206,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::zombie_processes)]
     async fn a_proc_that_ends_by_itself_is_reaped_with_its_code() {
         let mut c = child("sh", &["-c", "read x; exit 7"]);
         let life = Life::new(c.id() as i32);
