@@ -166,7 +166,35 @@ fn wrong_interface(dvm: &Dvm, test: &str) {
     }
 }
 
+/// Removes, when dropped, the shared-memory segments the MPICH family's ranks created in
+/// /dev/shm during a test and left there (a rank killed after `MPI_Abort` never unlinks its
+/// segments; MPICH names them `mpich_shm_*`, UCX `ucx_shm_*`, Open MPI 5 `open_mpi.*`).
+struct ShmGuard(std::collections::BTreeSet<std::ffi::OsString>);
+
+impl ShmGuard {
+    fn names() -> std::collections::BTreeSet<std::ffi::OsString> {
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else { return Default::default() };
+        dir.filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .filter(|n| ["mpich_", "ucx_", "open_mpi"].iter().any(|p| n.to_string_lossy().starts_with(p)))
+            .collect()
+    }
+
+    fn new() -> ShmGuard {
+        ShmGuard(Self::names())
+    }
+}
+
+impl Drop for ShmGuard {
+    fn drop(&mut self) {
+        for n in Self::names().difference(&self.0) {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(n));
+        }
+    }
+}
+
 fn local(radix: u32) {
+    let _shm = ShmGuard::new();
     let test = format!("mpi_families::local_radix_{radix}");
     // One slot per daemon: every job of 2 or more ranks spans daemons (at radix 2, a relay).
     let dvm = Dvm::start(&format!("families-r{radix}"), Nodes::Local { daemons: 4, slots: 1 }, radix, &[]);
@@ -191,6 +219,7 @@ fn local_radix_64() {
 fn intel_imb_on_four_network_namespace_nodes() {
     let test = "mpi_families::intel_imb_on_four_network_namespace_nodes";
     require_netns!();
+    let _shm = ShmGuard::new();
     let imb = root().join("impi/bin/IMB-MPI1");
     if !imb.exists() {
         return skip(test, &format!("Intel MPI is not installed ({} missing)", imb.display()));
