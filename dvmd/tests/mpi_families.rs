@@ -80,11 +80,17 @@ fn build(test: &str, f: &Family) -> Option<String> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("families-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join(f.name);
+    // Tests run side by side: one builds while the others wait (a binary being written cannot
+    // be executed), and it appears whole, by a rename.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     if !bin.exists() {
+        let tmp = dir.join(format!("{}.tmp", f.name));
         let mut cmd = Command::new(&f.mpicc);
-        cmd.args(["-O1", "-o"]).arg(&bin).arg(&src).envs(f.cc_env.iter().map(|(k, v)| (k, v)));
+        cmd.args(["-O1", "-o"]).arg(&tmp).arg(&src).envs(f.cc_env.iter().map(|(k, v)| (k, v)));
         let o = cmd.output().expect("run mpicc");
         assert!(o.status.success(), "{}: {} failed: {}", f.name, f.mpicc.display(), out(&o).1);
+        std::fs::rename(&tmp, &bin).unwrap();
     }
     Some(bin.display().to_string())
 }
@@ -185,10 +191,40 @@ impl ShmGuard {
     }
 }
 
+/// The /dev/shm files some process still maps or holds open (another test's live ranks).
+fn shm_in_use() -> std::collections::BTreeSet<String> {
+    let mut used = std::collections::BTreeSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return used };
+    for p in procs.filter_map(Result::ok) {
+        let dir = p.path();
+        if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
+            used.extend(maps.lines().filter_map(|l| l.find("/dev/shm/").map(|i| l[i..].to_string())));
+        }
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            for fd in fds.filter_map(Result::ok) {
+                if let Ok(t) = std::fs::read_link(fd.path()) {
+                    let t = t.display().to_string();
+                    if t.starts_with("/dev/shm/") {
+                        used.insert(t);
+                    }
+                }
+            }
+        }
+    }
+    used
+}
+
 impl Drop for ShmGuard {
     fn drop(&mut self) {
-        for n in Self::names().difference(&self.0) {
-            let _ = std::fs::remove_file(Path::new("/dev/shm").join(n));
+        // Only what nobody uses any more: tests run side by side, and another's ranks may be
+        // using theirs right now.
+        let fresh: Vec<_> = Self::names().difference(&self.0).cloned().collect();
+        let used = shm_in_use();
+        for n in &fresh {
+            let path = Path::new("/dev/shm").join(n);
+            if !used.contains(&path.display().to_string()) {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
