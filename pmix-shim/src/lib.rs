@@ -57,6 +57,7 @@ pub const LIBDIR: Option<&str> = option_env!("DVM_PMIX_LIBDIR");
 
 mod error;
 mod event;
+mod jobinfo;
 mod logtext;
 mod reply;
 mod server;
@@ -71,10 +72,11 @@ pub use error::{
     ERR_PROC_ABORTED, ERR_TIMEOUT, EVENT_NODE_DOWN, OPERATION_SUCCEEDED, SUCCESS,
 };
 pub use event::{FenceRequest, GroupOp, PmixEvent, Query, SpawnApp};
+pub use jobinfo::{AppInfo, JobInfo, ProcData};
 pub use logtext::{last_dss_string, log_text};
 pub use reply::{
     reply_buffers_in_flight, reply_infos_in_flight, FenceReply, InfoReply, LookupReply, ModexReply, Published, Reply,
     SpawnReply,
 };
-pub use server::{AppInfo, JobInfo, PmixServer, ProcData, ServerConfig, DEFAULT_OP_TIMEOUT};
+pub use server::{PmixServer, ServerConfig, DEFAULT_OP_TIMEOUT};
 pub use types::{find_info, key_str, nspace_buf, Info, InfoValue, ProcId, Rank, NSPACE_LEN};

@@ -198,3 +198,26 @@ pub(super) fn utf8(path: &Path, what: &str) -> Result<String, CliError> {
         .map(str::to_string)
         .ok_or_else(|| CliError::NotUtf8 { what: what.to_string(), path: path.display().to_string() })
 }
+
+/// The command line of a job as listings show it: each app's argv, apps separated by " : ".
+pub(super) fn command_line(apps: &[dvm_proto::job::AppContext]) -> String {
+    apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ")
+}
+
+/// `--array A-B` (indices A to B) or `--array N` (0 to N-1), as Slurm and Flux write them.
+pub(super) fn parse_array(v: &str) -> Result<(u32, u32), String> {
+    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| format!("'{t}' is not an index (0 to {})", u32::MAX));
+    match v.split_once('-') {
+        Some((a, b)) => {
+            let (a, b) = (num(a)?, num(b)?);
+            if a > b {
+                return Err(format!("the first index {a} is above the last {b}"));
+            }
+            Ok((a, b))
+        }
+        None => match num(v)? {
+            0 => Err("an array of 0 jobs".into()),
+            n => Ok((0, n - 1)),
+        },
+    }
+}

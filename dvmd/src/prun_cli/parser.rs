@@ -13,7 +13,7 @@ use crate::hostfile;
 
 use super::appfile;
 use super::command::{CliError, OneShot, PrunCommand};
-use super::options::{clean, lookup, positive, set_once, utf8, Kind};
+use super::options::{clean, command_line, lookup, parse_array, positive, set_once, utf8, Kind};
 use super::output::Item;
 use super::placement::{PlaceError, Placement};
 
@@ -501,29 +501,6 @@ impl Parser<'_> {
             help: false,
             version: false,
         })
-    }
-}
-
-/// The command line of a job as listings show it: each app's argv, apps separated by " : ".
-fn command_line(apps: &[AppContext]) -> String {
-    apps.iter().map(|a| a.argv.join(" ")).collect::<Vec<_>>().join(" : ")
-}
-
-/// `--array A-B` (indices A to B) or `--array N` (0 to N-1), as Slurm and Flux write them.
-fn parse_array(v: &str) -> Result<(u32, u32), String> {
-    let num = |t: &str| t.trim().parse::<u32>().map_err(|_| format!("'{t}' is not an index (0 to {})", u32::MAX));
-    match v.split_once('-') {
-        Some((a, b)) => {
-            let (a, b) = (num(a)?, num(b)?);
-            if a > b {
-                return Err(format!("the first index {a} is above the last {b}"));
-            }
-            Ok((a, b))
-        }
-        None => match num(v)? {
-            0 => Err("an array of 0 jobs".into()),
-            n => Ok((0, n - 1)),
-        },
     }
 }
 

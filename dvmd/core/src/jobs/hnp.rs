@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use super::records::{ArrayState, EndedJob, Kept, StackFor, StackQuery, Waiting};
 use super::{event, ClientId, Forward, IOF_WINDOW, KILL_GRACE_NS, LOST_EXIT, TERMINATED_EXIT, TIMEOUT_EXIT};
 use crate::dataserver::DataServer;
-use crate::jobmap::{self, NodeSlots, Placement};
+use crate::jobmap::{self, Placement};
 use crate::timer::Timer;
 use crate::Core;
 
@@ -208,22 +208,6 @@ impl JobTable {
     }
 
     /// The live daemons with slots, as the mapper sees them.
-    /// The DVM's slots now: what its jobs see as their universe (`MPI_UNIVERSE_SIZE`, as
-    /// mpirun gives its allocation's slots). Kept in `universe` by the caller before a launch.
-    pub(crate) fn note_universe(&mut self, r: &Core) {
-        self.universe = Self::candidate_nodes(r).iter().map(|n| n.slots).sum();
-    }
-
-    pub(crate) fn candidate_nodes(r: &Core) -> Vec<NodeSlots> {
-        let Some(contacts) = r.contacts() else { return Vec::new() };
-        let topo = r.topology();
-        contacts
-            .values()
-            .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
-            .map(|c| NodeSlots { topo: r.hardware_of(c.rank), ..NodeSlots::new(c.rank, c.host.clone(), c.slots) })
-            .collect()
-    }
-
     /// What launching `spec` would send (`prun --launch-sizes`).
     pub(crate) fn plan(r: &Core, spec: &JobSpec) -> Result<LaunchPlanReply, String> {
         let nodes = Self::candidate_nodes(r);

@@ -62,6 +62,22 @@ fn resolved(spec: &JobSpec, whole: &Placement) -> JobSpec {
 }
 
 impl JobTable {
+    /// The DVM's slots now: what its jobs see as their universe (`MPI_UNIVERSE_SIZE`, as
+    /// mpirun gives its allocation's slots). Kept in `universe` by the caller before a launch.
+    pub(crate) fn note_universe(&mut self, r: &Core) {
+        self.universe = Self::candidate_nodes(r).iter().map(|n| n.slots).sum();
+    }
+
+    pub(crate) fn candidate_nodes(r: &Core) -> Vec<NodeSlots> {
+        let Some(contacts) = r.contacts() else { return Vec::new() };
+        let topo = r.topology();
+        contacts
+            .values()
+            .filter(|c| topo.is_alive(c.rank) && c.slots > 0)
+            .map(|c| NodeSlots { topo: r.hardware_of(c.rank), ..NodeSlots::new(c.rank, c.host.clone(), c.slots) })
+            .collect()
+    }
+
     /// Procs of the jobs in the table, per daemon.
     pub(crate) fn used_slots(&self) -> BTreeMap<u32, u32> {
         let mut used = BTreeMap::new();
