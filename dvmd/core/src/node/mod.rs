@@ -593,10 +593,10 @@ impl<H: Host> Node<H> {
             daemon_cmd::Body::StackReq(q) => {
                 return self.effects.push_back(Effect::Proc(ProcCmd::DumpStacks { id: q.id, jobid: q.jobid }));
             }
-            daemon_cmd::Body::DataResp(resp) if resp.id & crate::pmi::DATA_ID_BIT != 0 => {
+            daemon_cmd::Body::DataResp(resp) if resp.id & crate::pmi::ID_BIT != 0 => {
                 return self.pmi.on_data_resp(resp);
             }
-            daemon_cmd::Body::SpawnResp(resp) if resp.id & crate::pmi::DATA_ID_BIT != 0 => {
+            daemon_cmd::Body::SpawnResp(resp) if resp.id & crate::pmi::ID_BIT != 0 => {
                 return self.pmi.on_spawn_resp(resp);
             }
             b @ (daemon_cmd::Body::DmodexReq(_)

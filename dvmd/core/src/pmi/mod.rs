@@ -40,7 +40,7 @@ pub const PMI_CHILD_FD: i32 = 3;
 
 /// The top bit of every id this server gives a data server request or a spawn: its answer
 /// comes back to the node among PMIx hosting's, and this bit routes it here.
-pub const DATA_ID_BIT: u64 = 1 << 63;
+pub const ID_BIT: u64 = 1 << 63;
 
 /// What `auto` prices a barrier's release with, per proc (MPICH's business card and a few
 /// keys of its own per rank).

@@ -10,7 +10,7 @@ use dvm_proto::pmixworker as pw;
 use tracing::debug;
 
 use super::wire::{Form, Request, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
-use super::{Pmi, PmiOut, DATA_ID_BIT};
+use super::{Pmi, PmiOut, ID_BIT};
 use crate::Input;
 
 /// The PMI versions served: PMI-1.1 and PMI-2.0.
@@ -264,7 +264,7 @@ impl Pmi {
         } else {
             keys.push(service.to_owned());
         }
-        let id = DATA_ID_BIT | self.next_key;
+        let id = ID_BIT | self.next_key;
         self.next_key += 1;
         self.names.insert(id, NameAsk { jobid, rank, form: req.form, op });
         let ask = DataReq { id, op: op as i32, jobid, proc: Some(proc), values, keys, ..Default::default() };

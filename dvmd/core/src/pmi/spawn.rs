@@ -12,7 +12,7 @@ use dvm_proto::job::{AppContext, MapBy};
 use tracing::info;
 
 use super::wire::{Form, Request};
-use super::{Pmi, PmiOut, DATA_ID_BIT};
+use super::{Pmi, PmiOut, ID_BIT};
 use crate::Input;
 
 /// A spawn asked of the HNP, waiting for its answer.
@@ -123,7 +123,7 @@ impl Pmi {
         for a in &mut plan.apps {
             a.env = env.clone();
         }
-        let id = DATA_ID_BIT | self.next_key;
+        let id = ID_BIT | self.next_key;
         self.next_key += 1;
         self.spawns.insert(id, SpawnAsk { jobid, rank, form });
         info!(jobid, rank, apps = plan.apps.len(), "PMI spawn asked of the HNP");

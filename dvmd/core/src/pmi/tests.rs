@@ -38,6 +38,9 @@ fn v2(cmd: &str) -> String {
 /// The prun of job 1.
 const CLIENT: crate::jobs::ClientId = crate::jobs::ClientId(1);
 
+/// A PMI-1 client's first line.
+const INIT1: &str = "cmd=init pmi_version=1 pmi_subversion=1\n";
+
 fn ended(net: &Net) -> Option<(i32, String)> {
     net.ended(CLIENT)
 }
@@ -47,7 +50,7 @@ fn pmi1_puts_become_visible_everywhere_after_one_barrier_and_each_rank_is_answer
     let (n, slots, np) = (4, 2, 8);
     let mut net = running(n, slots, np, MpiInterface::MpiDefault);
     for r in 0..np {
-        say(&mut net, slots, r, "cmd=init pmi_version=1 pmi_subversion=1\n");
+        say(&mut net, slots, r, INIT1);
         assert_eq!(read(&mut net, slots, r), "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n");
         say(&mut net, slots, r, "cmd=get_my_kvsname\n");
         let kvs = read(&mut net, slots, r);
@@ -175,7 +178,7 @@ fn a_rank_that_leaves_a_barrier_by_closing_its_fd_fails_the_job_and_abort_carrie
 #[test]
 fn under_mpi_pmix_a_rank_that_speaks_pmi_fails_the_job_instead_of_running_as_a_singleton() {
     let mut net = running(2, 1, 2, MpiInterface::MpiPmix);
-    say(&mut net, 1, 0, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    say(&mut net, 1, 0, INIT1);
     let (code, why) = ended(&net).expect("ended");
     assert_ne!(code, 0);
     assert!(why.contains("rank 0 on node n0 speaks PMI") && why.contains("--mpi pmix"), "{why}");
@@ -188,7 +191,7 @@ fn a_barrier_answers_every_daemon_with_the_same_bytes_at_radix_2_over_many_daemo
     for round in 0..3 {
         for r in 0..np {
             if round == 0 {
-                say(&mut net, slots, r, "cmd=init pmi_version=1 pmi_subversion=1\n");
+                say(&mut net, slots, r, INIT1);
             }
             say(&mut net, slots, r, &format!("cmd=put kvsname=x key=r{r}-{round} value={round}\n"));
             say(&mut net, slots, r, "cmd=barrier_in\n");
@@ -216,7 +219,7 @@ fn process_mapping_follows_each_layout() {
 #[test]
 fn a_pmi1_spawn_starts_a_child_job_whose_kvs_holds_the_parents_preput_and_answers_once_it_started() {
     let mut net = running(2, 2, 2, MpiInterface::MpiDefault);
-    say(&mut net, 2, 0, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    say(&mut net, 2, 0, INIT1);
     read(&mut net, 2, 0);
     let block = "mcmd=spawn\nnprocs=2\nexecname=sim-hang\ntotspawns=1\nspawnssofar=1\nargcnt=0\n\
                  preput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$port$\ninfo_num=0\nendcmd\n";
@@ -294,7 +297,7 @@ fn a_barrier_that_ends_after_a_waiting_rank_closed_its_fd_writes_nothing_on_that
     let (n, slots, np) = (2, 2, 4);
     let mut net = running(n, slots, np, MpiInterface::MpiPmi1);
     for r in 0..np {
-        say(&mut net, slots, r, "cmd=init pmi_version=1 pmi_subversion=1\n");
+        say(&mut net, slots, r, INIT1);
         assert!(read(&mut net, slots, r).starts_with("cmd=response_to_init"));
     }
     // Ranks 2 and 3 (daemon 1) in the barrier: daemon 1's contribution waits at daemon 0.
@@ -322,7 +325,7 @@ fn a_rank_that_never_speaks_pmi_while_its_apps_peers_here_did_fails_the_job_as_a
     };
     // Two ranks of one app on daemon 0: rank 1 spoke PMI, rank 0 never did and ended cleanly.
     let mut net = running(1, 2, 2, MpiInterface::MpiDefault);
-    say(&mut net, 2, 1, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    say(&mut net, 2, 1, INIT1);
     exit(&mut net, 0, 0);
     let (code, why) = ended(&net).expect("failed");
     assert_ne!(code, 0);
@@ -334,7 +337,7 @@ fn a_rank_that_never_speaks_pmi_while_its_apps_peers_here_did_fails_the_job_as_a
     spec.apps.push(spec.apps[0].clone());
     assert_eq!(net.launch(spec), CLIENT);
     net.run();
-    say(&mut net, 2, 0, "cmd=init pmi_version=1 pmi_subversion=1\n");
+    say(&mut net, 2, 0, INIT1);
     exit(&mut net, 0, 1);
     assert!(ended(&net).is_none(), "the helper's clean end fails nothing");
 }
