@@ -83,6 +83,8 @@ struct Conn {
     dec: wire::Decoder,
     /// It sent `init` (or `fullinit`).
     inited: bool,
+    /// It sent the PMI-1 `init` line (a PMI-2 client does so before its `fullinit`).
+    greeted: bool,
     finalized: bool,
     /// Its fd closed.
     closed: bool,

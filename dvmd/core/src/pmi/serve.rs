@@ -37,7 +37,7 @@ impl Pmi {
         let kvsname = job.start.kvsname.clone();
         match (f, req.cmd.as_str()) {
             (Form::V1, "init") => {
-                if conn.inited {
+                if conn.greeted {
                     return self.fault(jobid, rank, "sent a second PMI init");
                 }
                 let num = |k: &str| req.get(k).and_then(|v| v.parse::<u32>().ok());
@@ -47,6 +47,7 @@ impl Pmi {
                     return self.fault(jobid, rank, &text);
                 };
                 // A PMI-2 client says `fullinit` next; a PMI-1 client is served from now.
+                conn.greeted = true;
                 conn.inited = v == 1;
                 let (v, sub) = (v.to_string(), sub.to_string());
                 self.answer(

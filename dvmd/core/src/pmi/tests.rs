@@ -129,7 +129,8 @@ fn pmi2_fullinit_fence_and_get_on_the_same_fd_after_a_pmi1_init() {
 /// Each fault a rank can send fails the job naming rank and node, and no daemon suffers.
 #[test]
 fn bad_input_fails_the_job_by_rank_and_node_never_the_daemon() {
-    let cases: [(&str, &str); 7] = [
+    let cases: [(&str, &str); 8] = [
+        ("cmd=init pmi_version=2 pmi_subversion=0\ncmd=init pmi_version=2 pmi_subversion=0\n", "second PMI init"),
         (
             "cmd=init pmi_version=1 pmi_subversion=1\ncmd=put kvsname=x key=a value=two words\n",
             "'words' is not key=value",
