@@ -229,6 +229,35 @@ impl Drop for ShmGuard {
     }
 }
 
+/// prun killed in the first milliseconds of an MPICH job (ranks starting, in their first PMI
+/// requests, in a barrier, asleep after it): no rank of the job is left, and the DVM runs the
+/// next MPICH job.
+fn early_signal(dvm: &Dvm, test: &str) {
+    let fams = families();
+    let Some(bin) = build(test, &fams[0]) else { return };
+    for delay_ms in [0u64, 20, 100, 400, 2000] {
+        // Ranks that would live 120 s: only the kill can end them within the guard.
+        let mut prun = dvm.spawn_prun(&["-n", "4", &bin, "sleep"]);
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(prun.id() as i32, libc::SIGTERM) };
+        prun.wait().unwrap();
+        let left = || {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(Result::ok)
+                .any(|p| std::fs::read_link(p.path().join("exe")).is_ok_and(|e| e.display().to_string() == bin))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while left() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(!left(), "a rank of the job prun left at {delay_ms} ms still runs");
+    }
+    let hello = run_ok(dvm, &fams[0], &["-n", "4", &bin, "hello"]);
+    assert_eq!(hello.matches(" of 4 sum 6 ").count(), 4, "{hello}");
+}
+
 fn local(radix: u32) {
     let _shm = ShmGuard::new();
     let test = format!("mpi_families::local_radix_{radix}");
@@ -236,6 +265,7 @@ fn local(radix: u32) {
     let dvm = Dvm::start(&format!("families-r{radix}"), Nodes::Local { daemons: 4, slots: 1 }, radix, &[]);
     suite(&dvm, &test, 4);
     wrong_interface(&dvm, &test);
+    early_signal(&dvm, &test);
     dvm.assert_up();
 }
 

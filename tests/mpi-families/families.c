@@ -5,6 +5,7 @@
  *   abort     rank 1 calls MPI_Abort(MPI_COMM_WORLD, 7); the others wait
  *   pubname   rank 0 publishes a service name, every rank looks it up, rank 0 unpublishes
  *   spawn     two children of itself, which call back through the intercommunicator
+ *   sleep     a barrier, then 120 s asleep (a job to kill)
  * Every line starts with the mode in capitals; a check that fails exits 3. */
 #include <mpi.h>
 #include <stdio.h>
@@ -100,6 +101,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(mode, "abort")) rc = abort_();
     else if (!strcmp(mode, "pubname")) rc = pubname();
     else if (!strcmp(mode, "spawn")) rc = spawn(argv[0]);
+    else if (!strcmp(mode, "sleep")) { MPI_Barrier(MPI_COMM_WORLD); sleep(120); rc = 0; }
     else fprintf(stderr, "families: unknown mode %s\n", mode);
     fflush(stdout);
     MPI_Finalize();
